@@ -1,0 +1,42 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Tollgate: admission control for LLM requests.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Replay a fixture of timed events through the real pipeline on two paths.
+    Replay {
+        /// The fixture (TOML).
+        fixture: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Validate a policy file without serving.
+    Check {
+        /// The policy (TOML).
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+/// Replay output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// A table for people.
+    Table,
+    /// JSON for machines.
+    Json,
+}

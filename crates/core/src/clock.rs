@@ -1,0 +1,54 @@
+//! Time as a value. The decision logic never reads a clock: a store asks its [`Clock`] once per
+//! call and passes the instant down, so tests drive time with a [`ManualClock`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch (UTC). Every limit is computed on this integer.
+pub type Millis = u64;
+
+/// A source of the current time.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// The current time in milliseconds since the Unix epoch.
+    fn now(&self) -> Millis;
+}
+
+/// The operating system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Millis {
+        // A clock before 1970 is treated as the epoch rather than failing admission.
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0)
+    }
+}
+
+/// A clock that only moves when told to. Clones share the same time.
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// A clock standing at `start`.
+    pub fn new(start: Millis) -> Self {
+        Self(Arc::new(AtomicU64::new(start)))
+    }
+    /// Moves the clock forward by `ms`.
+    pub fn advance(&self, ms: u64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+    /// Sets the clock to `t`, which may be earlier than now (to test clocks going backwards).
+    pub fn set(&self, t: Millis) {
+        self.0.store(t, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Millis {
+        self.0.load(Ordering::SeqCst)
+    }
+}

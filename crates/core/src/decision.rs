@@ -1,0 +1,152 @@
+//! Decisions as values: an admission or a denial that names the control, the scope and when to
+//! retry. HTTP status codes are chosen only at the edge.
+
+use std::fmt;
+
+use crate::clock::Millis;
+use crate::scope::ScopeKey;
+
+/// The six controls, in the order they are checked. Their strings are the reason codes used in
+/// logs, metrics, error bodies and replay output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// Attempts per sliding window.
+    RequestRateLimit,
+    /// Input tokens of one request.
+    InputTokenLimit,
+    /// Output-token cap of one request.
+    OutputTokenLimit,
+    /// Input + max output tokens of one request.
+    TotalTokenLimit,
+    /// Unfinished requests at once.
+    ConcurrencyLimit,
+    /// Tokens or money per period.
+    BudgetLimit,
+}
+
+impl Reason {
+    /// The six controls in order.
+    pub const ALL: [Reason; 6] = [
+        Reason::RequestRateLimit,
+        Reason::InputTokenLimit,
+        Reason::OutputTokenLimit,
+        Reason::TotalTokenLimit,
+        Reason::ConcurrencyLimit,
+        Reason::BudgetLimit,
+    ];
+
+    /// The reason code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Reason::RequestRateLimit => "request_rate_limit",
+            Reason::InputTokenLimit => "input_token_limit",
+            Reason::OutputTokenLimit => "output_token_limit",
+            Reason::TotalTokenLimit => "total_token_limit",
+            Reason::ConcurrencyLimit => "concurrency_limit",
+            Reason::BudgetLimit => "budget_limit",
+        }
+    }
+
+    /// Parses a reason code.
+    pub fn from_code(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.code() == s)
+    }
+
+    /// Whether waiting can help. Token-size rejections are about the request itself.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Reason::RequestRateLimit | Reason::ConcurrencyLimit | Reason::BudgetLimit
+        )
+    }
+
+    /// Position in the fixed order (0-based); also the numeric code in store scripts.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+/// A refusal: the first control that failed, where, and what the client may do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deny {
+    /// The first failing control.
+    pub reason: Reason,
+    /// The scope where it failed.
+    pub scope: ScopeKey,
+    /// The limit of that control in that scope (requests, tokens, leases or budget units).
+    pub limit: u64,
+    /// What was left in that scope before this request (0 for the rate control, whose attempt is
+    /// counted even when refused).
+    pub remaining: u64,
+    /// What the request asked for in the control's unit (1 for rate and concurrency).
+    pub requested: u64,
+    /// When a retry could succeed; `None` when waiting cannot help (token limits, or a request
+    /// larger than the whole budget).
+    pub retry_after_ms: Option<u64>,
+    /// When the limit's window or period resets, if it has one.
+    pub reset_after_ms: Option<u64>,
+}
+
+/// The state of one limit after an admission, for `RateLimit` and `x-ratelimit-*` headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quota {
+    /// The control.
+    pub reason: Reason,
+    /// The scope.
+    pub scope: ScopeKey,
+    /// The limit.
+    pub limit: u64,
+    /// What is left after this admission.
+    pub remaining: u64,
+    /// Window or period length in ms (`None` for concurrency).
+    pub window_ms: Option<u64>,
+    /// Until the window or period resets, in ms.
+    pub reset_after_ms: Option<u64>,
+}
+
+/// An admitted request. Hold on to it: it must end in `settle` or `release` (or it expires and
+/// is charged as the policy says).
+#[must_use = "an admission holds leases and a reservation until settled or released"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    /// The request id the store knows it by.
+    pub request_id: String,
+    /// The output cap to send upstream.
+    pub max_output_tokens: u64,
+    /// When leases and reservation expire unless renewed.
+    pub expires_at: Millis,
+    /// The remaining quota of every limited scope, in control order.
+    pub quotas: Vec<Quota>,
+}
+
+/// The outcome of one admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Admitted: leases taken and budget reserved.
+    Admit(Admitted),
+    /// Refused: nothing held, only the attempt counted.
+    Deny(Deny),
+}
+
+impl Decision {
+    /// The denial, if any.
+    pub fn deny(&self) -> Option<&Deny> {
+        match self {
+            Decision::Deny(d) => Some(d),
+            Decision::Admit(_) => None,
+        }
+    }
+    /// The reason code, or `admit`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Decision::Deny(d) => d.reason.code(),
+            Decision::Admit(_) => "admit",
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Ledger arithmetic: sliding-window counting, budget periods, prices. Integers only, and every
+//! function here has a line-for-line twin in the Redis Lua scripts.
+
+use crate::clock::Millis;
+use crate::policy::Price;
+
+/// Weights are in units of 1/`WEIGHT_SCALE`: the previous window's count is weighted by the
+/// share of it that the sliding window still covers, rounded down to this resolution.
+pub const WEIGHT_SCALE: u64 = 10_000;
+
+/// A sliding-window counter: two fixed windows, the previous one weighted by overlap.
+///
+/// Memory is constant per scope whatever the attempt rate (a log of timestamps would grow with
+/// an attacker's traffic, because rejected attempts count too).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateWindow {
+    /// Start of the current fixed window (aligned to multiples of the window).
+    pub start: Millis,
+    /// Attempts in the current window.
+    pub current: u64,
+    /// Attempts in the previous window.
+    pub previous: u64,
+}
+
+impl RateWindow {
+    /// Rolls the window forward to `now` (never backwards).
+    pub fn roll(&mut self, now: Millis, window: u64) {
+        let start = now - now % window;
+        if start <= self.start {
+            return;
+        }
+        if start - self.start == window {
+            self.previous = self.current;
+        } else {
+            self.previous = 0;
+        }
+        self.current = 0;
+        self.start = start;
+    }
+
+    /// The weighted count at `now`, scaled by [`WEIGHT_SCALE`].
+    pub fn scaled_count(&self, now: Millis, window: u64) -> u64 {
+        let elapsed = now.saturating_sub(self.start).min(window);
+        let weight = (window - elapsed) * WEIGHT_SCALE / window;
+        self.previous.saturating_mul(weight) + self.current.saturating_mul(WEIGHT_SCALE)
+    }
+
+    /// Counts one attempt at `now` and says whether it is within `limit`.
+    pub fn attempt(&mut self, now: Millis, window: u64, limit: u64) -> bool {
+        self.roll(now, window);
+        // Saturate well below the point where the scaled products could leave 2^53.
+        self.current = (self.current + 1).min(COUNT_CAP);
+        self.scaled_count(now, window) <= limit * WEIGHT_SCALE
+    }
+
+    /// Attempts left before the limit at `now` (after this attempt was counted).
+    pub fn remaining(&self, now: Millis, window: u64, limit: u64) -> u64 {
+        let used = self.scaled_count(now, window).div_ceil(WEIGHT_SCALE);
+        limit.saturating_sub(used)
+    }
+
+    /// How long until one more attempt would be admitted, assuming none arrives before.
+    pub fn retry_after(&self, now: Millis, window: u64, limit: u64) -> u64 {
+        // The weighted count only falls as time passes, so the first admitting instant is found
+        // by binary search over at most two windows.
+        let admits = |t: Millis| {
+            let mut w = *self;
+            w.roll(t, window);
+            (w.current + 1).min(COUNT_CAP) * WEIGHT_SCALE
+                + w.previous.saturating_mul(weight_at(&w, t, window))
+                <= limit * WEIGHT_SCALE
+        };
+        let horizon = self.start + 2 * window;
+        if admits(now) {
+            return 0;
+        }
+        let (mut lo, mut hi) = (now, horizon.max(now + 1));
+        while lo + 1 < hi {
+            let mid = lo + (hi - lo) / 2;
+            if admits(mid) { hi = mid } else { lo = mid }
+        }
+        hi - now
+    }
+
+    /// Whether the state can be forgotten at `now`: neither window still counts.
+    pub fn is_stale(&self, now: Millis, window: u64) -> bool {
+        now >= self.start + 2 * window
+    }
+}
+
+fn weight_at(w: &RateWindow, t: Millis, window: u64) -> u64 {
+    let elapsed = t.saturating_sub(w.start).min(window);
+    (window - elapsed) * WEIGHT_SCALE / window
+}
+
+/// Counters saturate here: 2^31 attempts per window is already far past any limit.
+pub const COUNT_CAP: u64 = 1 << 31;
+
+/// A budget period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Period {
+    /// Fixed-length periods aligned to the Unix epoch (a `day` is a UTC calendar day).
+    Fixed(u64),
+    /// UTC calendar months.
+    CalendarMonth,
+}
+
+const DAY_MS: u64 = 86_400_000;
+
+impl Period {
+    /// The period containing `now`: `(id, start, end)`.
+    pub fn at(self, now: Millis) -> (u64, Millis, Millis) {
+        match self {
+            Period::Fixed(len) => {
+                let id = now / len;
+                (id, id * len, (id + 1) * len)
+            }
+            Period::CalendarMonth => {
+                let (y, m, _) = civil_from_days(now / DAY_MS);
+                let start = days_from_civil(y, m, 1) * DAY_MS;
+                let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+                let end = days_from_civil(ny, nm, 1) * DAY_MS;
+                (y * 12 + (m - 1), start, end)
+            }
+        }
+    }
+
+    /// A short name for keys and records: `fixed:86400000` or `month`.
+    pub fn label(self) -> String {
+        match self {
+            Period::Fixed(len) => format!("fixed:{len}"),
+            Period::CalendarMonth => "month".to_owned(),
+        }
+    }
+}
+
+/// Days since 1970-01-01 to a (year, month, day) in the proleptic Gregorian calendar
+/// (H. Hinnant's algorithm, restricted to dates after the epoch).
+pub fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+/// (year, month, day) to days since 1970-01-01, for dates from 1970 on.
+pub fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    (era * 146_097 + doe).saturating_sub(719_468)
+}
+
+/// Tokens used by a request, as reported at completion.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    /// Input tokens, including cached ones.
+    pub input_tokens: u64,
+    /// Of which cached.
+    #[serde(default)]
+    pub cached_input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// Input + output.
+    pub fn total(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+}
+
+impl Price {
+    /// Cost in micro-units, rounded up so that a budget is never under-charged.
+    pub fn cost(&self, u: &Usage) -> u64 {
+        let cached = u.cached_input_tokens.min(u.input_tokens);
+        let fresh = u.input_tokens - cached;
+        let micro_per_mtok = u128::from(fresh) * u128::from(self.input)
+            + u128::from(cached) * u128::from(self.cached_input)
+            + u128::from(u.output_tokens) * u128::from(self.output);
+        u64::try_from(micro_per_mtok.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,499 @@
+//! The in-memory store, the embedded default: one mutex around the whole state, so a plan is
+//! applied atomically across all of its scopes.
+//!
+//! Memory is bounded by what is live: rate windows are dropped two windows after their last
+//! attempt, budget periods once they have ended and hold no reservation, leases and
+//! reservations when their request ends or expires, and finished request ids after the
+//! retention time.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::clock::{Clock, Millis, SystemClock};
+use crate::decision::{Admitted, Decision, Deny, Quota, Reason};
+use crate::ledger::{Period, RateWindow, Usage};
+use crate::pipeline::{Plan, charge};
+use crate::policy::{Price, Unit};
+use crate::store::{Ending, Finish, Renewal, ScopeUsage, Store, StoreError};
+
+/// How long finished request ids are remembered, so that a late duplicate settlement is a no-op.
+pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
+/// The longest hint given for a concurrency retry: a lease usually ends long before it expires.
+pub const CONCURRENCY_RETRY_HINT_MS: u64 = 1_000;
+const FULL_SWEEP_EVERY_MS: u64 = 1_000;
+
+/// The in-memory [`Store`].
+#[derive(Debug)]
+pub struct MemoryStore<C = SystemClock> {
+    clock: C,
+    retention_ms: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    last_now: Millis,
+    next_full_sweep: Millis,
+    rates: HashMap<String, (u64, RateWindow)>,
+    leases: HashMap<String, HashSet<Arc<str>>>,
+    budgets: HashMap<String, HashMap<(Period, u64), Cell>>,
+    tickets: HashMap<Arc<str>, Ticket>,
+    expiries: BTreeSet<(Millis, Arc<str>)>,
+    finished: HashMap<Arc<str>, Ending>,
+    forget: BTreeSet<(Millis, Arc<str>)>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Cell {
+    settled: u64,
+    reserved: u64,
+    outstanding: u64,
+    end: Millis,
+}
+
+#[derive(Debug)]
+struct Ticket {
+    expires_at: Millis,
+    ttl_ms: u64,
+    leases: Vec<String>,
+    budgets: Vec<Reservation>,
+    price: Option<Price>,
+    expired_usage: Usage,
+}
+
+#[derive(Debug)]
+struct Reservation {
+    scope: String,
+    period: Period,
+    period_id: u64,
+    unit: Unit,
+    amount: u64,
+}
+
+impl MemoryStore<SystemClock> {
+    /// A store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+}
+
+impl Default for MemoryStore<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// A store on the given clock.
+    pub fn with_clock(clock: C) -> Self {
+        Self {
+            clock,
+            retention_ms: DEFAULT_RETENTION_MS,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Sets how long finished request ids are remembered.
+    #[must_use]
+    pub fn retention_ms(mut self, ms: u64) -> Self {
+        self.retention_ms = ms;
+        self
+    }
+
+    fn lock(&self) -> Result<(MutexGuard<'_, State>, Millis), StoreError> {
+        let mut st = self
+            .state
+            .lock()
+            .map_err(|_| StoreError::Unavailable("memory store lock poisoned".into()))?;
+        // Time never goes backwards inside the store: no negative windows, no refunds.
+        let now = self.clock.now().max(st.last_now);
+        st.last_now = now;
+        st.sweep(now);
+        Ok((st, now))
+    }
+
+    /// [`Store::admit`], synchronously.
+    pub fn admit_sync(&self, plan: &Plan) -> Result<Decision, StoreError> {
+        let (mut st, now) = self.lock()?;
+        st.admit(plan, now, self.retention_ms)
+    }
+
+    /// [`Store::settle`], synchronously.
+    pub fn settle_sync(&self, request_id: &str, usage: Usage) -> Result<Finish, StoreError> {
+        let (mut st, now) = self.lock()?;
+        Ok(st.finish(
+            request_id,
+            Some(usage),
+            Ending::Settled,
+            now,
+            self.retention_ms,
+        ))
+    }
+
+    /// [`Store::release`], synchronously.
+    pub fn release_sync(
+        &self,
+        request_id: &str,
+        usage: Option<Usage>,
+    ) -> Result<Finish, StoreError> {
+        let (mut st, now) = self.lock()?;
+        Ok(st.finish(request_id, usage, Ending::Released, now, self.retention_ms))
+    }
+
+    /// [`Store::renew`], synchronously.
+    pub fn renew_sync(&self, request_id: &str) -> Result<Renewal, StoreError> {
+        let (mut st, now) = self.lock()?;
+        let Some(t) = st.tickets.get_mut(request_id) else {
+            return Ok(Renewal::NotInFlight);
+        };
+        let old = t.expires_at;
+        t.expires_at = now.saturating_add(t.ttl_ms);
+        let new = t.expires_at;
+        if let Some((_, id)) = st.expiries.take(&(old, Arc::from(request_id))) {
+            st.expiries.insert((new, id));
+        }
+        Ok(Renewal::Renewed { expires_at: new })
+    }
+
+    /// [`Store::usage`], synchronously.
+    pub fn usage_sync(
+        &self,
+        scope_id: &str,
+        period: Option<Period>,
+    ) -> Result<ScopeUsage, StoreError> {
+        let (st, now) = self.lock()?;
+        let leases = st.leases.get(scope_id).map_or(0, |s| s.len() as u64);
+        let cell = period
+            .and_then(|p| st.budgets.get(scope_id)?.get(&(p, p.at(now).0)).copied())
+            .unwrap_or_default();
+        Ok(ScopeUsage {
+            settled: cell.settled,
+            reserved: cell.reserved,
+            leases,
+        })
+    }
+
+    /// How many scopes, tickets and remembered ids the store holds now (after sweeping).
+    pub fn footprint(&self) -> Result<Footprint, StoreError> {
+        let (st, _) = self.lock()?;
+        Ok(Footprint {
+            rate_scopes: st.rates.len(),
+            lease_scopes: st.leases.len(),
+            budget_cells: st.budgets.values().map(HashMap::len).sum(),
+            in_flight: st.tickets.len(),
+            remembered: st.finished.len(),
+        })
+    }
+
+    /// Forces the periodic clean-up now (normally it runs at most once a second of clock time).
+    pub fn sweep_all(&self) -> Result<(), StoreError> {
+        let (mut st, now) = self.lock()?;
+        st.next_full_sweep = now;
+        st.sweep(now);
+        Ok(())
+    }
+}
+
+/// What a [`MemoryStore`] is holding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Scopes with a live rate window.
+    pub rate_scopes: usize,
+    /// Scopes with at least one lease.
+    pub lease_scopes: usize,
+    /// Budget (scope, period) cells.
+    pub budget_cells: usize,
+    /// Unfinished requests.
+    pub in_flight: usize,
+    /// Finished request ids remembered for idempotency.
+    pub remembered: usize,
+}
+
+impl State {
+    fn sweep(&mut self, now: Millis) {
+        while let Some((at, _)) = self.expiries.first() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, id)) = self.expiries.pop_first() {
+                if let Some(t) = self.tickets.remove(&id) {
+                    let usage = t.expired_usage;
+                    self.end_ticket(&id, t, Some(usage));
+                    self.remember(id, Ending::Expired, now, DEFAULT_RETENTION_MS);
+                }
+            }
+        }
+        while let Some((at, _)) = self.forget.first() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, id)) = self.forget.pop_first() {
+                self.finished.remove(&id);
+            }
+        }
+        if now >= self.next_full_sweep {
+            self.next_full_sweep = now + FULL_SWEEP_EVERY_MS;
+            self.rates.retain(|_, (w, r)| !r.is_stale(now, *w));
+            self.budgets.retain(|_, cells| {
+                cells.retain(|_, c| c.end > now || c.outstanding > 0);
+                !cells.is_empty()
+            });
+        }
+    }
+
+    fn remember(&mut self, id: Arc<str>, how: Ending, now: Millis, retention: u64) {
+        self.forget
+            .insert((now.saturating_add(retention), id.clone()));
+        self.finished.insert(id, how);
+    }
+
+    /// Returns leases and replaces reservations with the charge for `usage`.
+    fn end_ticket(&mut self, id: &Arc<str>, t: Ticket, usage: Option<Usage>) -> Vec<u64> {
+        for scope in &t.leases {
+            if let Some(set) = self.leases.get_mut(scope.as_str()) {
+                set.remove(id);
+                if set.is_empty() {
+                    self.leases.remove(scope.as_str());
+                }
+            }
+        }
+        let usage = usage.unwrap_or(t.expired_usage);
+        let mut charged = Vec::with_capacity(t.budgets.len());
+        for r in &t.budgets {
+            let amount = charge(r.unit, t.price, &usage);
+            if let Some(c) = self
+                .budgets
+                .get_mut(r.scope.as_str())
+                .and_then(|m| m.get_mut(&(r.period, r.period_id)))
+            {
+                c.reserved = c.reserved.saturating_sub(r.amount);
+                c.settled = c.settled.saturating_add(amount);
+                c.outstanding = c.outstanding.saturating_sub(1);
+            }
+            charged.push(amount);
+        }
+        charged
+    }
+
+    fn finish(
+        &mut self,
+        request_id: &str,
+        usage: Option<Usage>,
+        how: Ending,
+        now: Millis,
+        retention: u64,
+    ) -> Finish {
+        if let Some((id, t)) = self.tickets.remove_entry(request_id) {
+            self.expiries.remove(&(t.expires_at, id.clone()));
+            let charged = self.end_ticket(&id, t, usage);
+            self.remember(id, how, now, retention);
+            return Finish::Done { charged };
+        }
+        match self.finished.get(request_id) {
+            Some(e) => Finish::AlreadyEnded(*e),
+            None => Finish::Unknown,
+        }
+    }
+
+    fn admit(&mut self, plan: &Plan, now: Millis, _retention: u64) -> Result<Decision, StoreError> {
+        if self.tickets.contains_key(plan.request_id.as_str())
+            || self.finished.contains_key(plan.request_id.as_str())
+        {
+            return Err(StoreError::DuplicateRequestId(plan.request_id.clone()));
+        }
+        let mut quotas = Vec::new();
+        // 1. Every attempt counts in every rate scope, admitted or not.
+        let mut rate_deny: Option<Deny> = None;
+        for c in &plan.rate {
+            let entry = self
+                .rates
+                .entry(c.scope.id().to_owned())
+                .or_insert((c.window_ms, RateWindow::default()));
+            if entry.0 != c.window_ms {
+                *entry = (c.window_ms, RateWindow::default());
+            }
+            let w = &mut entry.1;
+            let ok = w.attempt(now, c.window_ms, c.limit);
+            let reset = w.start + c.window_ms - now;
+            if !ok && rate_deny.is_none() {
+                rate_deny = Some(Deny {
+                    reason: Reason::RequestRateLimit,
+                    scope: c.scope.clone(),
+                    limit: c.limit,
+                    remaining: 0,
+                    requested: 1,
+                    retry_after_ms: Some(w.retry_after(now, c.window_ms, c.limit)),
+                    reset_after_ms: Some(reset),
+                });
+            }
+            quotas.push(Quota {
+                reason: Reason::RequestRateLimit,
+                scope: c.scope.clone(),
+                limit: c.limit,
+                remaining: w.remaining(now, c.window_ms, c.limit),
+                window_ms: Some(c.window_ms),
+                reset_after_ms: Some(reset),
+            });
+        }
+        if let Some(d) = rate_deny {
+            return Ok(Decision::Deny(d));
+        }
+        // 2–4. Token controls, decided by the pure pipeline.
+        if let Some(d) = &plan.token_verdict {
+            return Ok(Decision::Deny(d.clone()));
+        }
+        // 5. Concurrency.
+        for c in &plan.concurrency {
+            let held = self.leases.get(c.scope.id()).map_or(0, |s| s.len() as u64);
+            if held >= c.limit {
+                let soonest = self
+                    .leases
+                    .get(c.scope.id())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|id| self.tickets.get(id).map(|t| t.expires_at))
+                    .min()
+                    .unwrap_or(now);
+                return Ok(Decision::Deny(Deny {
+                    reason: Reason::ConcurrencyLimit,
+                    scope: c.scope.clone(),
+                    limit: c.limit,
+                    remaining: 0,
+                    requested: 1,
+                    retry_after_ms: Some((soonest - now).clamp(1, CONCURRENCY_RETRY_HINT_MS)),
+                    reset_after_ms: None,
+                }));
+            }
+            quotas.push(Quota {
+                reason: Reason::ConcurrencyLimit,
+                scope: c.scope.clone(),
+                limit: c.limit,
+                remaining: c.limit - held - 1,
+                window_ms: None,
+                reset_after_ms: None,
+            });
+        }
+        // 6. Budget: check all, then reserve all.
+        let mut cells = Vec::with_capacity(plan.budget.len());
+        for c in &plan.budget {
+            let (pid, _, end) = c.period.at(now);
+            let cell = self
+                .budgets
+                .get(c.scope.id())
+                .and_then(|m| m.get(&(c.period, pid)))
+                .copied()
+                .unwrap_or(Cell {
+                    end,
+                    ..Cell::default()
+                });
+            let committed = cell.settled.saturating_add(cell.reserved);
+            if committed.saturating_add(c.amount) > c.limit {
+                return Ok(Decision::Deny(Deny {
+                    reason: Reason::BudgetLimit,
+                    scope: c.scope.clone(),
+                    limit: c.limit,
+                    remaining: c.limit.saturating_sub(committed),
+                    requested: c.amount,
+                    retry_after_ms: (c.amount <= c.limit).then_some(end - now),
+                    reset_after_ms: Some(end - now),
+                }));
+            }
+            quotas.push(Quota {
+                reason: Reason::BudgetLimit,
+                scope: c.scope.clone(),
+                limit: c.limit,
+                remaining: c.limit - committed - c.amount,
+                window_ms: match c.period {
+                    Period::Fixed(len) => Some(len),
+                    Period::CalendarMonth => Some(end - c.period.at(now).1),
+                },
+                reset_after_ms: Some(end - now),
+            });
+            cells.push((pid, end));
+        }
+        // Everything passed: take the leases and make the reservations.
+        let id: Arc<str> = Arc::from(plan.request_id.as_str());
+        for c in &plan.concurrency {
+            self.leases
+                .entry(c.scope.id().to_owned())
+                .or_default()
+                .insert(id.clone());
+        }
+        let mut budgets = Vec::with_capacity(plan.budget.len());
+        for (c, (pid, end)) in plan.budget.iter().zip(cells) {
+            let cell = self
+                .budgets
+                .entry(c.scope.id().to_owned())
+                .or_default()
+                .entry((c.period, pid))
+                .or_insert(Cell {
+                    end,
+                    ..Cell::default()
+                });
+            cell.reserved += c.amount;
+            cell.outstanding += 1;
+            budgets.push(Reservation {
+                scope: c.scope.id().to_owned(),
+                period: c.period,
+                period_id: pid,
+                unit: c.unit,
+                amount: c.amount,
+            });
+        }
+        let expires_at = now.saturating_add(plan.ttl_ms);
+        self.tickets.insert(
+            id.clone(),
+            Ticket {
+                expires_at,
+                ttl_ms: plan.ttl_ms,
+                leases: plan
+                    .concurrency
+                    .iter()
+                    .map(|c| c.scope.id().to_owned())
+                    .collect(),
+                budgets,
+                price: plan.price,
+                expired_usage: plan.expired_usage,
+            },
+        );
+        self.expiries.insert((expires_at, id));
+        Ok(Decision::Admit(Admitted {
+            request_id: plan.request_id.clone(),
+            max_output_tokens: plan.max_output_tokens,
+            expires_at,
+            quotas,
+        }))
+    }
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    fn admit(&self, plan: &Plan) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        std::future::ready(self.admit_sync(plan))
+    }
+    fn settle(
+        &self,
+        id: &str,
+        usage: Usage,
+    ) -> impl Future<Output = Result<Finish, StoreError>> + Send {
+        std::future::ready(self.settle_sync(id, usage))
+    }
+    fn release(
+        &self,
+        id: &str,
+        usage: Option<Usage>,
+    ) -> impl Future<Output = Result<Finish, StoreError>> + Send {
+        std::future::ready(self.release_sync(id, usage))
+    }
+    fn renew(&self, id: &str) -> impl Future<Output = Result<Renewal, StoreError>> + Send {
+        std::future::ready(self.renew_sync(id))
+    }
+    fn usage(
+        &self,
+        scope_id: &str,
+        period: Option<Period>,
+    ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
+        std::future::ready(self.usage_sync(scope_id, period))
+    }
+}
+
+use std::future::Future;

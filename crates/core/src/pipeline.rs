@@ -1,0 +1,269 @@
+//! The admission pipeline, pure: from a request's facts and the policy to a [`Plan`] that a
+//! store carries out in one atomic step.
+//!
+//! Order: request rate → input tokens → output-token cap → total tokens → concurrency → budget.
+//! The three token controls need no state, so they are decided here; the store counts the
+//! attempt in every rate scope first and reports a rate denial ahead of them, as the order says.
+
+use crate::decision::{Deny, Reason};
+use crate::ledger::{Period, Usage};
+use crate::policy::{OutputMode, Policy, Price, Unit};
+use crate::scope::{Identity, ScopeKey};
+
+/// What the gateway knows about a request before admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestFacts {
+    /// Unique id; settlement is idempotent by it.
+    pub request_id: String,
+    /// Who is asking (the model is one of the dimensions).
+    pub identity: Identity,
+    /// Input tokens (a lower bound when counting stopped early above every input limit).
+    pub input_tokens: u64,
+    /// The output cap the request asked for, if any.
+    pub max_output_tokens: Option<u64>,
+}
+
+/// A rate check in one scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateCheck {
+    /// Scope.
+    pub scope: ScopeKey,
+    /// Attempts per window.
+    pub limit: u64,
+    /// Window, ms.
+    pub window_ms: u64,
+}
+
+/// A lease to take in one scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConcurrencyCheck {
+    /// Scope.
+    pub scope: ScopeKey,
+    /// Leases at once.
+    pub limit: u64,
+}
+
+/// A reservation to make in one scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetCheck {
+    /// Scope.
+    pub scope: ScopeKey,
+    /// Budget per period.
+    pub limit: u64,
+    /// Tokens or money.
+    pub unit: Unit,
+    /// Period.
+    pub period: Period,
+    /// Amount to reserve: the estimate in `unit`.
+    pub amount: u64,
+}
+
+/// Everything a store needs to decide one request atomically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Request id.
+    pub request_id: String,
+    /// Policy version, for records.
+    pub policy_version: std::sync::Arc<str>,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// The output cap granted (after defaults and clamping).
+    pub max_output_tokens: u64,
+    /// Rate checks, in policy order.
+    pub rate: Vec<RateCheck>,
+    /// The first failing token control, decided without state.
+    pub token_verdict: Option<Deny>,
+    /// Concurrency checks, in policy order.
+    pub concurrency: Vec<ConcurrencyCheck>,
+    /// Budget checks, in policy order.
+    pub budget: Vec<BudgetCheck>,
+    /// How long leases and reservation live without renewal.
+    pub ttl_ms: u64,
+    /// The model's price, when any budget is in money.
+    pub price: Option<Price>,
+    /// What expiry or an abandoned request costs, as usage to charge.
+    pub expired_usage: Usage,
+}
+
+impl Plan {
+    /// Input + granted max output.
+    pub fn estimate_tokens(&self) -> u64 {
+        self.input_tokens.saturating_add(self.max_output_tokens)
+    }
+}
+
+/// A request the policy cannot price.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// A money budget applies but the model has no price.
+    #[error("model {model:?} has no price, and scope {scope} has a money budget")]
+    UnpricedModel {
+        /// The model.
+        model: String,
+        /// The scope with the money budget.
+        scope: String,
+    },
+}
+
+/// Builds the plan of one request under `policy`.
+pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
+    let scopes: Vec<(usize, ScopeKey)> = policy
+        .scopes
+        .iter()
+        .enumerate()
+        .filter(|(_, rule)| {
+            rule.matches
+                .iter()
+                .all(|(d, v)| facts.identity.get(*d) == Some(v.as_str()))
+        })
+        .filter_map(|(i, rule)| {
+            ScopeKey::derive(&rule.name, &rule.dims, &facts.identity).map(|k| (i, k))
+        })
+        .collect();
+    let rule = |i: usize| &policy.scopes[i];
+
+    let rate = scopes
+        .iter()
+        .filter_map(|(i, k)| {
+            rule(*i).requests.map(|r| RateCheck {
+                scope: k.clone(),
+                limit: r.limit.get(),
+                window_ms: r.window_ms.get(),
+            })
+        })
+        .collect();
+
+    // The granted output cap: the request's own, or the tightest default; clamped where a
+    // clamping scope says so. Reject-mode caps are checked against the request's own value.
+    let requested = facts.max_output_tokens;
+    let mut granted = match requested {
+        Some(m) => m,
+        None => scopes
+            .iter()
+            .filter_map(|(i, _)| rule(*i).output_tokens.map(|o| o.default.get()))
+            .min()
+            .unwrap_or(policy.default_max_output_tokens.get()),
+    };
+    for (i, _) in &scopes {
+        if let Some(o) = rule(*i).output_tokens {
+            if o.mode == OutputMode::Clamp {
+                granted = granted.min(o.max.get());
+            }
+        }
+    }
+
+    let token_deny = |reason: Reason, scope: &ScopeKey, limit: u64, requested: u64| Deny {
+        reason,
+        scope: scope.clone(),
+        limit,
+        remaining: limit,
+        requested,
+        retry_after_ms: None,
+        reset_after_ms: None,
+    };
+    let input = facts.input_tokens;
+    let total = input.saturating_add(granted);
+    let token_verdict = scopes
+        .iter()
+        .find_map(|(i, k)| {
+            rule(*i)
+                .input_tokens
+                .filter(|l| input > l.get())
+                .map(|l| token_deny(Reason::InputTokenLimit, k, l.get(), input))
+        })
+        .or_else(|| {
+            scopes.iter().find_map(|(i, k)| {
+                rule(*i)
+                    .output_tokens
+                    .filter(|o| o.mode == OutputMode::Reject && granted > o.max.get())
+                    .map(|o| token_deny(Reason::OutputTokenLimit, k, o.max.get(), granted))
+            })
+        })
+        .or_else(|| {
+            scopes.iter().find_map(|(i, k)| {
+                rule(*i)
+                    .total_tokens
+                    .filter(|l| total > l.get())
+                    .map(|l| token_deny(Reason::TotalTokenLimit, k, l.get(), total))
+            })
+        });
+
+    let concurrency = scopes
+        .iter()
+        .filter_map(|(i, k)| {
+            rule(*i).concurrency.map(|c| ConcurrencyCheck {
+                scope: k.clone(),
+                limit: c.limit.get(),
+            })
+        })
+        .collect();
+    let ttl_ms = scopes
+        .iter()
+        .filter_map(|(i, _)| rule(*i).concurrency.map(|c| c.lease_ttl_ms.get()))
+        .min()
+        .unwrap_or(policy.reservation_ttl.get());
+
+    let model = facts.identity.model.as_deref().unwrap_or("");
+    let price = policy.prices.get(model).copied();
+    let estimate = Usage {
+        input_tokens: input,
+        cached_input_tokens: 0,
+        output_tokens: granted,
+    };
+    let mut budget = Vec::new();
+    for (i, k) in &scopes {
+        let Some(b) = rule(*i).budget else { continue };
+        let amount = match b.unit {
+            Unit::Tokens => total,
+            Unit::MicroUsd => match price {
+                Some(p) => p.cost(&estimate),
+                None => {
+                    return Err(PlanError::UnpricedModel {
+                        model: model.to_owned(),
+                        scope: k.to_string(),
+                    });
+                }
+            },
+        };
+        budget.push(BudgetCheck {
+            scope: k.clone(),
+            limit: b.limit.get(),
+            unit: b.unit,
+            period: b.period,
+            amount,
+        });
+    }
+    let expired_usage = match policy.expired_charge {
+        crate::policy::ExpiredCharge::Full => estimate,
+        crate::policy::ExpiredCharge::Input => Usage {
+            output_tokens: 0,
+            ..estimate
+        },
+        crate::policy::ExpiredCharge::None => Usage::default(),
+    };
+
+    Ok(Plan {
+        request_id: facts.request_id.clone(),
+        policy_version: policy.version.clone(),
+        input_tokens: input,
+        max_output_tokens: granted,
+        rate,
+        token_verdict,
+        concurrency,
+        budget,
+        ttl_ms,
+        price,
+        expired_usage,
+    })
+}
+
+/// The amount one usage costs in a unit.
+pub fn charge(unit: Unit, price: Option<Price>, usage: &Usage) -> u64 {
+    match unit {
+        Unit::Tokens => usage.total(),
+        Unit::MicroUsd => price.map_or(0, |p| p.cost(usage)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,115 @@
+use super::*;
+use crate::scope::Dimension;
+
+fn policy(text: &str) -> Policy {
+    Policy::from_toml(text).unwrap_or_else(|e| unreachable!("{e}"))
+}
+
+fn facts(input: u64, max: Option<u64>) -> RequestFacts {
+    RequestFacts {
+        request_id: "r".into(),
+        identity: Identity::default()
+            .with(Dimension::User, "u")
+            .with(Dimension::Tenant, "t")
+            .with(Dimension::Model, "gpt-4o"),
+        input_tokens: input,
+        max_output_tokens: max,
+    }
+}
+
+fn verdict(p: &Policy, f: &RequestFacts) -> Option<Reason> {
+    plan(p, f)
+        .ok()
+        .and_then(|pl| pl.token_verdict.map(|d| d.reason))
+}
+
+#[test]
+fn token_controls_report_the_first_failure_in_order() {
+    let p = policy(
+        r#"
+        [[scopes]]
+        key = "user"
+        input_tokens = 100
+        output_tokens = { max = 100 }
+        total_tokens = 150
+    "#,
+    );
+    // Over all three: input is reported.
+    assert_eq!(
+        verdict(&p, &facts(500, Some(500))),
+        Some(Reason::InputTokenLimit)
+    );
+    assert_eq!(
+        verdict(&p, &facts(10, Some(500))),
+        Some(Reason::OutputTokenLimit)
+    );
+    assert_eq!(
+        verdict(&p, &facts(80, Some(80))),
+        Some(Reason::TotalTokenLimit)
+    );
+    assert_eq!(verdict(&p, &facts(70, Some(80))), None);
+}
+
+#[test]
+fn the_upstream_never_gets_an_unbounded_cap() {
+    let p = policy("default_max_output_tokens = 256");
+    assert_eq!(
+        plan(&p, &facts(1, None)).map(|p| p.max_output_tokens),
+        Ok(256)
+    );
+    let p = policy(
+        r#"
+        [[scopes]]
+        key = "tenant"
+        output_tokens = { max = 1000, mode = "clamp", default = 300 }
+        [[scopes]]
+        key = "user"
+        output_tokens = { max = 800, mode = "clamp", default = 200 }
+    "#,
+    );
+    // The tightest default, and clamping to the tightest clamp.
+    assert_eq!(
+        plan(&p, &facts(1, None)).map(|p| p.max_output_tokens),
+        Ok(200)
+    );
+    let pl = plan(&p, &facts(1, Some(5000))).unwrap_or_else(|e| unreachable!("{e}"));
+    assert_eq!(pl.max_output_tokens, 800);
+    assert_eq!(pl.token_verdict, None);
+    assert_eq!(pl.estimate_tokens(), 801);
+}
+
+#[test]
+fn match_filters_and_missing_dimensions_skip_a_scope() {
+    let p = policy(
+        r#"
+        [[scopes]]
+        key = "tenant"
+        match = { tenant = "other" }
+        input_tokens = 1
+        [[scopes]]
+        key = "ip"
+        input_tokens = 1
+    "#,
+    );
+    assert_eq!(verdict(&p, &facts(50, Some(1))), None);
+}
+
+#[test]
+fn money_budgets_reserve_the_estimated_cost() {
+    let p = policy(
+        r#"
+        [prices."gpt-4o"]
+        input = 2500000
+        output = 10000000
+        [[scopes]]
+        key = "tenant"
+        budget = { micro_usd = 1000000, period = "day" }
+    "#,
+    );
+    let pl = plan(&p, &facts(1000, Some(500))).unwrap_or_else(|e| unreachable!("{e}"));
+    // 1000 x 2.5 + 500 x 10 micro-USD = 7500.
+    assert_eq!(pl.budget[0].amount, 7500);
+    let mut f = facts(1, Some(1));
+    f.identity.model = Some("unpriced".into());
+    assert!(matches!(plan(&p, &f), Err(PlanError::UnpricedModel { .. })));
+}

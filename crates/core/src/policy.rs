@@ -1,0 +1,577 @@
+//! Policy: parsed raw from TOML, then validated into types that cannot hold invalid values.
+//!
+//! [`RawPolicy`] mirrors the file; [`Policy::try_from`] checks every field and reports the first
+//! problem with its path, e.g. `policy.scopes[2].budget.period: unknown period "fortnight"`.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::clock::Millis;
+use crate::ledger::Period;
+use crate::scope::Dimension;
+
+/// A policy that failed validation: the path of the field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct PolicyError {
+    /// Dotted path of the field, e.g. `policy.scopes[2].budget.period`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl PolicyError {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw, as written in the file.
+
+/// The policy as written. Unknown fields are errors, so a typo never silently disables a limit.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    /// A version string that appears in every decision record.
+    pub version: Option<String>,
+    /// Output cap for requests that give none and meet no scope default (default 4096).
+    pub default_max_output_tokens: Option<u64>,
+    /// How long an admitted request may stay unfinished when none of its scopes sets a lease TTL.
+    pub reservation_ttl: Option<String>,
+    /// What an expired reservation costs: `full` (default), `input`, or `none`.
+    pub expired_reservation_charge: Option<String>,
+    /// Prices per model, in micro-units per million tokens.
+    #[serde(default)]
+    pub prices: BTreeMap<String, RawPrice>,
+    /// The scopes and their limits, checked in this order within each control.
+    #[serde(default)]
+    pub scopes: Vec<RawScope>,
+}
+
+/// A model's price, in micro-units (micro-USD by default) per million tokens.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrice {
+    /// Input tokens.
+    pub input: u64,
+    /// Cached input tokens (defaults to the input price).
+    pub cached_input: Option<u64>,
+    /// Output tokens.
+    pub output: u64,
+}
+
+/// One scope rule as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawScope {
+    /// Unique name (letters, digits, `-`, `_`); defaults to the key.
+    pub name: Option<String>,
+    /// `global`, or dimensions joined by `/`: `tenant`, `key`, `user`, `ip`, `model`.
+    pub key: String,
+    /// Only requests whose dimensions equal these values fall in this scope.
+    #[serde(default, rename = "match")]
+    pub match_: BTreeMap<String, String>,
+    /// Requests per sliding window; every attempt counts.
+    pub requests: Option<RawRequests>,
+    /// Maximum input tokens of one request.
+    pub input_tokens: Option<u64>,
+    /// Output-token cap of one request.
+    pub output_tokens: Option<RawOutput>,
+    /// Maximum input + max output tokens of one request.
+    pub total_tokens: Option<u64>,
+    /// Maximum unfinished requests at once.
+    pub concurrency: Option<RawConcurrency>,
+    /// Budget per period, in tokens or money.
+    pub budget: Option<RawBudget>,
+}
+
+/// `requests = { limit = 60, window = "1m" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRequests {
+    /// Attempts per window.
+    pub limit: u64,
+    /// Window length, e.g. `60s`, `1m`, `1h`.
+    pub window: String,
+}
+
+/// `output_tokens = { max = 1000, mode = "clamp", default = 512 }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOutput {
+    /// The cap.
+    pub max: u64,
+    /// `reject` (a request over the cap is refused) or `clamp` (it is lowered to the cap).
+    pub mode: Option<String>,
+    /// The cap given to a request that states none (defaults to `max`).
+    pub default: Option<u64>,
+}
+
+/// `concurrency = { limit = 2, lease_ttl = "5m" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConcurrency {
+    /// Unfinished requests at once.
+    pub limit: u64,
+    /// How long a lease lives without renewal (default 5m).
+    pub lease_ttl: Option<String>,
+}
+
+/// `budget = { tokens = 100000, period = "day" }` or `{ micro_usd = 5000000, period = "month" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudget {
+    /// A budget in tokens (input + output).
+    pub tokens: Option<u64>,
+    /// A budget in money, integer micro-units.
+    pub micro_usd: Option<u64>,
+    /// `day`, `month` (UTC calendar), or a fixed duration such as `1h`, `7d`.
+    pub period: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validated.
+
+/// A validated policy. Cheap to clone (shared).
+#[derive(Debug, Clone)]
+pub struct Policy(Arc<PolicyInner>);
+
+/// The validated contents of a [`Policy`].
+#[derive(Debug)]
+pub struct PolicyInner {
+    /// The version string (defaults to `unversioned`).
+    pub version: Arc<str>,
+    /// Cap for requests that state none and meet no scope default.
+    pub default_max_output_tokens: NonZeroU64,
+    /// TTL of a request that holds no lease.
+    pub reservation_ttl: NonZeroU64,
+    /// What an expired or abandoned reservation costs.
+    pub expired_charge: ExpiredCharge,
+    /// Prices by model name.
+    pub prices: BTreeMap<String, Price>,
+    /// The rules, in order.
+    pub scopes: Vec<ScopeRule>,
+}
+
+impl std::ops::Deref for Policy {
+    type Target = PolicyInner;
+    fn deref(&self) -> &PolicyInner {
+        &self.0
+    }
+}
+
+/// What an expired (or abandoned, without reported usage) reservation is charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiredCharge {
+    /// The whole reservation: the upstream may have done all the work.
+    Full,
+    /// Only the input tokens.
+    Input,
+    /// Nothing.
+    None,
+}
+
+/// A price in micro-units per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Price {
+    /// Input tokens.
+    pub input: u64,
+    /// Cached input tokens.
+    pub cached_input: u64,
+    /// Output tokens.
+    pub output: u64,
+}
+
+/// One validated scope rule.
+#[derive(Debug, Clone)]
+pub struct ScopeRule {
+    /// Unique rule name.
+    pub name: Arc<str>,
+    /// Dimensions in canonical order; empty for global.
+    pub dims: Vec<Dimension>,
+    /// Required dimension values.
+    pub matches: Vec<(Dimension, String)>,
+    /// Rate limit.
+    pub requests: Option<RateLimit>,
+    /// Input-token limit.
+    pub input_tokens: Option<NonZeroU64>,
+    /// Output-token cap.
+    pub output_tokens: Option<OutputLimit>,
+    /// Total-token limit.
+    pub total_tokens: Option<NonZeroU64>,
+    /// Concurrency limit.
+    pub concurrency: Option<ConcurrencyLimit>,
+    /// Budget.
+    pub budget: Option<BudgetLimit>,
+}
+
+/// Attempts per sliding window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Attempts per window.
+    pub limit: NonZeroU64,
+    /// Window length in ms.
+    pub window_ms: NonZeroU64,
+}
+
+/// How an output cap treats a request above it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    /// Refuse the request.
+    Reject,
+    /// Lower the request's cap to the limit.
+    Clamp,
+}
+
+/// An output-token cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputLimit {
+    /// The cap.
+    pub max: NonZeroU64,
+    /// Reject or clamp.
+    pub mode: OutputMode,
+    /// Cap for requests that state none (≤ `max`).
+    pub default: NonZeroU64,
+}
+
+/// A concurrency limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencyLimit {
+    /// Unfinished requests at once.
+    pub limit: NonZeroU64,
+    /// Lease lifetime without renewal, ms.
+    pub lease_ttl_ms: NonZeroU64,
+}
+
+/// The unit of a budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// Input + output tokens.
+    Tokens,
+    /// Money in integer micro-units, from the model's price.
+    MicroUsd,
+}
+
+impl Unit {
+    /// `tokens` or `micro_usd`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Tokens => "tokens",
+            Unit::MicroUsd => "micro_usd",
+        }
+    }
+}
+
+/// A budget per period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetLimit {
+    /// The limit in `unit`.
+    pub limit: NonZeroU64,
+    /// Tokens or money.
+    pub unit: Unit,
+    /// The period.
+    pub period: Period,
+}
+
+/// Upper bounds that keep every product of the ledger arithmetic inside 2^53, so the Lua
+/// implementation (doubles) computes exactly what Rust computes.
+pub const MAX_LIMIT: u64 = 1_000_000_000_000;
+/// Longest rate window or fixed period: 400 days.
+pub const MAX_WINDOW_MS: u64 = 400 * 86_400_000;
+
+impl Policy {
+    /// Parses and validates a TOML policy document.
+    pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
+        let raw: RawPolicy =
+            toml::from_str(text).map_err(|e| PolicyError::new("policy", e.to_string()))?;
+        Self::validate(raw, "policy")
+    }
+
+    /// Validates a raw policy; `root` prefixes every error path.
+    pub fn validate(raw: RawPolicy, root: &str) -> Result<Self, PolicyError> {
+        let version: Arc<str> = match raw.version {
+            Some(v) if v.trim().is_empty() => {
+                return Err(PolicyError::new(
+                    format!("{root}.version"),
+                    "must not be empty",
+                ));
+            }
+            Some(v) => v.into(),
+            None => "unversioned".into(),
+        };
+        let default_max_output_tokens = positive(
+            raw.default_max_output_tokens.unwrap_or(4096),
+            &format!("{root}.default_max_output_tokens"),
+        )?;
+        let reservation_ttl = match raw.reservation_ttl {
+            Some(s) => duration_ms(&s, &format!("{root}.reservation_ttl"))?,
+            None => NonZeroU64::new(600_000).unwrap_or(NonZeroU64::MIN),
+        };
+        let expired_charge = match raw.expired_reservation_charge.as_deref() {
+            None | Some("full") => ExpiredCharge::Full,
+            Some("input") => ExpiredCharge::Input,
+            Some("none") => ExpiredCharge::None,
+            Some(other) => {
+                return Err(PolicyError::new(
+                    format!("{root}.expired_reservation_charge"),
+                    format!("unknown charge {other:?}; expected \"full\", \"input\" or \"none\""),
+                ));
+            }
+        };
+        let mut prices = BTreeMap::new();
+        for (model, p) in raw.prices {
+            let path = format!("{root}.prices.{model:?}");
+            for (field, v) in [("input", p.input), ("output", p.output)] {
+                if v > MAX_LIMIT {
+                    return Err(PolicyError::new(
+                        format!("{path}.{field}"),
+                        format!("must be at most {MAX_LIMIT}"),
+                    ));
+                }
+            }
+            prices.insert(
+                model,
+                Price {
+                    input: p.input,
+                    cached_input: p.cached_input.unwrap_or(p.input).min(MAX_LIMIT),
+                    output: p.output,
+                },
+            );
+        }
+        let mut scopes: Vec<ScopeRule> = Vec::with_capacity(raw.scopes.len());
+        for (i, s) in raw.scopes.into_iter().enumerate() {
+            let rule = validate_scope(s, &format!("{root}.scopes[{i}]"), &prices)?;
+            if scopes.iter().any(|r| r.name == rule.name) {
+                return Err(PolicyError::new(
+                    format!("{root}.scopes[{i}].name"),
+                    format!("duplicate scope name {:?}", &*rule.name),
+                ));
+            }
+            scopes.push(rule);
+        }
+        Ok(Policy(Arc::new(PolicyInner {
+            version,
+            default_max_output_tokens,
+            reservation_ttl,
+            expired_charge,
+            prices,
+            scopes,
+        })))
+    }
+
+    /// A policy with no limits at all (every request admitted, same accounting).
+    pub fn unbounded() -> Self {
+        let raw = RawPolicy {
+            version: Some("unbounded".into()),
+            default_max_output_tokens: Some(u64::from(u32::MAX)),
+            ..RawPolicy::default()
+        };
+        // Validation of this literal cannot fail; fall back to a hand-built value regardless.
+        Self::validate(raw, "policy").unwrap_or_else(|_| {
+            Policy(Arc::new(PolicyInner {
+                version: "unbounded".into(),
+                default_max_output_tokens: NonZeroU64::MAX,
+                reservation_ttl: NonZeroU64::MAX,
+                expired_charge: ExpiredCharge::Full,
+                prices: BTreeMap::new(),
+                scopes: Vec::new(),
+            }))
+        })
+    }
+}
+
+fn positive(v: u64, path: &str) -> Result<NonZeroU64, PolicyError> {
+    if v > MAX_LIMIT {
+        return Err(PolicyError::new(
+            path,
+            format!("must be at most {MAX_LIMIT}"),
+        ));
+    }
+    NonZeroU64::new(v).ok_or_else(|| PolicyError::new(path, "must be greater than 0"))
+}
+
+fn duration_ms(s: &str, path: &str) -> Result<NonZeroU64, PolicyError> {
+    let d: Duration = humantime::parse_duration(s.trim())
+        .map_err(|e| PolicyError::new(path, format!("invalid duration {s:?}: {e}")))?;
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 {
+        return Err(PolicyError::new(path, "must be at least 1ms"));
+    }
+    if ms > MAX_WINDOW_MS {
+        return Err(PolicyError::new(path, "must be at most 400 days"));
+    }
+    NonZeroU64::new(ms).ok_or_else(|| PolicyError::new(path, "must be at least 1ms"))
+}
+
+fn validate_scope(
+    s: RawScope,
+    path: &str,
+    prices: &BTreeMap<String, Price>,
+) -> Result<ScopeRule, PolicyError> {
+    let key_path = format!("{path}.key");
+    let mut dims = Vec::new();
+    if s.key.trim() != "global" {
+        for part in s.key.split('/') {
+            let d = Dimension::parse(part.trim()).ok_or_else(|| {
+                PolicyError::new(
+                    &key_path,
+                    format!(
+                        "unknown dimension {part:?}; expected \"global\" or tenant, key, user, ip, model joined by '/'"
+                    ),
+                )
+            })?;
+            if dims.contains(&d) {
+                return Err(PolicyError::new(&key_path, format!("dimension {d} twice")));
+            }
+            dims.push(d);
+        }
+    }
+    dims.sort();
+    let name: Arc<str> = s.name.unwrap_or_else(|| s.key.trim().to_owned()).into();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '/' | '.'))
+    {
+        return Err(PolicyError::new(
+            format!("{path}.name"),
+            "must be non-empty ASCII letters, digits, '-', '_', '.', '/'",
+        ));
+    }
+    let mut matches = Vec::new();
+    for (k, v) in s.match_ {
+        let d = Dimension::parse(&k)
+            .ok_or_else(|| PolicyError::new(format!("{path}.match.{k}"), "unknown dimension"))?;
+        matches.push((d, v));
+    }
+    let requests = match s.requests {
+        Some(r) => Some(RateLimit {
+            limit: positive(r.limit, &format!("{path}.requests.limit"))?,
+            window_ms: duration_ms(&r.window, &format!("{path}.requests.window"))?,
+        }),
+        None => None,
+    };
+    let input_tokens = s
+        .input_tokens
+        .map(|v| positive(v, &format!("{path}.input_tokens")))
+        .transpose()?;
+    let total_tokens = s
+        .total_tokens
+        .map(|v| positive(v, &format!("{path}.total_tokens")))
+        .transpose()?;
+    let output_tokens = match s.output_tokens {
+        Some(o) => {
+            let max = positive(o.max, &format!("{path}.output_tokens.max"))?;
+            let mode = match o.mode.as_deref() {
+                None | Some("reject") => OutputMode::Reject,
+                Some("clamp") => OutputMode::Clamp,
+                Some(m) => {
+                    return Err(PolicyError::new(
+                        format!("{path}.output_tokens.mode"),
+                        format!("unknown mode {m:?}; expected \"reject\" or \"clamp\""),
+                    ));
+                }
+            };
+            let default = match o.default {
+                Some(d) => positive(d, &format!("{path}.output_tokens.default"))?,
+                None => max,
+            };
+            if default > max {
+                return Err(PolicyError::new(
+                    format!("{path}.output_tokens.default"),
+                    format!("{default} is above max {max}"),
+                ));
+            }
+            Some(OutputLimit { max, mode, default })
+        }
+        None => None,
+    };
+    let concurrency = match s.concurrency {
+        Some(c) => Some(ConcurrencyLimit {
+            limit: positive(c.limit, &format!("{path}.concurrency.limit"))?,
+            lease_ttl_ms: match c.lease_ttl {
+                Some(t) => duration_ms(&t, &format!("{path}.concurrency.lease_ttl"))?,
+                None => NonZeroU64::new(300_000).unwrap_or(NonZeroU64::MIN),
+            },
+        }),
+        None => None,
+    };
+    let budget = match s.budget {
+        Some(b) => {
+            let bpath = format!("{path}.budget");
+            let (limit, unit) = match (b.tokens, b.micro_usd) {
+                (Some(t), None) => (positive(t, &format!("{bpath}.tokens"))?, Unit::Tokens),
+                (None, Some(m)) => {
+                    if prices.is_empty() {
+                        return Err(PolicyError::new(
+                            format!("{bpath}.micro_usd"),
+                            "a money budget needs a [prices] table",
+                        ));
+                    }
+                    (positive(m, &format!("{bpath}.micro_usd"))?, Unit::MicroUsd)
+                }
+                _ => {
+                    return Err(PolicyError::new(
+                        bpath,
+                        "give exactly one of `tokens` or `micro_usd`",
+                    ));
+                }
+            };
+            let period = Period::parse(&b.period)
+                .map_err(|m| PolicyError::new(format!("{bpath}.period"), m))?;
+            Some(BudgetLimit {
+                limit,
+                unit,
+                period,
+            })
+        }
+        None => None,
+    };
+    Ok(ScopeRule {
+        name,
+        dims,
+        matches,
+        requests,
+        input_tokens,
+        output_tokens,
+        total_tokens,
+        concurrency,
+        budget,
+    })
+}
+
+impl Period {
+    /// Parses `day`, `month` or a fixed duration (`1h`, `7d`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "day" | "calendar_day" => Ok(Period::Fixed(86_400_000)),
+            "month" | "calendar_month" => Ok(Period::CalendarMonth),
+            other => {
+                let d = humantime::parse_duration(other).map_err(|e| {
+                    format!("unknown period {other:?} ({e}); expected \"day\", \"month\" or a duration like \"1h\"")
+                })?;
+                let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                if ms == 0 || ms > MAX_WINDOW_MS {
+                    return Err("must be between 1ms and 400 days".into());
+                }
+                Ok(Period::Fixed(ms))
+            }
+        }
+    }
+}
+
+/// When a request expires if none of its scopes sets a lease TTL: now + the policy's TTL.
+pub fn ticket_ttl(policy: &Policy, leases: impl Iterator<Item = u64>) -> Millis {
+    leases.min().unwrap_or(policy.reservation_ttl.get())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,138 @@
+use super::*;
+
+fn err(text: &str) -> PolicyError {
+    match Policy::from_toml(text) {
+        Err(e) => e,
+        Ok(_) => unreachable!("policy should be rejected:\n{text}"),
+    }
+}
+
+#[test]
+fn errors_name_the_field_path() {
+    let e = err(r#"
+        [[scopes]]
+        key = "user"
+        [[scopes]]
+        key = "tenant"
+        [[scopes]]
+        key = "model"
+        budget = { tokens = 10, period = "fortnight" }
+    "#);
+    assert_eq!(e.path, "policy.scopes[2].budget.period");
+    assert!(e.message.contains("fortnight"), "{e}");
+}
+
+#[test]
+fn zero_limits_and_bad_values_are_refused() {
+    let cases = [
+        (
+            r#"[[scopes]]
+key = "user"
+requests = { limit = 0, window = "1m" }"#,
+            "policy.scopes[0].requests.limit",
+        ),
+        (
+            r#"[[scopes]]
+key = "user"
+requests = { limit = 3, window = "soon" }"#,
+            "policy.scopes[0].requests.window",
+        ),
+        (
+            r#"[[scopes]]
+key = "user/planet""#,
+            "policy.scopes[0].key",
+        ),
+        (
+            r#"[[scopes]]
+key = "user"
+output_tokens = { max = 10, default = 20 }"#,
+            "policy.scopes[0].output_tokens.default",
+        ),
+        (
+            r#"[[scopes]]
+key = "user"
+output_tokens = { max = 10, mode = "shrug" }"#,
+            "policy.scopes[0].output_tokens.mode",
+        ),
+        (
+            r#"[[scopes]]
+key = "user"
+budget = { tokens = 10, micro_usd = 5, period = "day" }"#,
+            "policy.scopes[0].budget",
+        ),
+        (
+            r#"[[scopes]]
+key = "user"
+budget = { micro_usd = 5, period = "day" }"#,
+            "policy.scopes[0].budget.micro_usd",
+        ),
+        (
+            r#"[[scopes]]
+key = "user"
+[[scopes]]
+key = "user""#,
+            "policy.scopes[1].name",
+        ),
+        (
+            r#"expired_reservation_charge = "half""#,
+            "policy.expired_reservation_charge",
+        ),
+        (
+            r#"[[scopes]]
+key = "user"
+concurrency = { limit = 2, lease_ttl = "0s" }"#,
+            "policy.scopes[0].concurrency.lease_ttl",
+        ),
+        (
+            r#"[[scopes]]
+key = "user"
+input_tokens = 10000000000000"#,
+            "policy.scopes[0].input_tokens",
+        ),
+    ];
+    for (text, path) in cases {
+        assert_eq!(err(text).path, path, "for:\n{text}");
+    }
+}
+
+#[test]
+fn unknown_fields_are_errors_not_silence() {
+    let e = err(r#"
+        [[scopes]]
+        key = "user"
+        input_tokenz = 100
+    "#);
+    assert!(e.message.contains("input_tokenz"), "{e}");
+}
+
+#[test]
+fn a_full_policy_validates() {
+    let p = Policy::from_toml(
+        r#"
+        version = "v7"
+        default_max_output_tokens = 1024
+        expired_reservation_charge = "input"
+        [prices."gpt-4o"]
+        input = 2500000
+        output = 10000000
+        [[scopes]]
+        name = "acme-4o"
+        key = "tenant/model"
+        match = { tenant = "acme" }
+        requests = { limit = 60, window = "1m" }
+        output_tokens = { max = 2000, mode = "clamp", default = 500 }
+        budget = { micro_usd = 5000000, period = "month" }
+    "#,
+    )
+    .unwrap_or_else(|e| unreachable!("{e}"));
+    assert_eq!(&*p.version, "v7");
+    assert_eq!(p.expired_charge, ExpiredCharge::Input);
+    let s = &p.scopes[0];
+    assert_eq!(s.dims, vec![Dimension::Tenant, Dimension::Model]);
+    assert_eq!(s.requests.map(|r| r.window_ms.get()), Some(60_000));
+    assert_eq!(s.budget.map(|b| b.period), Some(Period::CalendarMonth));
+    assert_eq!(
+        p.prices.get("gpt-4o").map(|p| p.cached_input),
+        Some(2_500_000)
+    );
+}

@@ -1,0 +1,79 @@
+//! Decision records: one JSON line per request. They hold ids, scopes, numbers and reason codes
+//! only; the type has no field that could carry prompt or completion text.
+
+use serde::Serialize;
+
+use crate::clock::Millis;
+use crate::decision::Decision;
+use crate::pipeline::Plan;
+
+/// One request's decision and accounting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DecisionRecord {
+    /// When the decision was made (ms since the epoch).
+    pub ts_ms: Millis,
+    /// The request id.
+    pub request_id: String,
+    /// The policy version that decided.
+    pub policy_version: String,
+    /// `admit` or `deny`.
+    pub decision: &'static str,
+    /// The reason code of a denial.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    /// The scope of a denial.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// Input tokens counted.
+    pub input_tokens: u64,
+    /// Output cap granted.
+    pub max_output_tokens: u64,
+    /// Input + granted output.
+    pub estimated_tokens: u64,
+    /// Reserved per budget scope, in each scope's unit.
+    pub reserved: Vec<u64>,
+    /// Settled per budget scope, once known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settled: Option<Vec<u64>>,
+    /// Upstream HTTP status, once known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_status: Option<u16>,
+    /// Time spent deciding, µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision_us: Option<u64>,
+    /// Time until the upstream finished, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_ms: Option<u64>,
+}
+
+impl DecisionRecord {
+    /// The record of a decision, before the upstream is called.
+    pub fn new(ts_ms: Millis, plan: &Plan, decision: &Decision) -> Self {
+        let deny = decision.deny();
+        Self {
+            ts_ms,
+            request_id: plan.request_id.clone(),
+            policy_version: plan.policy_version.to_string(),
+            decision: if deny.is_some() { "deny" } else { "admit" },
+            reason: deny.map(|d| d.reason.code()),
+            scope: deny.map(|d| d.scope.key().to_owned()),
+            input_tokens: plan.input_tokens,
+            max_output_tokens: plan.max_output_tokens,
+            estimated_tokens: plan.estimate_tokens(),
+            reserved: if deny.is_some() {
+                Vec::new()
+            } else {
+                plan.budget.iter().map(|b| b.amount).collect()
+            },
+            settled: None,
+            upstream_status: None,
+            decision_us: None,
+            upstream_ms: None,
+        }
+    }
+
+    /// The record as one JSON line (no trailing newline).
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
+    }
+}

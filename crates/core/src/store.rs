@@ -1,0 +1,107 @@
+//! The store: one atomic transition per call. The algorithm is in [`crate::pipeline`] and
+//! [`crate::ledger`]; a store applies a [`Plan`] to its state in one step (a mutex for memory,
+//! one Lua script for Redis).
+
+use std::future::Future;
+
+use crate::clock::Millis;
+use crate::decision::Decision;
+use crate::ledger::Usage;
+use crate::pipeline::Plan;
+
+/// A store could not be reached or answered nonsense. Never one of the six reasons: the gateway
+/// fails closed on it (503) unless the policy says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store did not answer in time or the connection failed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// An admission reused the id of a request the store still knows.
+    #[error("request id {0:?} is already known to the store")]
+    DuplicateRequestId(String),
+    /// The store answered something this version cannot read.
+    #[error("store protocol error: {0}")]
+    Protocol(String),
+}
+
+/// How a request ended, as remembered for idempotency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Settled with reported usage.
+    Settled,
+    /// Released (cancelled or failed) with partial or policy usage.
+    Released,
+    /// Expired without settlement; charged as the policy says.
+    Expired,
+}
+
+/// The result of `settle` or `release`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// This call ended the request: leases returned, reservations replaced by the charges.
+    Done {
+        /// What was charged per budget scope, in the scope's unit, in plan order.
+        charged: Vec<u64>,
+    },
+    /// The request had already ended this way: nothing changed (idempotent).
+    AlreadyEnded(Ending),
+    /// The store never admitted this id, or forgot it after the retention time.
+    Unknown,
+}
+
+/// The result of `renew`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Leases and reservation now expire at this time.
+    Renewed {
+        /// New expiry.
+        expires_at: Millis,
+    },
+    /// The request is not in flight (ended, expired or unknown).
+    NotInFlight,
+}
+
+/// The usage of one scope in its current period, for the admin API and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScopeUsage {
+    /// Settled in the current period.
+    pub settled: u64,
+    /// Reserved by unfinished requests in the current period.
+    pub reserved: u64,
+    /// Leases held now.
+    pub leases: u64,
+}
+
+/// A place to keep counters, leases and reservations. Each method is one atomic transition,
+/// shaped so that a networked store does it in one round trip.
+pub trait Store: Send + Sync {
+    /// Counts the attempt in every rate scope, then applies the plan's token verdict, then takes
+    /// a lease in every concurrency scope and reserves in every budget scope: all or nothing.
+    fn admit(&self, plan: &Plan) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Ends a request with its reported usage. Idempotent by request id.
+    fn settle(
+        &self,
+        request_id: &str,
+        usage: Usage,
+    ) -> impl Future<Output = Result<Finish, StoreError>> + Send;
+
+    /// Ends a cancelled or failed request. `usage` is what is known to have been used; `None`
+    /// charges what the policy says for an abandoned request (the same as expiry).
+    fn release(
+        &self,
+        request_id: &str,
+        usage: Option<Usage>,
+    ) -> impl Future<Output = Result<Finish, StoreError>> + Send;
+
+    /// Extends the leases and reservation of an unfinished request by its TTL.
+    fn renew(&self, request_id: &str) -> impl Future<Output = Result<Renewal, StoreError>> + Send;
+
+    /// The usage of a budget or concurrency scope by storage id (`rule|key`) in the period that
+    /// contains now. Leases count only those not expired.
+    fn usage(
+        &self,
+        scope_id: &str,
+        period: Option<crate::ledger::Period>,
+    ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send;
+}

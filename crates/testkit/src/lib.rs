@@ -1,0 +1,66 @@
+//! Test support for Tollgate (not published): the store conformance suite that every [`Store`]
+//! must pass, and helpers shared by test binaries.
+//!
+//! The suite is a table of async cases over a [`Harness`]; [`conformance_tests!`] expands to one
+//! `#[tokio::test]` per case, so every store lists the same case names.
+//!
+//! [`Store`]: tollgate_core::Store
+
+// This crate is test code: its assertions panic by design.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod conformance;
+
+use tollgate_core::{Dimension, Identity, ManualClock, Policy, RequestFacts, Store};
+
+/// Makes fresh, isolated stores for the conformance suite.
+pub trait Harness: Send + Sync {
+    /// The store under test.
+    type S: Store;
+    /// A clean store whose time is `clock` (a Redis store passes it as the script's time).
+    fn store(&self, clock: ManualClock) -> impl std::future::Future<Output = Self::S> + Send;
+}
+
+/// 2026-01-01T00:00:00Z: a day, month and every window boundary in the suite.
+pub const T0: u64 = 1_767_225_600_000;
+
+/// Parses a policy or fails the test with its error.
+pub fn policy(text: &str) -> Policy {
+    Policy::from_toml(text).unwrap_or_else(|e| panic!("test policy invalid: {e}"))
+}
+
+/// Facts of a request by `user` with declared tokens.
+pub fn facts(id: &str, user: &str, input: u64, max_output: u64) -> RequestFacts {
+    RequestFacts {
+        request_id: id.to_owned(),
+        identity: Identity::default()
+            .with(Dimension::User, user)
+            .with(Dimension::Tenant, "acme")
+            .with(Dimension::Model, "gpt-4o"),
+        input_tokens: input,
+        max_output_tokens: Some(max_output),
+    }
+}
+
+/// Expands to one `#[tokio::test]` per conformance case, each with a fresh harness from `$make`.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@cases $make;
+            each_control_alone, reasons_follow_the_fixed_order, every_attempt_counts,
+            all_or_nothing_across_scopes, settle_replaces_the_reservation,
+            settle_is_idempotent, release_charges_partial_or_policy_usage,
+            leases_expire_and_renew, expired_reservation_charge_follows_policy,
+            period_rollover, clock_going_backwards, duplicate_request_id_is_refused,
+            money_budget, retry_hints, calendar_month_budget);
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let h = $make;
+                $crate::conformance::$case(&h).await;
+            }
+        )*
+    };
+}
