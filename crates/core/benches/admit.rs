@@ -1,1 +1,143 @@
-fn main() {}
+//! admit + settle on the memory store, next to governor's `check()` in the same run.
+//!
+//! `cargo bench -p tollgate-core --bench admit`
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use divan::Bencher;
+use governor::{Quota, RateLimiter};
+use tollgate_core::{
+    Decision, Dimension, Identity, MemoryStore, Policy, RequestFacts, SystemClock, Usage, plan,
+};
+
+fn main() {
+    divan::main();
+}
+
+const ONE_SCOPE: &str = r#"
+    [[scopes]]
+    key = "user"
+    requests = { limit = 1000000000, window = "1s" }
+    input_tokens = 100000
+    concurrency = { limit = 1000000 }
+    budget = { tokens = 1000000000000, period = "day" }
+"#;
+
+const FIVE_SCOPES: &str = r#"
+    [[scopes]]
+    name = "all"
+    key = "global"
+    requests = { limit = 1000000000, window = "1s" }
+    concurrency = { limit = 1000000 }
+    budget = { tokens = 1000000000000, period = "day" }
+    [[scopes]]
+    key = "tenant"
+    requests = { limit = 1000000000, window = "1s" }
+    budget = { tokens = 1000000000000, period = "month" }
+    [[scopes]]
+    key = "key"
+    requests = { limit = 1000000000, window = "1m" }
+    concurrency = { limit = 1000000 }
+    [[scopes]]
+    key = "user"
+    requests = { limit = 1000000000, window = "1s" }
+    input_tokens = 100000
+    total_tokens = 1000000
+    concurrency = { limit = 1000000 }
+    budget = { tokens = 1000000000000, period = "day" }
+    [[scopes]]
+    key = "tenant/model"
+    budget = { tokens = 1000000000000, period = "1h" }
+"#;
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn facts(user: u64) -> RequestFacts {
+    RequestFacts {
+        request_id: format!("req-{}", NEXT.fetch_add(1, Ordering::Relaxed)),
+        identity: Identity::default()
+            .with(Dimension::Tenant, "acme")
+            .with(Dimension::Key, "k1")
+            .with(Dimension::User, format!("user-{}", user % 64))
+            .with(Dimension::Model, "gpt-4o"),
+        input_tokens: 500,
+        max_output_tokens: Some(200),
+    }
+}
+
+fn admit_settle(store: &MemoryStore<SystemClock>, policy: &Policy, f: &RequestFacts) {
+    let p = plan(policy, f).unwrap();
+    match store.admit_sync(&p).unwrap() {
+        Decision::Admit(a) => {
+            let u = Usage {
+                input_tokens: 500,
+                cached_input_tokens: 0,
+                output_tokens: 100,
+            };
+            divan::black_box(store.settle_sync(&a.request_id, u).unwrap());
+        }
+        Decision::Deny(d) => panic!("benchmark policy denied: {d:?}"),
+    }
+}
+
+/// Plan (the pure pipeline: scope keys, token verdicts) + admit + settle, from request facts
+/// built beforehand; `threads` = 1 and 2 share one store.
+#[divan::bench(args = ["1 scope", "5 scopes"], threads = [1, 2], sample_count = 200, sample_size = 50)]
+fn tollgate_admit_settle(bencher: Bencher, scopes: &str) {
+    let text = if scopes == "1 scope" {
+        ONE_SCOPE
+    } else {
+        FIVE_SCOPES
+    };
+    let policy = Policy::from_toml(text).unwrap();
+    let store = MemoryStore::new().retention_ms(1_000);
+    bencher
+        .with_inputs(|| facts(NEXT.load(Ordering::Relaxed)))
+        .bench_values(|f| admit_settle(&store, &policy, &f));
+}
+
+/// Only the store's atomic transition (admit + settle), with the plan built beforehand.
+#[divan::bench(args = ["1 scope", "5 scopes"], sample_count = 200, sample_size = 50)]
+fn tollgate_store_only(bencher: Bencher, scopes: &str) {
+    let text = if scopes == "1 scope" {
+        ONE_SCOPE
+    } else {
+        FIVE_SCOPES
+    };
+    let policy = Policy::from_toml(text).unwrap();
+    let store = MemoryStore::new().retention_ms(1_000);
+    let u = Usage {
+        input_tokens: 500,
+        cached_input_tokens: 0,
+        output_tokens: 100,
+    };
+    bencher
+        .with_inputs(|| plan(&policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap())
+        .bench_local_values(|p| {
+            let d = store.admit_sync(&p).unwrap();
+            divan::black_box(&d);
+            divan::black_box(store.settle_sync(&p.request_id, u).unwrap());
+        });
+}
+
+/// Baseline: governor's keyed GCRA `check_key` on 64 keys, and its direct `check`.
+#[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 50)]
+fn governor_check_key(bencher: Bencher) {
+    let q = Quota::per_second(NonZeroU32::new(u32::MAX).unwrap());
+    let limiter = RateLimiter::keyed(q);
+    let key = AtomicU64::new(0);
+    bencher.bench(|| {
+        let k = key.fetch_add(1, Ordering::Relaxed) % 64;
+        divan::black_box(limiter.check_key(&k).is_ok());
+    });
+}
+
+#[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 50)]
+fn governor_check(bencher: Bencher) {
+    let q = Quota::per_second(NonZeroU32::new(u32::MAX).unwrap());
+    let limiter = RateLimiter::direct(q);
+    bencher.bench(|| divan::black_box(limiter.check().is_ok()));
+}

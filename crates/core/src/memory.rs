@@ -6,7 +6,8 @@
 //! reservations when their request ends or expires, and finished request ids after the
 //! retention time.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::clock::{Clock, Millis, SystemClock};
@@ -34,13 +35,17 @@ pub struct MemoryStore<C = SystemClock> {
 struct State {
     last_now: Millis,
     next_full_sweep: Millis,
-    rates: HashMap<String, (u64, RateWindow)>,
-    leases: HashMap<String, HashSet<Arc<str>>>,
-    budgets: HashMap<String, HashMap<(Period, u64), Cell>>,
+    rates: HashMap<Arc<str>, (u64, RateWindow)>,
+    leases: HashMap<Arc<str>, HashSet<Arc<str>>>,
+    budgets: HashMap<Arc<str>, HashMap<(Period, u64), Cell>>,
     tickets: HashMap<Arc<str>, Ticket>,
-    expiries: BTreeSet<(Millis, Arc<str>)>,
+    /// Min-heap of ticket expiries. Entries of ended or renewed tickets are left in place and
+    /// skipped when they surface (their time no longer matches the ticket's).
+    expiries: BinaryHeap<Reverse<(Millis, Arc<str>)>>,
     finished: HashMap<Arc<str>, Ending>,
-    forget: BTreeSet<(Millis, Arc<str>)>,
+    /// Finished ids in the order they may be forgotten (times only grow: the clock is monotonic
+    /// inside the store and the retention is fixed).
+    forget: VecDeque<(Millis, Arc<str>)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -55,7 +60,7 @@ struct Cell {
 struct Ticket {
     expires_at: Millis,
     ttl_ms: u64,
-    leases: Vec<String>,
+    leases: Vec<Arc<str>>,
     budgets: Vec<Reservation>,
     price: Option<Price>,
     expired_usage: Usage,
@@ -63,7 +68,7 @@ struct Ticket {
 
 #[derive(Debug)]
 struct Reservation {
-    scope: String,
+    scope: Arc<str>,
     period: Period,
     period_id: u64,
     unit: Unit,
@@ -108,14 +113,14 @@ impl<C: Clock> MemoryStore<C> {
         // Time never goes backwards inside the store: no negative windows, no refunds.
         let now = self.clock.now().max(st.last_now);
         st.last_now = now;
-        st.sweep(now);
+        st.sweep(now, self.retention_ms);
         Ok((st, now))
     }
 
     /// [`Store::admit`], synchronously.
     pub fn admit_sync(&self, plan: &Plan) -> Result<Decision, StoreError> {
         let (mut st, now) = self.lock()?;
-        st.admit(plan, now, self.retention_ms)
+        st.admit(plan, now)
     }
 
     /// [`Store::settle`], synchronously.
@@ -146,11 +151,11 @@ impl<C: Clock> MemoryStore<C> {
         let Some(t) = st.tickets.get_mut(request_id) else {
             return Ok(Renewal::NotInFlight);
         };
-        let old = t.expires_at;
         t.expires_at = now.saturating_add(t.ttl_ms);
         let new = t.expires_at;
-        if let Some((_, id)) = st.expiries.take(&(old, Arc::from(request_id))) {
-            st.expiries.insert((new, id));
+        if let Some((id, _)) = st.tickets.get_key_value(request_id) {
+            let id = id.clone();
+            st.expiries.push(Reverse((new, id)));
         }
         Ok(Renewal::Renewed { expires_at: new })
     }
@@ -178,7 +183,7 @@ impl<C: Clock> MemoryStore<C> {
         let (st, _) = self.lock()?;
         Ok(Footprint {
             rate_scopes: st.rates.len(),
-            lease_scopes: st.leases.len(),
+            lease_scopes: st.leases.values().filter(|s| !s.is_empty()).count(),
             budget_cells: st.budgets.values().map(HashMap::len).sum(),
             in_flight: st.tickets.len(),
             remembered: st.finished.len(),
@@ -189,7 +194,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn sweep_all(&self) -> Result<(), StoreError> {
         let (mut st, now) = self.lock()?;
         st.next_full_sweep = now;
-        st.sweep(now);
+        st.sweep(now, self.retention_ms);
         Ok(())
     }
 }
@@ -210,30 +215,43 @@ pub struct Footprint {
 }
 
 impl State {
-    fn sweep(&mut self, now: Millis) {
-        while let Some((at, _)) = self.expiries.first() {
+    fn sweep(&mut self, now: Millis, retention: u64) {
+        while let Some(Reverse((at, _))) = self.expiries.peek() {
             if *at > now {
                 break;
             }
-            if let Some((_, id)) = self.expiries.pop_first() {
+            let Some(Reverse((at, id))) = self.expiries.pop() else {
+                break;
+            };
+            // Skip entries of tickets that ended or were renewed since.
+            if self.tickets.get(&id).is_some_and(|t| t.expires_at == at) {
                 if let Some(t) = self.tickets.remove(&id) {
                     let usage = t.expired_usage;
                     self.end_ticket(&id, t, Some(usage));
-                    self.remember(id, Ending::Expired, now, DEFAULT_RETENTION_MS);
+                    self.remember(id, Ending::Expired, now, retention);
                 }
             }
         }
-        while let Some((at, _)) = self.forget.first() {
+        while let Some((at, _)) = self.forget.front() {
             if *at > now {
                 break;
             }
-            if let Some((_, id)) = self.forget.pop_first() {
+            if let Some((_, id)) = self.forget.pop_front() {
                 self.finished.remove(&id);
             }
         }
         if now >= self.next_full_sweep {
             self.next_full_sweep = now + FULL_SWEEP_EVERY_MS;
             self.rates.retain(|_, (w, r)| !r.is_stale(now, *w));
+            self.leases.retain(|_, set| !set.is_empty());
+            // Settled tickets leave their heap entries behind; rebuild before they dominate.
+            if self.expiries.len() > 2 * self.tickets.len() + 1024 {
+                self.expiries = self
+                    .tickets
+                    .iter()
+                    .map(|(id, t)| Reverse((t.expires_at, id.clone())))
+                    .collect();
+            }
             self.budgets.retain(|_, cells| {
                 cells.retain(|_, c| c.end > now || c.outstanding > 0);
                 !cells.is_empty()
@@ -243,18 +261,17 @@ impl State {
 
     fn remember(&mut self, id: Arc<str>, how: Ending, now: Millis, retention: u64) {
         self.forget
-            .insert((now.saturating_add(retention), id.clone()));
+            .push_back((now.saturating_add(retention), id.clone()));
         self.finished.insert(id, how);
     }
 
     /// Returns leases and replaces reservations with the charge for `usage`.
     fn end_ticket(&mut self, id: &Arc<str>, t: Ticket, usage: Option<Usage>) -> Vec<u64> {
         for scope in &t.leases {
-            if let Some(set) = self.leases.get_mut(scope.as_str()) {
+            // An empty set stays until the periodic sweep: a busy scope would otherwise
+            // free and allocate it on every request.
+            if let Some(set) = self.leases.get_mut(scope) {
                 set.remove(id);
-                if set.is_empty() {
-                    self.leases.remove(scope.as_str());
-                }
             }
         }
         let usage = usage.unwrap_or(t.expired_usage);
@@ -263,7 +280,7 @@ impl State {
             let amount = charge(r.unit, t.price, &usage);
             if let Some(c) = self
                 .budgets
-                .get_mut(r.scope.as_str())
+                .get_mut(&r.scope)
                 .and_then(|m| m.get_mut(&(r.period, r.period_id)))
             {
                 c.reserved = c.reserved.saturating_sub(r.amount);
@@ -284,7 +301,6 @@ impl State {
         retention: u64,
     ) -> Finish {
         if let Some((id, t)) = self.tickets.remove_entry(request_id) {
-            self.expiries.remove(&(t.expires_at, id.clone()));
             let charged = self.end_ticket(&id, t, usage);
             self.remember(id, how, now, retention);
             return Finish::Done { charged };
@@ -295,19 +311,20 @@ impl State {
         }
     }
 
-    fn admit(&mut self, plan: &Plan, now: Millis, _retention: u64) -> Result<Decision, StoreError> {
+    fn admit(&mut self, plan: &Plan, now: Millis) -> Result<Decision, StoreError> {
         if self.tickets.contains_key(plan.request_id.as_str())
             || self.finished.contains_key(plan.request_id.as_str())
         {
             return Err(StoreError::DuplicateRequestId(plan.request_id.clone()));
         }
-        let mut quotas = Vec::new();
+        let mut quotas =
+            Vec::with_capacity(plan.rate.len() + plan.concurrency.len() + plan.budget.len());
         // 1. Every attempt counts in every rate scope, admitted or not.
         let mut rate_deny: Option<Deny> = None;
         for c in &plan.rate {
             let entry = self
                 .rates
-                .entry(c.scope.id().to_owned())
+                .entry(c.scope.shared_id().clone())
                 .or_insert((c.window_ms, RateWindow::default()));
             if entry.0 != c.window_ms {
                 *entry = (c.window_ms, RateWindow::default());
@@ -415,7 +432,7 @@ impl State {
         let id: Arc<str> = Arc::from(plan.request_id.as_str());
         for c in &plan.concurrency {
             self.leases
-                .entry(c.scope.id().to_owned())
+                .entry(c.scope.shared_id().clone())
                 .or_default()
                 .insert(id.clone());
         }
@@ -423,7 +440,7 @@ impl State {
         for (c, (pid, end)) in plan.budget.iter().zip(cells) {
             let cell = self
                 .budgets
-                .entry(c.scope.id().to_owned())
+                .entry(c.scope.shared_id().clone())
                 .or_default()
                 .entry((c.period, pid))
                 .or_insert(Cell {
@@ -433,7 +450,7 @@ impl State {
             cell.reserved += c.amount;
             cell.outstanding += 1;
             budgets.push(Reservation {
-                scope: c.scope.id().to_owned(),
+                scope: c.scope.shared_id().clone(),
                 period: c.period,
                 period_id: pid,
                 unit: c.unit,
@@ -449,14 +466,14 @@ impl State {
                 leases: plan
                     .concurrency
                     .iter()
-                    .map(|c| c.scope.id().to_owned())
+                    .map(|c| c.scope.shared_id().clone())
                     .collect(),
                 budgets,
                 price: plan.price,
                 expired_usage: plan.expired_usage,
             },
         );
-        self.expiries.insert((expires_at, id));
+        self.expiries.push(Reverse((expires_at, id)));
         Ok(Decision::Admit(Admitted {
             request_id: plan.request_id.clone(),
             max_output_tokens: plan.max_output_tokens,

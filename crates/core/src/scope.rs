@@ -1,6 +1,7 @@
 //! Who a request is: the identity dimensions, and the scope keys a policy rule derives from them.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// One dimension of a request's identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -99,7 +100,8 @@ impl Identity {
 /// key or a Redis hash tag.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ScopeKey {
-    id: String,
+    // Shared: a key is cloned into quotas, tickets and map keys on every admission.
+    id: Arc<str>,
     rule_len: usize,
 }
 
@@ -121,13 +123,17 @@ impl ScopeKey {
             escape_into(identity.get(*d)?, &mut id);
         }
         Some(Self {
-            id,
+            id: id.into(),
             rule_len: rule.len(),
         })
     }
 
     /// The storage identity, `rule|key`.
     pub fn id(&self) -> &str {
+        &self.id
+    }
+    /// The storage identity, shared.
+    pub fn shared_id(&self) -> &Arc<str> {
         &self.id
     }
     /// The policy rule's name.

@@ -1,0 +1,138 @@
+//! The `tollgate` binary end to end: the Day 28 replay's published figures, mismatch exit codes,
+//! and `check` errors that name the field.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+}
+
+fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+#[test]
+fn day28_replay_reproduces_the_published_figures() {
+    let out = bin()
+        .args(["replay", "--format", "json"])
+        .arg(repo("fixtures/day28.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let top: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(top, ["paths"]);
+    let u = &v["paths"]["unbounded"];
+    let l = &v["paths"]["layered_controls"];
+    let fig = |p: &Value, k: &str| p[k].as_u64().unwrap_or_else(|| panic!("missing {k}"));
+    for (k, unbounded, layered) in [
+        ("requests", 19, 19),
+        ("accepted", 19, 12),
+        ("rejected", 0, 7),
+        ("accepted_estimated_tokens", 1132, 590),
+        ("settled_tokens", 625, 495),
+        ("reserved_outstanding_tokens", 442, 40),
+        ("max_concurrency", 3, 2),
+        ("budget_overrun_tokens", 100, 0),
+    ] {
+        assert_eq!((fig(u, k), fig(l, k)), (unbounded, layered), "{k}");
+    }
+    // Seven refusals, every one of the six reasons, one of them twice.
+    let by = l["rejections_by_reason"].as_object().unwrap();
+    assert_eq!(by.len(), 6);
+    assert_eq!(by.values().map(|n| n.as_u64().unwrap()).sum::<u64>(), 7);
+    assert_eq!(by["request_rate_limit"], 2);
+    assert!(u["rejections_by_reason"].as_object().unwrap().is_empty());
+    // Every path carries exactly the agreed keys.
+    let keys: Vec<&String> = l.as_object().unwrap().keys().collect();
+    let mut want = vec![
+        "accepted",
+        "accepted_estimated_tokens",
+        "budget_overrun_tokens",
+        "cases",
+        "max_concurrency",
+        "rejected",
+        "rejections_by_reason",
+        "requests",
+        "reserved_outstanding_tokens",
+        "settled_tokens",
+    ];
+    want.sort();
+    assert_eq!(keys, want);
+    let cases = l["cases"].as_object().unwrap();
+    assert_eq!(cases.len(), 7);
+    assert!(cases.values().all(|c| c["predictions_matched"] == true));
+    // The 150 total-token case: 80 + 80 refused though each half is under 100.
+    assert_eq!(cases["total"]["rejected"], 1);
+}
+
+#[test]
+fn replay_is_deterministic() {
+    let run = || {
+        bin()
+            .args(["replay", "--format", "json"])
+            .arg(repo("fixtures/day28.toml"))
+            .output()
+            .unwrap()
+            .stdout
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn a_wrong_prediction_fails_the_replay() {
+    let text = std::fs::read_to_string(repo("fixtures/day28.toml")).unwrap();
+    // Predict that the third concurrent request is admitted: it is not.
+    let text = text.replace(
+        r#"max_output_tokens = 10, expect = "concurrency_limit" }"#,
+        r#"max_output_tokens = 10, expect = "admit" }"#,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wrong.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = bin().arg("replay").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("case concurrency request conc-3: expected admit, got concurrency_limit"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("NO"));
+}
+
+#[test]
+fn check_names_the_bad_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.toml");
+    std::fs::write(&path, "[[scopes]]\nkey = \"user\"\n[[scopes]]\nkey = \"tenant\"\nbudget = { tokens = 5, period = \"fortnight\" }\n").unwrap();
+    let out = bin()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("policy.scopes[1].budget.period"), "{err}");
+    std::fs::write(
+        &path,
+        "[[scopes]]\nkey = \"user\"\nrequests = { limit = 5, window = \"1m\" }\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+}

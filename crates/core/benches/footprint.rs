@@ -1,0 +1,110 @@
+//! Bytes per tracked scope in the memory store, measured from the process's resident set size.
+//!
+//! `cargo bench -p tollgate-core --bench footprint`
+//!
+//! Each of N distinct users makes one admitted request that is then settled: the user's scope
+//! holds a rate window and a budget cell (one per rule with a budget), and the finished request
+//! id is remembered for idempotency until the retention time. Reported: RSS growth divided by N,
+//! for the scope state alone and with the remembered ids.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
+
+use tollgate_core::{
+    Decision, Dimension, Identity, ManualClock, MemoryStore, Policy, RequestFacts, Usage, plan,
+};
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn main() {
+    // Each configuration runs in a fresh process: freed memory is not returned to the OS, so a
+    // second run in the same process would measure reuse, not growth.
+    let configs = [
+        ("scope state, finished ids forgotten", 0u64),
+        ("scope state + finished ids remembered 1h", 3_600_000),
+    ];
+    if let Some(i) = std::env::var("FOOTPRINT_CONFIG")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let (label, retention) = configs[i];
+        measure(label, retention);
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for i in 0..configs.len() {
+        let out = std::process::Command::new(&exe)
+            .env("FOOTPRINT_CONFIG", i.to_string())
+            .output()
+            .unwrap();
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+fn measure(label: &str, retention: u64) {
+    const N: u64 = 200_000;
+    let policy = Policy::from_toml(
+        r#"
+        [[scopes]]
+        key = "user"
+        requests = { limit = 100, window = "1m" }
+        concurrency = { limit = 4 }
+        budget = { tokens = 100000, period = "day" }
+        "#,
+    )
+    .unwrap();
+    {
+        let clock = ManualClock::new(1_767_225_600_000);
+        let store = MemoryStore::with_clock(clock.clone()).retention_ms(retention);
+        let before = rss_bytes();
+        for i in 0..N {
+            let f = RequestFacts {
+                request_id: format!("request-{i:016}"),
+                identity: Identity::default().with(Dimension::User, format!("user-{i:012}")),
+                input_tokens: 10,
+                max_output_tokens: Some(10),
+            };
+            let Decision::Admit(a) = store.admit_sync(&plan(&policy, &f).unwrap()).unwrap() else {
+                panic!("denied");
+            };
+            let u = Usage {
+                input_tokens: 10,
+                cached_input_tokens: 0,
+                output_tokens: 5,
+            };
+            store.settle_sync(&a.request_id, u).unwrap();
+            if retention == 0 && i % 1024 == 0 {
+                clock.advance(1);
+            }
+        }
+        clock.advance(1);
+        store.sweep_all().unwrap();
+        let fp = store.footprint().unwrap();
+        let grown = rss_bytes().saturating_sub(before);
+        println!(
+            "{label}: {N} scopes ({} rate windows, {} budget cells, {} remembered ids): {:.0} bytes per scope",
+            fp.rate_scopes,
+            fp.budget_cells,
+            fp.remembered,
+            grown as f64 / N as f64
+        );
+        // Everything stale is dropped: two windows later and after the period, nothing is left.
+        clock.advance(86_400_000 + 3_600_000);
+        store.sweep_all().unwrap();
+        let fp = store.footprint().unwrap();
+        println!("  after the window, period and retention have passed: {fp:?}");
+        drop(store);
+    }
+}
