@@ -24,6 +24,18 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// Count a request body's tokens the way the gateway will charge them.
+    Count {
+        /// The model whose tokenizer counts (replaces the body's `model`).
+        #[arg(long)]
+        model: Option<String>,
+        /// The request body (JSON); standard input when absent.
+        #[arg(long)]
+        request: Option<PathBuf>,
+        /// The body format; detected from its fields when absent.
+        #[arg(long, value_enum)]
+        format: Option<BodyFormat>,
+    },
     /// Validate a policy file without serving.
     Check {
         /// The policy (TOML).
@@ -39,4 +51,17 @@ pub enum Format {
     Table,
     /// JSON for machines.
     Json,
+}
+
+/// Request body formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BodyFormat {
+    /// OpenAI chat completions (`messages`).
+    Chat,
+    /// OpenAI completions (`prompt`).
+    Completions,
+    /// OpenAI embeddings (`input`).
+    Embeddings,
+    /// Anthropic Messages (estimate).
+    Anthropic,
 }

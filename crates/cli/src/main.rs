@@ -1,6 +1,7 @@
 //! The `tollgate` binary: a thin shell over the library crates.
 
 mod cli;
+mod count;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -51,6 +52,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 Ok(ExitCode::from(1))
             }
+        }
+        Command::Count {
+            model,
+            request,
+            format,
+        } => {
+            let body = match request {
+                Some(p) => std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?,
+                None => {
+                    let mut b = Vec::new();
+                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)?;
+                    b
+                }
+            };
+            let count = count::count(&body, model.as_deref(), format)?;
+            writeln!(out, "{}", serde_json::to_string(&count)?)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Check { config } => {
             let text = std::fs::read_to_string(&config)

@@ -136,3 +136,48 @@ fn check_names_the_bad_field() {
         .unwrap();
     assert!(out.status.success());
 }
+
+#[test]
+fn count_prints_what_the_gateway_charges() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("req.json");
+    std::fs::write(&path, r#"{"model":"gpt-4","max_tokens":20,"messages":[{"role":"user","content":"Hello there!"}]}"#).unwrap();
+    let out = bin()
+        .args(["count", "--model", "gpt-4o", "--request"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["model"], "gpt-4o");
+    assert_eq!(v["encoding"], "o200k_base");
+    assert_eq!(v["input_tokens"], 3 + 1 + 3 + 3);
+    assert_eq!(v["max_output_tokens"], 20);
+    assert_eq!(v["exact"], true);
+    assert_eq!(v.as_object().unwrap().len(), 5);
+    // From standard input, an embeddings body: no output cap.
+    let mut child = bin()
+        .args(["count", "--model", "text-embedding-3-small"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), br#"{"input":"hello world"}"#)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["input_tokens"].as_u64(), v["max_output_tokens"].is_null()),
+        (Some(2), true)
+    );
+    let out = bin()
+        .args(["count", "--model", "gpt-4o", "--request"])
+        .arg(dir.path().join("missing.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

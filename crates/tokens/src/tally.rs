@@ -1,0 +1,105 @@
+//! A running, bounded token count.
+
+use crate::{Counting, MAX_TOKEN_BYTES};
+
+/// Adds up tokens until a limit is passed, then stops counting (everything after is free).
+#[derive(Debug, Clone)]
+pub struct Tally {
+    counting: Counting,
+    limit: u64,
+    used: u64,
+    exact: bool,
+}
+
+impl Tally {
+    /// A tally with this rule and optional limit.
+    pub fn new(counting: Counting, limit: Option<u64>) -> Self {
+        Self {
+            counting,
+            limit: limit.unwrap_or(u64::MAX - 1),
+            used: 0,
+            exact: matches!(counting, Counting::Exact(_)),
+        }
+    }
+
+    /// Whether the limit has been passed.
+    pub fn over(&self) -> bool {
+        self.used > self.limit
+    }
+
+    /// Adds a constant overhead (message framing, image tiles).
+    pub fn add(&mut self, n: u64) {
+        self.used = self.used.saturating_add(n);
+    }
+
+    /// Marks the count as an estimate.
+    pub fn estimated(&mut self) {
+        self.exact = false;
+    }
+
+    /// Adds the tokens of a text.
+    pub fn text(&mut self, s: &str) {
+        if self.over() || s.is_empty() {
+            return;
+        }
+        let remaining = self.limit - self.used;
+        // A text needs at least len/128 tokens: beyond that it is over without counting.
+        let at_least = u64::try_from(s.len().div_ceil(MAX_TOKEN_BYTES)).unwrap_or(u64::MAX);
+        if at_least > remaining {
+            self.used = self.limit + 1;
+            return;
+        }
+        match self.counting {
+            Counting::Exact(e) => {
+                let tok = e.tokenizer();
+                let cap = usize::try_from(remaining).unwrap_or(usize::MAX);
+                match tok.count_till_limit(&tok.normalize(s), cap) {
+                    Some(n) => self.add(n as u64),
+                    None => self.used = self.limit + 1,
+                }
+            }
+            Counting::Estimate => {
+                // o200k count + 25%, rounded up: stop once even the unscaled count cannot fit.
+                let tok = crate::Encoding::O200kBase.tokenizer();
+                let cap = usize::try_from(remaining).unwrap_or(usize::MAX);
+                match tok.count_till_limit(&tok.normalize(s), cap) {
+                    Some(n) => self.add((n as u64).saturating_mul(5).div_ceil(4)),
+                    None => self.used = self.limit + 1,
+                }
+            }
+        }
+    }
+
+    /// Adds the tokens of a JSON string literal, deciding from its raw length alone when it is
+    /// surely over: an escape takes at most 6 raw bytes per decoded byte, so a literal longer
+    /// than 6 × 128 bytes per remaining token is over without being decoded (a body of escaped
+    /// tabs would otherwise cost a full unescape).
+    pub fn json_string(
+        &mut self,
+        raw: &serde_json::value::RawValue,
+        field: &str,
+    ) -> Result<(), crate::RequestError> {
+        if self.over() {
+            return Ok(());
+        }
+        let decoded_at_least = raw.get().len().saturating_sub(2) / 6;
+        let at_least =
+            u64::try_from(decoded_at_least.div_ceil(MAX_TOKEN_BYTES)).unwrap_or(u64::MAX);
+        if at_least > self.limit - self.used {
+            // Still refuse what is not a string at all.
+            if raw.get().as_bytes().first() != Some(&b'"') {
+                return Err(crate::RequestError::invalid(field, "expected a string"));
+            }
+            self.used = self.limit + 1;
+            return Ok(());
+        }
+        let s = crate::openai::string(raw, field)?;
+        self.text(&s);
+        Ok(())
+    }
+
+    /// `(tokens, exact)`; tokens is `limit + 1` at most when over the limit.
+    pub fn finish(&self) -> (u64, bool) {
+        (self.used.min(self.limit.saturating_add(1)), self.exact)
+    }
+}
