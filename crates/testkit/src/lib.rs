@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod conformance;
+pub mod redis_server;
 
 use tollgate_core::{Dimension, Identity, ManualClock, Policy, RequestFacts, Store};
 

@@ -1,0 +1,559 @@
+//! # tollgate-redis
+//!
+//! The [`Store`] over Redis or Valkey. Every call is **one** Lua script, so any number of
+//! stateless gateway instances sharing one Redis can never overshoot a budget or a concurrency
+//! limit together: the check and the reservation are one atomic step on the server.
+//!
+//! - Scripts live in `src/lua/*_v1.lua` (versioned names), are embedded with `include_str!`,
+//!   called by SHA, and reloaded by the client on `NOSCRIPT`.
+//! - Time is Redis `TIME` (never the instance's clock), clamped so that it never goes back.
+//!   Tests may pass a manual clock instead, so that the store conformance suite drives time.
+//! - Integer arithmetic only; the ledger functions are line-for-line twins of
+//!   `tollgate_core::ledger`.
+//! - Every call has a timeout; a store that cannot be reached answers
+//!   [`StoreError::Unavailable`] (the gateway fails closed on it unless told otherwise), and the
+//!   connection reconnects by itself.
+//!
+//! Key layout (prefix `P`, default `tollgate`), documented in `docs/redis.md`:
+//! `P:r:<scope>` rate window, `P:l:<scope>` leases (sorted set by expiry), `P:b:<scope>`
+//! budget periods, `P:t:<request>` ticket, `P:x` ticket expiry index, `P:f:<request>` finished
+//! marker, `P:clock` the store's last time.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tollgate_core::StoreError> {
+//! use tollgate_redis::{RedisConfig, RedisStore};
+//! let store = RedisStore::connect(RedisConfig::new("redis://127.0.0.1:6379/")).await?;
+//! # let _ = store; Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+use tollgate_core::pipeline::Plan;
+use tollgate_core::policy::Unit;
+use tollgate_core::{
+    Admitted, Clock, Decision, Deny, Ending, Finish, Period, Quota, Reason, Renewal, ScopeUsage,
+    Store, StoreError, Usage,
+};
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://host:port/db`.
+    pub url: String,
+    /// Key prefix; several deployments may share one Redis under different prefixes.
+    pub prefix: String,
+    /// Longest wait for one call; then the call fails with `Unavailable`.
+    pub call_timeout: Duration,
+    /// How long finished request ids are remembered (late duplicates are no-ops).
+    pub retention_ms: u64,
+}
+
+impl RedisConfig {
+    /// Defaults: prefix `tollgate`, 250 ms per call, one hour of retention.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            prefix: "tollgate".into(),
+            call_timeout: Duration::from_millis(250),
+            retention_ms: 3_600_000,
+        }
+    }
+}
+
+struct Scripts {
+    admit: Script,
+    finish: Script,
+    renew: Script,
+    usage: Script,
+}
+
+macro_rules! script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("lua/common_v1.lua"),
+            "\n",
+            include_str!($file)
+        ))
+    };
+}
+
+fn scripts() -> &'static Scripts {
+    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
+    SCRIPTS.get_or_init(|| Scripts {
+        admit: script!("lua/admit_v1.lua"),
+        finish: script!("lua/finish_v1.lua"),
+        renew: script!("lua/renew_v1.lua"),
+        usage: script!("lua/usage_v1.lua"),
+    })
+}
+
+/// The Redis [`Store`]. Cheap to clone: clones share one multiplexed connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    config: Arc<RedisConfig>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.config.prefix)
+            .field("manual_clock", &self.clock.is_some())
+            .finish()
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+/// The keys and arguments of one script call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    /// KEYS.
+    pub keys: Vec<String>,
+    /// ARGV.
+    pub args: Vec<String>,
+}
+
+fn usage_arg(u: &Usage) -> String {
+    format!(
+        "{},{},{}",
+        u.input_tokens, u.cached_input_tokens, u.output_tokens
+    )
+}
+
+fn period_arg(p: Period) -> (u64, String) {
+    match p {
+        Period::Fixed(len) => (len, p.label()),
+        Period::CalendarMonth => (0, p.label()),
+    }
+}
+
+/// The exact KEYS and ARGV of an admission. `now` 0 means Redis `TIME`.
+pub fn admit_invocation(prefix: &str, plan: &Plan, now: u64, retention_ms: u64) -> Invocation {
+    let mut keys = vec![
+        format!("{prefix}:t:{}", plan.request_id),
+        format!("{prefix}:f:{}", plan.request_id),
+        format!("{prefix}:x"),
+        format!("{prefix}:clock"),
+    ];
+    let price = plan
+        .price
+        .map(|p| format!("{},{},{}", p.input, p.cached_input, p.output))
+        .unwrap_or_default();
+    let mut args = vec![
+        prefix.to_owned(),
+        now.to_string(),
+        plan.request_id.clone(),
+        plan.ttl_ms.to_string(),
+        retention_ms.to_string(),
+        if plan.token_verdict.is_some() {
+            "1"
+        } else {
+            "0"
+        }
+        .to_owned(),
+        plan.rate.len().to_string(),
+        plan.concurrency.len().to_string(),
+        plan.budget.len().to_string(),
+        price,
+        usage_arg(&plan.expired_usage),
+    ];
+    for r in &plan.rate {
+        let k = format!("{prefix}:r:{}", r.scope.id());
+        keys.push(k.clone());
+        args.extend([k, r.limit.to_string(), r.window_ms.to_string()]);
+    }
+    for c in &plan.concurrency {
+        let k = format!("{prefix}:l:{}", c.scope.id());
+        keys.push(k.clone());
+        args.extend([k, c.limit.to_string()]);
+    }
+    for b in &plan.budget {
+        let k = format!("{prefix}:b:{}", b.scope.id());
+        keys.push(k.clone());
+        let (len, label) = period_arg(b.period);
+        let unit = match b.unit {
+            Unit::Tokens => "t",
+            Unit::MicroUsd => "m",
+        };
+        args.extend([
+            k,
+            b.limit.to_string(),
+            unit.to_owned(),
+            len.to_string(),
+            label,
+            b.amount.to_string(),
+        ]);
+    }
+    Invocation { keys, args }
+}
+
+fn int(v: &Value) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        other => Err(StoreError::Protocol(format!(
+            "expected an integer, got {other:?}"
+        ))),
+    }
+}
+
+fn text(v: &Value) -> Result<String, StoreError> {
+    match v {
+        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Ok(s.clone()),
+        other => Err(StoreError::Protocol(format!(
+            "expected a string, got {other:?}"
+        ))),
+    }
+}
+
+fn items(v: Value) -> Result<Vec<Value>, StoreError> {
+    match v {
+        Value::Array(a) => Ok(a),
+        other => Err(StoreError::Protocol(format!(
+            "expected an array, got {other:?}"
+        ))),
+    }
+}
+
+fn opt_ms(v: i64) -> Option<u64> {
+    u64::try_from(v).ok()
+}
+
+/// Turns the admit script's answer into a decision, with the plan's scopes and limits.
+fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, StoreError> {
+    let kind = reply.first().map(text).transpose()?.unwrap_or_default();
+    let num = |i: usize| {
+        reply
+            .get(i)
+            .ok_or_else(|| StoreError::Protocol(format!("short reply: {reply:?}")))
+            .and_then(int)
+    };
+    match kind.as_str() {
+        "admit" => {
+            let expires_at = num(1)?.max(0) as u64;
+            let mut quotas = Vec::new();
+            let mut i = 2;
+            for r in &plan.rate {
+                quotas.push(Quota {
+                    reason: Reason::RequestRateLimit,
+                    scope: r.scope.clone(),
+                    limit: r.limit,
+                    remaining: num(i)?.max(0) as u64,
+                    window_ms: Some(r.window_ms),
+                    reset_after_ms: opt_ms(num(i + 1)?),
+                });
+                i += 2;
+            }
+            for c in &plan.concurrency {
+                quotas.push(Quota {
+                    reason: Reason::ConcurrencyLimit,
+                    scope: c.scope.clone(),
+                    limit: c.limit,
+                    remaining: num(i)?.max(0) as u64,
+                    window_ms: None,
+                    reset_after_ms: None,
+                });
+                i += 1;
+            }
+            for b in &plan.budget {
+                let reset = opt_ms(num(i + 1)?);
+                quotas.push(Quota {
+                    reason: Reason::BudgetLimit,
+                    scope: b.scope.clone(),
+                    limit: b.limit,
+                    remaining: num(i)?.max(0) as u64,
+                    window_ms: match b.period {
+                        Period::Fixed(len) => Some(len),
+                        Period::CalendarMonth => {
+                            let (_, start, end) =
+                                b.period.at(expires_at.saturating_sub(plan.ttl_ms));
+                            Some(end - start)
+                        }
+                    },
+                    reset_after_ms: reset,
+                });
+                i += 2;
+            }
+            Ok(Decision::Admit(Admitted {
+                request_id: plan.request_id.clone(),
+                max_output_tokens: plan.max_output_tokens,
+                expires_at,
+                quotas,
+            }))
+        }
+        "deny" => {
+            let reason = match num(1)? {
+                0 => Reason::RequestRateLimit,
+                4 => Reason::ConcurrencyLimit,
+                5 => Reason::BudgetLimit,
+                r => return Err(StoreError::Protocol(format!("unknown reason {r}"))),
+            };
+            let idx = usize::try_from(num(2)?)
+                .map_err(|_| StoreError::Protocol("bad scope index".into()))?;
+            let missing = || StoreError::Protocol(format!("scope index {idx} out of range"));
+            let (scope, limit, requested) = match reason {
+                Reason::RequestRateLimit => {
+                    plan.rate.get(idx).map(|r| (r.scope.clone(), r.limit, 1))
+                }
+                Reason::ConcurrencyLimit => plan
+                    .concurrency
+                    .get(idx)
+                    .map(|c| (c.scope.clone(), c.limit, 1)),
+                _ => plan
+                    .budget
+                    .get(idx)
+                    .map(|b| (b.scope.clone(), b.limit, b.amount)),
+            }
+            .ok_or_else(missing)?;
+            Ok(Decision::Deny(Deny {
+                reason,
+                scope,
+                limit,
+                remaining: num(3)?.max(0) as u64,
+                requested,
+                retry_after_ms: opt_ms(num(4)?),
+                reset_after_ms: opt_ms(num(5)?),
+            }))
+        }
+        "token" => plan
+            .token_verdict
+            .clone()
+            .map(Decision::Deny)
+            .ok_or_else(|| StoreError::Protocol("token denial without a verdict".into())),
+        "dup" => Err(StoreError::DuplicateRequestId(plan.request_id.clone())),
+        other => Err(StoreError::Protocol(format!(
+            "unknown admit reply {other:?}"
+        ))),
+    }
+}
+
+fn finish_reply(reply: Vec<Value>) -> Result<Finish, StoreError> {
+    let kind = reply.first().map(text).transpose()?.unwrap_or_default();
+    match kind.as_str() {
+        "done" => Ok(Finish::Done {
+            charged: reply[1..]
+                .iter()
+                .map(|v| int(v).map(|n| n.max(0) as u64))
+                .collect::<Result<_, _>>()?,
+        }),
+        "ended" => {
+            let how = reply.get(1).map(text).transpose()?.unwrap_or_default();
+            Ok(Finish::AlreadyEnded(match how.as_str() {
+                "settled" => Ending::Settled,
+                "released" => Ending::Released,
+                _ => Ending::Expired,
+            }))
+        }
+        "unknown" => Ok(Finish::Unknown),
+        other => Err(StoreError::Protocol(format!(
+            "unknown finish reply {other:?}"
+        ))),
+    }
+}
+
+impl RedisStore {
+    /// A store on `config.url`. The connection is made lazily and remade after failures, so a
+    /// gateway can start while Redis is down (calls fail with `Unavailable` until it is back).
+    pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
+        let client = redis::Client::open(config.url.as_str()).map_err(unavailable)?;
+        let cm = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.call_timeout))
+            .set_response_timeout(Some(config.call_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client, cm).map_err(unavailable)?;
+        Ok(Self {
+            conn,
+            config: Arc::new(config),
+            clock: None,
+        })
+    }
+
+    /// Uses `clock` instead of Redis `TIME` (tests and deterministic replay only: instances
+    /// sharing a store must share its time).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.config.prefix
+    }
+
+    fn now_arg(&self) -> u64 {
+        // 0 tells the script to read Redis TIME.
+        self.clock.as_ref().map_or(0, |c| c.now().max(1))
+    }
+
+    async fn call(&self, script: &Script, inv: Invocation) -> Result<Vec<Value>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut call = script.prepare_invoke();
+        for k in &inv.keys {
+            call.key(k);
+        }
+        for a in &inv.args {
+            call.arg(a);
+        }
+        let reply = tokio::time::timeout(
+            self.config.call_timeout,
+            call.invoke_async::<Value>(&mut conn),
+        )
+        .await
+        .map_err(|_| {
+            StoreError::Unavailable(format!("no answer within {:?}", self.config.call_timeout))
+        })?
+        .map_err(unavailable)?;
+        items(reply)
+    }
+
+    /// Whether the store answers (for readiness checks).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        tokio::time::timeout(
+            self.config.call_timeout,
+            redis::cmd("PING").query_async::<String>(&mut conn),
+        )
+        .await
+        .map_err(|_| StoreError::Unavailable("ping timed out".into()))?
+        .map(|_| ())
+        .map_err(unavailable)
+    }
+
+    async fn finish(
+        &self,
+        id: &str,
+        usage: Option<Usage>,
+        ending: &str,
+    ) -> Result<Finish, StoreError> {
+        let p = &self.config.prefix;
+        let inv = Invocation {
+            keys: vec![
+                format!("{p}:t:{id}"),
+                format!("{p}:f:{id}"),
+                format!("{p}:x"),
+                format!("{p}:clock"),
+            ],
+            args: vec![
+                p.clone(),
+                self.now_arg().to_string(),
+                id.to_owned(),
+                self.config.retention_ms.to_string(),
+                ending.to_owned(),
+                usage.as_ref().map(usage_arg).unwrap_or_default(),
+            ],
+        };
+        finish_reply(self.call(&scripts().finish, inv).await?)
+    }
+}
+
+impl Store for RedisStore {
+    fn admit(&self, plan: &Plan) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let inv = admit_invocation(
+            &self.config.prefix,
+            plan,
+            self.now_arg(),
+            self.config.retention_ms,
+        );
+        async move { decision(plan, self.call(&scripts().admit, inv).await?) }
+    }
+
+    fn settle(
+        &self,
+        id: &str,
+        usage: Usage,
+    ) -> impl Future<Output = Result<Finish, StoreError>> + Send {
+        self.finish(id, Some(usage), "settled")
+    }
+
+    fn release(
+        &self,
+        id: &str,
+        usage: Option<Usage>,
+    ) -> impl Future<Output = Result<Finish, StoreError>> + Send {
+        self.finish(id, usage, "released")
+    }
+
+    fn renew(&self, id: &str) -> impl Future<Output = Result<Renewal, StoreError>> + Send {
+        let p = self.config.prefix.clone();
+        let inv = Invocation {
+            keys: vec![
+                format!("{p}:t:{id}"),
+                format!("{p}:x"),
+                format!("{p}:clock"),
+            ],
+            args: vec![
+                p.clone(),
+                self.now_arg().to_string(),
+                id.to_owned(),
+                self.config.retention_ms.to_string(),
+            ],
+        };
+        async move {
+            let reply = self.call(&scripts().renew, inv).await?;
+            match reply.first().map(text).transpose()?.as_deref() {
+                Some("renewed") => Ok(Renewal::Renewed {
+                    expires_at: reply.get(1).map(int).transpose()?.unwrap_or(0).max(0) as u64,
+                }),
+                Some("gone") => Ok(Renewal::NotInFlight),
+                other => Err(StoreError::Protocol(format!(
+                    "unknown renew reply {other:?}"
+                ))),
+            }
+        }
+    }
+
+    fn usage(
+        &self,
+        scope_id: &str,
+        period: Option<Period>,
+    ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
+        let p = self.config.prefix.clone();
+        let (len, label) = period.map_or((-1i64, String::new()), |per| {
+            let (len, label) = period_arg(per);
+            (i64::try_from(len).unwrap_or(i64::MAX), label)
+        });
+        let inv = Invocation {
+            keys: vec![
+                format!("{p}:l:{scope_id}"),
+                format!("{p}:b:{scope_id}"),
+                format!("{p}:x"),
+                format!("{p}:clock"),
+            ],
+            args: vec![
+                p.clone(),
+                self.now_arg().to_string(),
+                len.to_string(),
+                label,
+                self.config.retention_ms.to_string(),
+            ],
+        };
+        async move {
+            let reply = self.call(&scripts().usage, inv).await?;
+            let n = |i: usize| {
+                reply
+                    .get(i)
+                    .map(int)
+                    .transpose()
+                    .map(|v| v.unwrap_or(0).max(0) as u64)
+            };
+            Ok(ScopeUsage {
+                settled: n(0)?,
+                reserved: n(1)?,
+                leases: n(2)?,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,17 @@
+-- Usage of one scope in the period containing now.
+--
+-- ARGV: prefix, now (0 = Redis TIME), period length (-1 = no budget, 0 = month), period label,
+--       retention.
+-- KEYS: lease key, budget key.
+-- Returns {settled, reserved, leases}.
+
+local now = store_now(ARGV[2])
+sweep(now, 16, tonumber(ARGV[5]))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local leases = redis.call('ZCARD', KEYS[1])
+local len = tonumber(ARGV[3])
+if len < 0 then return {0, 0, leases} end
+local pid = period_at(len, now)
+local field = ARGV[4] .. '@' .. pid
+local h = redis.call('HMGET', KEYS[2], field .. ':s', field .. ':r')
+return {tonumber(h[1] or '0'), tonumber(h[2] or '0'), leases}
