@@ -23,7 +23,14 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
+        /// The store: `memory` (default) or `redis://HOST:PORT[/DB]` (a fresh key prefix per run).
+        #[arg(long, default_value = "memory")]
+        store: String,
     },
+    /// Hammer a Redis store with concurrent admissions and write a history (for the
+    /// multi-process overshoot proof and fault tests).
+    #[command(hide = true)]
+    StressStore(crate::stress::StressArgs),
     /// Count a request body's tokens the way the gateway will charge them.
     Count {
         /// The model whose tokenizer counts (replaces the body's `model`).

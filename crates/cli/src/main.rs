@@ -2,19 +2,33 @@
 
 mod cli;
 mod count;
+mod stress;
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
 use tollgate_core::replay::{self, Fixture};
 use tollgate_core::{ManualClock, MemoryStore, Policy};
+use tollgate_redis::{RedisConfig, RedisStore};
 
 use crate::cli::{Cli, Command, Format};
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run(Cli::parse())) {
         Ok(code) => code,
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "error: {e:#}");
@@ -23,18 +37,47 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let mut out = std::io::stdout().lock();
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout();
     match cli.command {
-        Command::Replay { fixture, format } => {
+        Command::StressStore(args) => stress::run(args).await,
+        Command::Replay {
+            fixture,
+            format,
+            store,
+        } => {
             let text = std::fs::read_to_string(&fixture)
                 .with_context(|| format!("reading {}", fixture.display()))?;
             let fx =
                 Fixture::from_toml(&text).with_context(|| format!("in {}", fixture.display()))?;
-            let fut = replay::replay(&fx, |_, _, clock: ManualClock| {
-                MemoryStore::with_clock(clock)
-            });
-            let (report, mismatches) = block_on_ready(fut)??;
+            let (report, mismatches) = if store == "memory" {
+                replay::replay(&fx, |_, _, clock: ManualClock| {
+                    MemoryStore::with_clock(clock)
+                })
+                .await?
+            } else {
+                let base = RedisStore::connect(RedisConfig::new(store.as_str()))
+                    .await
+                    .with_context(|| format!("connecting to {store}"))?;
+                base.ping()
+                    .await
+                    .with_context(|| format!("connecting to {store}"))?;
+                // A fresh prefix per run and case: each case starts from a clean state.
+                let run_id = format!(
+                    "tollgate-replay:{}:{}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_nanos())
+                        .unwrap_or(0)
+                );
+                replay::replay(&fx, |path, case, clock: ManualClock| {
+                    base.clone()
+                        .with_prefix(format!("{run_id}:{path}:{case}"))
+                        .with_clock(Arc::new(clock))
+                })
+                .await?
+            };
             match format {
                 Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
                 Format::Table => write!(out, "{}", replay::table(&report))?,
@@ -42,7 +85,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if mismatches.is_empty() {
                 Ok(ExitCode::SUCCESS)
             } else {
-                let mut err = std::io::stderr().lock();
+                let mut err = std::io::stderr();
                 for m in &mismatches {
                     writeln!(
                         err,
@@ -83,17 +126,5 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             )?;
             Ok(ExitCode::SUCCESS)
         }
-    }
-}
-
-/// Drives a future whose store answers at once (the memory store); a store that would block
-/// belongs on a runtime.
-fn block_on_ready<F: std::future::Future>(fut: F) -> anyhow::Result<F::Output> {
-    use std::task::{Context as TaskContext, Poll, Waker};
-    let mut fut = std::pin::pin!(fut);
-    let mut cx = TaskContext::from_waker(Waker::noop());
-    match fut.as_mut().poll(&mut cx) {
-        Poll::Ready(v) => Ok(v),
-        Poll::Pending => anyhow::bail!("the store did not answer synchronously"),
     }
 }

@@ -69,6 +69,7 @@ struct Scripts {
     finish: Script,
     renew: Script,
     usage: Script,
+    sweep: Script,
 }
 
 macro_rules! script {
@@ -88,6 +89,7 @@ fn scripts() -> &'static Scripts {
         finish: script!("lua/finish_v1.lua"),
         renew: script!("lua/renew_v1.lua"),
         usage: script!("lua/usage_v1.lua"),
+        sweep: script!("lua/sweep_v1.lua"),
     })
 }
 
@@ -385,6 +387,15 @@ impl RedisStore {
         self
     }
 
+    /// The same connection under another key prefix (an isolated store on the same Redis).
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        let mut c = (*self.config).clone();
+        c.prefix = prefix.into();
+        self.config = Arc::new(c);
+        self
+    }
+
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.config.prefix
@@ -414,6 +425,37 @@ impl RedisStore {
         })?
         .map_err(unavailable)?;
         items(reply)
+    }
+
+    /// Expires up to `max` tickets whose time has come, and says how many. Every call sweeps a
+    /// few on its way; this is for maintenance and tests that need all of them gone now.
+    pub async fn sweep_expired(&self, max: u64) -> Result<u64, StoreError> {
+        let p = &self.config.prefix;
+        let inv = Invocation {
+            keys: vec![format!("{p}:x"), format!("{p}:clock")],
+            args: vec![
+                p.clone(),
+                self.now_arg().to_string(),
+                self.config.retention_ms.to_string(),
+                max.to_string(),
+            ],
+        };
+        let mut conn = self.conn.clone();
+        let mut call = scripts().sweep.prepare_invoke();
+        for k in &inv.keys {
+            call.key(k);
+        }
+        for a in &inv.args {
+            call.arg(a);
+        }
+        let n = tokio::time::timeout(
+            self.config.call_timeout,
+            call.invoke_async::<i64>(&mut conn),
+        )
+        .await
+        .map_err(|_| StoreError::Unavailable("sweep timed out".into()))?
+        .map_err(unavailable)?;
+        Ok(n.max(0) as u64)
     }
 
     /// Whether the store answers (for readiness checks).

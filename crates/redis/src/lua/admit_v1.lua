@@ -108,6 +108,10 @@ end
 redis.call('HSET', tkey, 'exp', expires, 'ttl', ttl, 'leases', table.concat(lease_keys, '\n'),
   'budgets', table.concat(lines, '\n'), 'price', ARGV[10], 'xu', ARGV[11])
 redis.call('ZADD', PREFIX .. ':x', expires, id)
+-- Garbage collection for abandoned prefixes only: any call on the prefix sweeps expired tickets
+-- long before these run out.
+redis.call('PEXPIRE', tkey, ttl + retention)
+if redis.call('PTTL', PREFIX .. ':x') < ttl + retention then redis.call('PEXPIRE', PREFIX .. ':x', ttl + retention) end
 local out = {'admit', expires}
 for _, q in ipairs(quotas) do out[#out + 1] = q end
 return out

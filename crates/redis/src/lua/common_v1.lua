@@ -19,7 +19,7 @@ local function store_now(override)
   local key = PREFIX .. ':clock'
   local last = tonumber(redis.call('GET', key) or '0')
   if now < last then now = last end
-  redis.call('SET', key, now)
+  redis.call('SET', key, now, 'PX', 2592000000)
   return now
 end
 

@@ -13,6 +13,10 @@ local t = redis.call('HMGET', tkey, 'ttl', 'leases')
 local expires = now + tonumber(t[1])
 redis.call('HSET', tkey, 'exp', expires)
 redis.call('ZADD', PREFIX .. ':x', expires, id)
+redis.call('PEXPIRE', tkey, tonumber(t[1]) + retention)
+if redis.call('PTTL', PREFIX .. ':x') < tonumber(t[1]) + retention then
+  redis.call('PEXPIRE', PREFIX .. ':x', tonumber(t[1]) + retention)
+end
 for _, lkey in ipairs(split(t[2], '\n')) do
   redis.call('ZADD', lkey, 'XX', expires, id)
   if redis.call('PTTL', lkey) < tonumber(t[1]) + 60000 then redis.call('PEXPIRE', lkey, tonumber(t[1]) + 60000) end

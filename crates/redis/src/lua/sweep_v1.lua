@@ -1,0 +1,10 @@
+-- Expires up to ARGV[4] tickets whose time has come (maintenance; every other call sweeps 16).
+--
+-- ARGV: prefix, now (0 = Redis TIME), retention, max.
+-- KEYS: the expiry index.
+-- Returns the number of tickets expired.
+
+local now = store_now(ARGV[2])
+local before = redis.call('ZCOUNT', PREFIX .. ':x', '-inf', now)
+sweep(now, tonumber(ARGV[4]), tonumber(ARGV[3]))
+return before - redis.call('ZCOUNT', PREFIX .. ':x', '-inf', now)
