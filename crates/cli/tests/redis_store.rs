@@ -2,7 +2,12 @@
 //! processes with hundreds of tasks each on one Redis), and faults (a worker SIGKILLed while
 //! holding leases and reservations; Redis killed and restarted mid-run).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stderr)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

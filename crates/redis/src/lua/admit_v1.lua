@@ -16,7 +16,7 @@ local n_rate, n_lease, n_budget = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber
 sweep(now, 16, retention)
 
 local tkey = PREFIX .. ':t:' .. id
-if redis.call('EXISTS', tkey) == 1 or redis.call('EXISTS', PREFIX .. ':f:' .. id) == 1 then
+if redis.call('EXISTS', tkey, PREFIX .. ':f:' .. id) > 0 then
   return {'dup'}
 end
 
@@ -70,14 +70,14 @@ for i = 1, n_budget do
   a = a + 6
   local pid, _, pend = period_at(len, now)
   local field = label .. '@' .. pid
-  local h = redis.call('HMGET', key, field .. ':s', field .. ':r')
+  local h = redis.call('HMGET', key, field .. ':s', field .. ':r', 'cur')
   local committed = tonumber(h[1] or '0') + tonumber(h[2] or '0')
   if committed + amount > limit then
     local retry = -1
     if amount <= limit then retry = pend - now end
     return {'deny', 5, i - 1, math.max(limit - committed, 0), retry, pend - now}
   end
-  budgets[#budgets + 1] = {key, field, unit, amount, pend}
+  budgets[#budgets + 1] = {key, field, unit, amount, pend, h[3]}
   quotas[#quotas + 1] = limit - committed - amount
   quotas[#quotas + 1] = pend - now
 end
@@ -89,8 +89,7 @@ for _, key in ipairs(lease_keys) do
 end
 local lines = {}
 for _, b in ipairs(budgets) do
-  local key, field = b[1], b[2]
-  local cur = redis.call('HGET', key, 'cur')
+  local key, field, cur = b[1], b[2], b[6]
   if cur ~= field then
     -- A new period: drop the previous one unless reservations still settle into it.
     if cur and tonumber(redis.call('HGET', key, cur .. ':n') or '0') <= 0 then
@@ -101,8 +100,7 @@ for _, b in ipairs(budgets) do
   redis.call('HINCRBY', key, field .. ':r', b[4])
   redis.call('HINCRBY', key, field .. ':n', 1)
   -- Kept through the period, and while any reservation in it may still settle.
-  local keep = math.max(b[5] - now, ttl) + retention
-  if redis.call('PTTL', key) < keep then redis.call('PEXPIRE', key, keep) end
+  redis.call('PEXPIRE', key, math.max(b[5] - now, ttl) + retention)
   lines[#lines + 1] = key .. '\t' .. field .. '\t' .. b[3] .. '\t' .. b[4]
 end
 redis.call('HSET', tkey, 'exp', expires, 'ttl', ttl, 'leases', table.concat(lease_keys, '\n'),
@@ -111,7 +109,7 @@ redis.call('ZADD', PREFIX .. ':x', expires, id)
 -- Garbage collection for abandoned prefixes only: any call on the prefix sweeps expired tickets
 -- long before these run out.
 redis.call('PEXPIRE', tkey, ttl + retention)
-if redis.call('PTTL', PREFIX .. ':x') < ttl + retention then redis.call('PEXPIRE', PREFIX .. ':x', ttl + retention) end
+redis.call('PEXPIRE', PREFIX .. ':x', math.max(ttl + retention, 604800000))
 local out = {'admit', expires}
 for _, q in ipairs(quotas) do out[#out + 1] = q end
 return out

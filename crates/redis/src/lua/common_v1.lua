@@ -17,9 +17,12 @@ local function store_now(override)
     now = tonumber(t[1]) * 1000 + floor_div(tonumber(t[2]), 1000)
   end
   local key = PREFIX .. ':clock'
-  local last = tonumber(redis.call('GET', key) or '0')
-  if now < last then now = last end
-  redis.call('SET', key, now, 'PX', 2592000000)
+  -- One round inside Redis: write now and read what was there; put it back if it was later.
+  local last = tonumber(redis.call('SET', key, now, 'PX', 2592000000, 'GET') or '0')
+  if now < last then
+    now = last
+    redis.call('SET', key, now, 'PX', 2592000000)
+  end
   return now
 end
 

@@ -1,0 +1,169 @@
+//! Admissions per second against one local Redis, next to `redis-benchmark` running a trivial
+//! EVALSHA (`return 1`) on the same server in the same run.
+//!
+//! `cargo bench -p tollgate-redis --bench throughput`
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate_core::{Decision, Dimension, Identity, Policy, RequestFacts, Store, Usage, plan};
+use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_testkit::redis_server::RedisServer;
+
+const N: u64 = 40_000;
+
+fn redis_benchmark(port: u16, clients: u64, sha: &str) -> f64 {
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-n",
+            &N.to_string(),
+            "-c",
+            &clients.to_string(),
+            "-q",
+        ])
+        .args(["EVALSHA", sha, "0"])
+        .output()
+        .expect("redis-benchmark runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "EVALSHA ...: 85000.00 requests per second, p50=0.3 msec"
+    let rps = text.rsplit(':').find_map(|part| {
+        part.trim()
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse::<f64>().ok())
+    });
+    rps.unwrap_or_else(|| panic!("cannot read redis-benchmark output: {text}"))
+}
+
+async fn tollgate(store: &RedisStore, policy: &Arc<Policy>, clients: u64, settle: bool) -> f64 {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let per = N / clients;
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move {
+                for _ in 0..per {
+                    let id = format!("b{}", SEQ.fetch_add(1, Ordering::Relaxed));
+                    let f = RequestFacts {
+                        request_id: id.clone(),
+                        identity: Identity::default()
+                            .with(Dimension::User, format!("u{}", c % 16))
+                            .with(Dimension::Tenant, "acme"),
+                        input_tokens: 100,
+                        max_output_tokens: Some(100),
+                    };
+                    let p = plan(&policy, &f).unwrap();
+                    match store.admit(&p).await.unwrap() {
+                        Decision::Admit(_) => {}
+                        Decision::Deny(d) => panic!("benchmark policy denied: {d:?}"),
+                    }
+                    if settle {
+                        let u = Usage {
+                            input_tokens: 100,
+                            cached_input_tokens: 0,
+                            output_tokens: 50,
+                        };
+                        store.settle(&id, u).await.unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (per * clients) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let server = RedisServer::start();
+    let sha = {
+        let out = Command::new("redis-cli")
+            .args([
+                "-p",
+                &server.port().to_string(),
+                "SCRIPT",
+                "LOAD",
+                "return 1",
+            ])
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let policy = Arc::new(
+        Policy::from_toml(
+            r#"
+            [[scopes]]
+            key = "user"
+            requests = { limit = 1000000000, window = "1m" }
+            concurrency = { limit = 1000000, lease_ttl = "1m" }
+            budget = { tokens = 1000000000000, period = "day" }
+            "#,
+        )
+        .unwrap(),
+    );
+    println!(
+        "N = {N} calls per row; one redis-server on 127.0.0.1, 2 cores shared by client and server\n"
+    );
+    println!(
+        "{:<10} {:>22} {:>16} {:>8} {:>20} {:>8}",
+        "clients",
+        "redis-benchmark EVALSHA",
+        "tollgate admit",
+        "ratio",
+        "admit + settle (2 calls)",
+        "ratio"
+    );
+    for (flavour, rt) in [
+        (
+            "multi-thread",
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap(),
+        ),
+        (
+            "current-thread",
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        ),
+    ] {
+        println!("tokio {flavour} runtime:");
+        for clients in [1u64, 8, 64] {
+            let baseline = redis_benchmark(server.port(), clients, &sha);
+            let (admit, pair) = rt.block_on(async {
+                let mut cfg = RedisConfig::new(server.url());
+                cfg.prefix = format!("bench-{flavour}-{clients}");
+                cfg.call_timeout = Duration::from_secs(5);
+                let store = RedisStore::connect(cfg).await.unwrap();
+                tollgate(&store, &policy, clients, false).await; // warm up, load the script
+                (
+                    tollgate(&store, &policy, clients, false).await,
+                    tollgate(&store, &policy, clients, true).await,
+                )
+            });
+            println!(
+                "{clients:<10} {baseline:>20.0}/s {admit:>14.0}/s {:>7.2}x {pair:>18.0}/s {:>7.2}x",
+                admit / baseline,
+                pair / baseline
+            );
+        }
+    }
+}
