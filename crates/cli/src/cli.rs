@@ -31,6 +31,17 @@ pub enum Command {
     /// multi-process overshoot proof and fault tests).
     #[command(hide = true)]
     StressStore(crate::stress::StressArgs),
+    /// Serve the OpenAI-compatible gateway.
+    Serve {
+        /// The configuration (TOML): listener, store, upstreams, keys, policy.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Print the `sha256:` hash of an API key, for the `[[keys]]` table.
+    HashKey {
+        /// The key.
+        key: String,
+    },
     /// Count a request body's tokens the way the gateway will charge them.
     Count {
         /// The model whose tokenizer counts (replaces the body's `model`).

@@ -41,6 +41,29 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout();
     match cli.command {
         Command::StressStore(args) => stress::run(args).await,
+        Command::HashKey { key } => {
+            writeln!(out, "{}", tollgate_gateway::hash_key(&key))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve { config } => {
+            let text = std::fs::read_to_string(&config)
+                .with_context(|| format!("reading {}", config.display()))?;
+            let cfg = tollgate_gateway::GatewayConfig::from_toml(&text)
+                .with_context(|| format!("in {}", config.display()))?;
+            let listener = tokio::net::TcpListener::bind(cfg.listen)
+                .await
+                .with_context(|| format!("listening on {}", cfg.listen))?;
+            writeln!(
+                std::io::stderr(),
+                "tollgate: serving on http://{}",
+                listener.local_addr()?
+            )?;
+            let shutdown = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            tollgate_gateway::serve(cfg, listener, shutdown).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Replay {
             fixture,
             format,

@@ -11,6 +11,7 @@
 
 pub mod conformance;
 pub mod redis_server;
+pub mod sim;
 
 use tollgate_core::{Dimension, Identity, ManualClock, Policy, RequestFacts, Store};
 

@@ -1,0 +1,419 @@
+//! Gateway configuration: parsed raw from TOML, validated into types with errors that name the
+//! field, like the policy it embeds.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tollgate_core::policy::RawPolicy;
+use tollgate_core::{Policy, PolicyError, Reason};
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> PolicyError {
+    PolicyError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// The file as written.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Listener and limits.
+    #[serde(default)]
+    pub server: RawServer,
+    /// Where counters live.
+    #[serde(default)]
+    pub store: RawStore,
+    /// Upstream providers.
+    #[serde(default)]
+    pub upstreams: Vec<RawUpstream>,
+    /// Virtual API keys.
+    #[serde(default)]
+    pub keys: Vec<RawKey>,
+    /// The admission policy.
+    #[serde(default)]
+    pub policy: RawPolicy,
+    /// Waiting for a concurrency slot.
+    pub queue: Option<RawQueue>,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    /// Listen address (default `127.0.0.1:8080`).
+    pub listen: Option<String>,
+    /// Largest request body; larger ones get 413 before they are read (default 1 MiB).
+    pub max_body_bytes: Option<u64>,
+    /// Time allowed for a client to send its request headers (default 10 s).
+    pub header_timeout: Option<String>,
+    /// Time allowed for a client to send its body (default 30 s).
+    pub body_timeout: Option<String>,
+    /// Time allowed for the upstream's response headers (default 120 s).
+    pub upstream_timeout: Option<String>,
+    /// Open client connections at most (default 1024).
+    pub max_connections: Option<u64>,
+    /// Proxies whose `X-Forwarded-For` is believed.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    /// The largest output cap a request may ask for (default 1,000,000); above it: 400.
+    pub max_output_tokens: Option<u64>,
+}
+
+/// `[store]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    /// `memory` (default) or `redis://host:port/db`.
+    pub url: Option<String>,
+    /// Redis key prefix.
+    pub prefix: Option<String>,
+    /// Redis call timeout (default 250 ms).
+    pub call_timeout: Option<String>,
+}
+
+/// `[[upstreams]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    /// Name.
+    pub name: String,
+    /// `http://host:port` (the `/v1/...` path is appended).
+    pub base_url: String,
+    /// Environment variable holding the upstream API key (never sent to clients).
+    pub api_key_env: Option<String>,
+    /// Models this upstream serves.
+    pub models: Vec<String>,
+}
+
+/// `[[keys]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    /// A label for logs.
+    pub name: Option<String>,
+    /// `sha256:<hex>` of the key (`tollgate hash-key KEY`).
+    pub hash: String,
+    /// The tenant.
+    pub tenant: String,
+    /// A fixed end user for this key.
+    pub user: Option<String>,
+    /// Whether the end user may be named by the request (`user` field or `x-tollgate-user`).
+    #[serde(default)]
+    pub allow_user: bool,
+    /// Models this key may use (default: all).
+    pub models: Option<Vec<String>>,
+    /// Controls this key is exempt from (reason codes), e.g. trusted internal traffic.
+    #[serde(default)]
+    pub exempt: Vec<String>,
+}
+
+/// `[queue]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueue {
+    /// Longest wait for a concurrency slot.
+    pub max_wait: String,
+    /// Waiting requests per key at most.
+    pub per_key: u64,
+    /// Waiting requests in all at most.
+    pub global: u64,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Body limit.
+    pub max_body_bytes: usize,
+    /// Header read timeout.
+    pub header_timeout: Duration,
+    /// Body read timeout.
+    pub body_timeout: Duration,
+    /// Upstream response-header timeout.
+    pub upstream_timeout: Duration,
+    /// Connection limit.
+    pub max_connections: usize,
+    /// Trusted proxy addresses.
+    pub trusted_proxies: Vec<IpAddr>,
+    /// Largest output cap accepted.
+    pub max_output_tokens: u64,
+    /// Store.
+    pub store: StoreConfig,
+    /// Upstreams.
+    pub upstreams: Vec<Upstream>,
+    /// Model → upstream index.
+    pub models: BTreeMap<String, usize>,
+    /// Key hash (hex) → key.
+    pub keys: HashMap<String, KeyConfig>,
+    /// Policy.
+    pub policy: Policy,
+    /// Queue.
+    pub queue: Option<QueueConfig>,
+}
+
+/// Where counters live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// In this process.
+    Memory,
+    /// Redis.
+    Redis {
+        /// URL.
+        url: String,
+        /// Key prefix.
+        prefix: String,
+        /// Call timeout.
+        call_timeout: Duration,
+    },
+}
+
+/// An upstream.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// Name.
+    pub name: String,
+    /// Base URL without a trailing slash.
+    pub base_url: String,
+    /// The API key, read from the environment at start-up.
+    pub api_key: Option<String>,
+}
+
+/// A virtual API key.
+#[derive(Debug, Clone)]
+pub struct KeyConfig {
+    /// Label.
+    pub name: String,
+    /// Short hash used as the `key` dimension (never the key).
+    pub key_id: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Fixed user.
+    pub user: Option<String>,
+    /// Whether requests may name the user.
+    pub allow_user: bool,
+    /// Allowed models (`None`: all).
+    pub models: Option<Vec<String>>,
+    /// Exempt controls.
+    pub exempt: Vec<Reason>,
+}
+
+/// Queue limits.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueConfig {
+    /// Longest wait.
+    pub max_wait: Duration,
+    /// Per key.
+    pub per_key: usize,
+    /// In all.
+    pub global: usize,
+}
+
+fn duration(v: &Option<String>, default: Duration, path: &str) -> Result<Duration, PolicyError> {
+    match v {
+        None => Ok(default),
+        Some(s) => humantime::parse_duration(s)
+            .map_err(|e| err(path, format!("invalid duration {s:?}: {e}"))),
+    }
+}
+
+impl GatewayConfig {
+    /// Parses and validates a TOML configuration.
+    pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| err("config", e.to_string()))?;
+        Self::validate(raw)
+    }
+
+    /// Validates a raw configuration.
+    pub fn validate(raw: RawConfig) -> Result<Self, PolicyError> {
+        let s = &raw.server;
+        let listen: SocketAddr = s
+            .listen
+            .as_deref()
+            .unwrap_or("127.0.0.1:8080")
+            .parse()
+            .map_err(|e| err("server.listen", format!("{e}")))?;
+        let max_body_bytes =
+            usize::try_from(s.max_body_bytes.unwrap_or(1 << 20)).unwrap_or(usize::MAX);
+        if max_body_bytes == 0 {
+            return Err(err("server.max_body_bytes", "must be greater than 0"));
+        }
+        let mut trusted_proxies = Vec::new();
+        for (i, p) in s.trusted_proxies.iter().enumerate() {
+            trusted_proxies.push(
+                p.parse()
+                    .map_err(|e| err(format!("server.trusted_proxies[{i}]"), format!("{e}")))?,
+            );
+        }
+        let store = match raw.store.url.as_deref() {
+            None | Some("memory") => StoreConfig::Memory,
+            Some(url) if url.starts_with("redis://") => StoreConfig::Redis {
+                url: url.to_owned(),
+                prefix: raw
+                    .store
+                    .prefix
+                    .clone()
+                    .unwrap_or_else(|| "tollgate".into()),
+                call_timeout: duration(
+                    &raw.store.call_timeout,
+                    Duration::from_millis(250),
+                    "store.call_timeout",
+                )?,
+            },
+            Some(other) => {
+                return Err(err(
+                    "store.url",
+                    format!("expected \"memory\" or redis://…, got {other:?}"),
+                ));
+            }
+        };
+        let policy = Policy::validate(raw.policy, "policy")?;
+        let money = policy.scopes.iter().any(|r| {
+            r.budget
+                .is_some_and(|b| b.unit == tollgate_core::Unit::MicroUsd)
+        });
+        let mut upstreams = Vec::new();
+        let mut models = BTreeMap::new();
+        for (i, u) in raw.upstreams.into_iter().enumerate() {
+            let path = format!("upstreams[{i}]");
+            if !(u.base_url.starts_with("http://") || u.base_url.starts_with("https://")) {
+                return Err(err(
+                    format!("{path}.base_url"),
+                    "must start with http:// or https://",
+                ));
+            }
+            if u.base_url.starts_with("https://") {
+                return Err(err(
+                    format!("{path}.base_url"),
+                    "https upstreams are not supported yet; put a TLS-terminating proxy in front",
+                ));
+            }
+            let api_key = match &u.api_key_env {
+                Some(var) => Some(std::env::var(var).map_err(|_| {
+                    err(
+                        format!("{path}.api_key_env"),
+                        format!("environment variable {var} is not set"),
+                    )
+                })?),
+                None => None,
+            };
+            for (j, m) in u.models.iter().enumerate() {
+                if models.insert(m.clone(), i).is_some() {
+                    return Err(err(
+                        format!("{path}.models[{j}]"),
+                        format!("model {m:?} is served twice"),
+                    ));
+                }
+                if money && !policy.prices.contains_key(m) {
+                    return Err(err(
+                        format!("{path}.models[{j}]"),
+                        format!("model {m:?} has no price, and the policy has a money budget"),
+                    ));
+                }
+            }
+            upstreams.push(Upstream {
+                name: u.name,
+                base_url: u.base_url.trim_end_matches('/').to_owned(),
+                api_key,
+            });
+        }
+        let mut keys = HashMap::new();
+        for (i, k) in raw.keys.into_iter().enumerate() {
+            let path = format!("keys[{i}]");
+            let hex = k
+                .hash
+                .strip_prefix("sha256:")
+                .filter(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()))
+                .ok_or_else(|| {
+                    err(
+                        format!("{path}.hash"),
+                        "expected sha256:<64 hex digits> (see `tollgate hash-key`)",
+                    )
+                })?
+                .to_ascii_lowercase();
+            let mut exempt = Vec::new();
+            for (j, e) in k.exempt.iter().enumerate() {
+                exempt.push(Reason::from_code(e).ok_or_else(|| {
+                    err(
+                        format!("{path}.exempt[{j}]"),
+                        format!("unknown control {e:?}"),
+                    )
+                })?);
+            }
+            if let Some(ms) = &k.models {
+                for (j, m) in ms.iter().enumerate() {
+                    if !models.contains_key(m) {
+                        return Err(err(
+                            format!("{path}.models[{j}]"),
+                            format!("no upstream serves {m:?}"),
+                        ));
+                    }
+                }
+            }
+            let key = KeyConfig {
+                name: k.name.unwrap_or_else(|| format!("key{i}")),
+                key_id: hex[..16].to_owned(),
+                tenant: k.tenant,
+                user: k.user,
+                allow_user: k.allow_user,
+                models: k.models,
+                exempt,
+            };
+            if keys.insert(hex, key).is_some() {
+                return Err(err(format!("{path}.hash"), "the same key twice"));
+            }
+        }
+        let queue = match raw.queue {
+            Some(q) => Some(QueueConfig {
+                max_wait: duration(&Some(q.max_wait), Duration::ZERO, "queue.max_wait")?,
+                per_key: usize::try_from(q.per_key).unwrap_or(usize::MAX),
+                global: usize::try_from(q.global).unwrap_or(usize::MAX),
+            }),
+            None => None,
+        };
+        Ok(Self {
+            listen,
+            max_body_bytes,
+            header_timeout: duration(
+                &s.header_timeout,
+                Duration::from_secs(10),
+                "server.header_timeout",
+            )?,
+            body_timeout: duration(
+                &s.body_timeout,
+                Duration::from_secs(30),
+                "server.body_timeout",
+            )?,
+            upstream_timeout: duration(
+                &s.upstream_timeout,
+                Duration::from_secs(120),
+                "server.upstream_timeout",
+            )?,
+            max_connections: usize::try_from(s.max_connections.unwrap_or(1024))
+                .unwrap_or(usize::MAX),
+            trusted_proxies,
+            max_output_tokens: s.max_output_tokens.unwrap_or(1_000_000),
+            store,
+            upstreams,
+            models,
+            keys,
+            policy,
+            queue,
+        })
+    }
+}
+
+/// `sha256:<hex>` of an API key.
+pub fn hash_key(key: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    let mut s = String::with_capacity(71);
+    s.push_str("sha256:");
+    for b in digest.iter() {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}

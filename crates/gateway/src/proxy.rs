@@ -1,0 +1,647 @@
+//! The request path: identity → body limit → parse and count (bounded) → one admission →
+//! forward with the output cap set → settle from the upstream's usage → release.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use tollgate_core::{
+    Decision, Dimension, Identity, Reason, RequestFacts, Store, StoreError, Usage, plan,
+};
+use tollgate_tokens::{Format, TokenCounter};
+
+use crate::config::{GatewayConfig, KeyConfig, hash_key};
+use crate::respond::{self, ApiError};
+use crate::sse::SseMeter;
+use crate::store::{AnyStore, Ticket};
+
+/// Upstream response bodies larger than this are refused (not streamed ones).
+const MAX_UPSTREAM_BODY: usize = 64 << 20;
+
+/// The gateway's shared state.
+#[derive(Debug)]
+pub struct Gateway {
+    /// Configuration.
+    pub config: Arc<GatewayConfig>,
+    /// The store.
+    pub store: AnyStore,
+    counter: TokenCounter,
+    client: Client<HttpConnector, Full<Bytes>>,
+    nonce: u64,
+    seq: AtomicU64,
+    queue: QueueState,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    waiting: Mutex<HashMap<String, usize>>,
+    total: AtomicU64,
+}
+
+/// A place in the bounded queue; leaving it (also by being dropped) frees it.
+struct QueueSlot<'a> {
+    q: &'a QueueState,
+    key: String,
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        self.q.total.fetch_sub(1, Ordering::SeqCst);
+        if let Ok(mut w) = self.q.waiting.lock() {
+            if let Some(n) = w.get_mut(&self.key) {
+                *n -= 1;
+                if *n == 0 {
+                    w.remove(&self.key);
+                }
+            }
+        }
+    }
+}
+
+impl Gateway {
+    /// A gateway over `store`.
+    pub fn new(config: GatewayConfig, store: AnyStore) -> Self {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(http);
+        let nonce = {
+            use std::hash::{BuildHasher, RandomState};
+            RandomState::new().hash_one((std::process::id(), Instant::now()))
+        };
+        Self {
+            config: Arc::new(config),
+            store,
+            counter: TokenCounter::default(),
+            client,
+            nonce,
+            seq: AtomicU64::new(0),
+            queue: QueueState::default(),
+        }
+    }
+
+    fn next_id(&self) -> String {
+        format!(
+            "tg-{:016x}-{:x}",
+            self.nonce,
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn enter_queue(&self, key: &str) -> Option<QueueSlot<'_>> {
+        let q = self.config.queue?;
+        let mut w = self.queue.waiting.lock().ok()?;
+        let n = w.entry(key.to_owned()).or_default();
+        if *n >= q.per_key || self.queue.total.load(Ordering::SeqCst) >= q.global as u64 {
+            if *n == 0 {
+                w.remove(key);
+            }
+            return None;
+        }
+        *n += 1;
+        self.queue.total.fetch_add(1, Ordering::SeqCst);
+        Some(QueueSlot {
+            q: &self.queue,
+            key: key.to_owned(),
+        })
+    }
+}
+
+/// Shared gateway state for handlers.
+pub type Shared = Arc<Gateway>;
+
+/// `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
+pub async fn handle(
+    State(gw): State<Shared>,
+    format: Format,
+    path: &'static str,
+    req: Request<Body>,
+) -> Response {
+    let id = gw.next_id();
+    let mut resp = match admit_and_forward(&gw, format, path, &id, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+fn authenticate<'a>(gw: &'a Gateway, headers: &HeaderMap) -> Result<&'a KeyConfig, ApiError> {
+    let unauthorized = |m: &str| {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            m,
+        )
+    };
+    let value = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| unauthorized("Missing API key: send Authorization: Bearer <key>."))?;
+    let key = value.strip_prefix("Bearer ").unwrap_or(value).trim();
+    let hash = hash_key(key);
+    gw.config
+        .keys
+        .get(hash.trim_start_matches("sha256:"))
+        .ok_or_else(|| unauthorized("Incorrect API key provided."))
+}
+
+fn client_ip(gw: &Gateway, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    if !gw.config.trusted_proxies.contains(&peer) {
+        return peer;
+    }
+    // The rightmost address that is not a trusted proxy is the client.
+    let forwarded: Vec<IpAddr> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    forwarded
+        .into_iter()
+        .rev()
+        .find(|ip| !gw.config.trusted_proxies.contains(ip))
+        .unwrap_or(peer)
+}
+
+async fn read_body(gw: &Gateway, body: Body, headers: &HeaderMap) -> Result<Bytes, ApiError> {
+    let max = gw.config.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            format!("Request bodies are limited to {max} bytes."),
+        )
+    };
+    let declared = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    match tokio::time::timeout(gw.config.body_timeout, Limited::new(body, max).collect()).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "body_timeout",
+            "The request body did not arrive in time.",
+        )),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(ApiError::invalid(
+            "invalid_body",
+            format!("Could not read the request body: {e}"),
+        )),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+    }
+}
+
+async fn admit_and_forward(
+    gw: &Shared,
+    format: Format,
+    path: &'static str,
+    id: &str,
+    req: Request<Body>,
+) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let key = authenticate(gw, &parts.headers)?;
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    let body = read_body(gw, body, &parts.headers).await?;
+    let policy = &gw.config.policy;
+    // Count up to the largest input or total limit of any rule: past it, every such limit is
+    // exceeded and the first one in order is reported.
+    let count_limit = policy
+        .scopes
+        .iter()
+        .filter_map(|r| r.input_tokens.or(r.total_tokens))
+        .map(|l| l.get())
+        .max();
+    let count = gw
+        .counter
+        .count(format, &body, count_limit)
+        .map_err(|e| match e.field() {
+            Some(f) => ApiError::invalid("invalid_value", e.to_string()).param(f),
+            None => ApiError::invalid("invalid_json", e.to_string()),
+        })?;
+    let Some(&upstream_idx) = gw.config.models.get(&count.model) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!(
+                "The model {:?} does not exist or is not served here.",
+                count.model
+            ),
+        )
+        .param("model"));
+    };
+    if key
+        .models
+        .as_ref()
+        .is_some_and(|m| !m.contains(&count.model))
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            "model_not_allowed",
+            format!("This key may not use {:?}.", count.model),
+        )
+        .param("model"));
+    }
+    if let Some(m) = count
+        .max_output_tokens
+        .filter(|m| *m > gw.config.max_output_tokens)
+    {
+        return Err(ApiError::invalid(
+            "invalid_value",
+            format!(
+                "max_tokens {m} is above the largest accepted, {}.",
+                gw.config.max_output_tokens
+            ),
+        )
+        .param("max_tokens"));
+    }
+    let mut json: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid("invalid_json", e.to_string()))?;
+    let user = if key.allow_user {
+        json.get("user")
+            .and_then(|u| u.as_str())
+            .map(str::to_owned)
+            .or_else(|| {
+                parts
+                    .headers
+                    .get("x-tollgate-user")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            })
+            .or_else(|| key.user.clone())
+    } else {
+        key.user.clone()
+    };
+    let mut identity = Identity::default()
+        .with(Dimension::Tenant, key.tenant.clone())
+        .with(Dimension::Key, key.key_id.clone())
+        .with(
+            Dimension::Ip,
+            client_ip(gw, peer, &parts.headers).to_string(),
+        )
+        .with(Dimension::Model, count.model.clone());
+    if let Some(u) = user {
+        identity = identity.with(Dimension::User, u);
+    }
+    let facts = RequestFacts {
+        request_id: id.to_owned(),
+        identity,
+        input_tokens: count.input_tokens,
+        max_output_tokens: if format == Format::Embeddings {
+            Some(0)
+        } else {
+            count.max_output_tokens
+        },
+    };
+    let mut p = plan(policy, &facts).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "unpriced_model",
+            e.to_string(),
+        )
+    })?;
+    for r in &key.exempt {
+        match r {
+            Reason::RequestRateLimit => p.rate.clear(),
+            Reason::ConcurrencyLimit => p.concurrency.clear(),
+            Reason::BudgetLimit => p.budget.clear(),
+            _ => {
+                if p.token_verdict.as_ref().is_some_and(|d| d.reason == *r) {
+                    p.token_verdict = None;
+                }
+            }
+        }
+    }
+    let admitted = match admit(gw, &mut p, &key.key_id).await? {
+        Ok(a) => a,
+        Err(deny) => return Err(respond::deny(&deny)),
+    };
+    let mut ticket = Ticket::new(gw.store.clone(), id.to_owned());
+
+    // Forward with the admitted output cap: the upstream never sees an unchecked one.
+    let stream = json.get("stream").and_then(Value::as_bool) == Some(true);
+    let mut strip_usage = false;
+    if let Some(obj) = json.as_object_mut() {
+        match format {
+            Format::ChatCompletions => {
+                let field = if obj.contains_key("max_completion_tokens") {
+                    "max_completion_tokens"
+                } else {
+                    "max_tokens"
+                };
+                obj.insert(field.into(), admitted.max_output_tokens.into());
+                if stream {
+                    let so = obj
+                        .entry("stream_options")
+                        .or_insert_with(|| Value::Object(Default::default()));
+                    strip_usage = so.get("include_usage").and_then(Value::as_bool) != Some(true);
+                    if let Some(so) = so.as_object_mut() {
+                        so.insert("include_usage".into(), Value::Bool(true));
+                    }
+                }
+            }
+            Format::Completions => {
+                obj.insert("max_tokens".into(), admitted.max_output_tokens.into());
+            }
+            _ => {}
+        }
+    }
+    let upstream = &gw.config.upstreams[upstream_idx];
+    let out_body = serde_json::to_vec(&json).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "internal",
+            e.to_string(),
+        )
+    })?;
+    let mut builder = Request::post(format!("{}{path}", upstream.base_url))
+        .header("content-type", "application/json")
+        .header(
+            "accept",
+            if stream {
+                "text/event-stream"
+            } else {
+                "application/json"
+            },
+        )
+        .header("x-request-id", id);
+    if let Some(k) = &upstream.api_key {
+        builder = builder.header("authorization", format!("Bearer {k}"));
+    }
+    let up_req = builder
+        .body(Full::new(Bytes::from(out_body)))
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "internal",
+                e.to_string(),
+            )
+        })?;
+
+    let mut headers = HeaderMap::new();
+    respond::admitted_headers(&mut headers, &admitted);
+    let input = count.input_tokens;
+    let up = match tokio::time::timeout(gw.config.upstream_timeout, gw.client.request(up_req)).await
+    {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            // Never reached the model: nothing to charge.
+            let _ = ticket.release(Some(Usage::default())).await;
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "upstream_unreachable",
+                format!("The upstream could not be reached: {e}"),
+            ));
+        }
+        Err(_) => {
+            // The upstream may have done the work: charge what the policy says.
+            let _ = ticket.release(None).await;
+            return Err(ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_error",
+                "upstream_timeout",
+                "The upstream did not answer in time.",
+            ));
+        }
+    };
+    let status = up.status();
+    let content_type = up.headers().get("content-type").cloned();
+    if !status.is_success() {
+        let body = Limited::new(up.into_body(), MAX_UPSTREAM_BODY)
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        let _ = ticket.release(Some(Usage::default())).await;
+        let mut r = Response::builder().status(status);
+        if let Some(ct) = content_type {
+            r = r.header("content-type", ct);
+        }
+        let mut r = r
+            .body(Body::from(body))
+            .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response());
+        r.headers_mut().extend(headers);
+        return Ok(r);
+    }
+
+    if stream {
+        let model = count.model.clone();
+        let ttl = Duration::from_millis(p.ttl_ms.max(3));
+        ticket.renew_every(ttl / 3);
+        ticket.partial = Some(Usage {
+            input_tokens: input,
+            cached_input_tokens: 0,
+            output_tokens: 0,
+        });
+        let meter = SseMeter::new(&model, strip_usage);
+        let body = up.into_body();
+        let stream =
+            futures_util::stream::unfold(Some((body, meter, ticket)), move |state| async move {
+                let (mut body, mut meter, mut ticket) = state?;
+                loop {
+                    match body.frame().await {
+                        Some(Ok(frame)) => {
+                            let Ok(data) = frame.into_data() else {
+                                continue;
+                            };
+                            let out = meter.feed(&data);
+                            ticket.partial = Some(Usage {
+                                input_tokens: input,
+                                cached_input_tokens: 0,
+                                output_tokens: meter.counted_output,
+                            });
+                            if out.is_empty() {
+                                continue;
+                            }
+                            return Some((
+                                Ok::<Bytes, std::io::Error>(out),
+                                Some((body, meter, ticket)),
+                            ));
+                        }
+                        Some(Err(e)) => {
+                            // The upstream broke off: charge what was streamed.
+                            let partial = ticket.partial;
+                            let _ = ticket.release(partial).await;
+                            return Some((Err(std::io::Error::other(e)), None));
+                        }
+                        None => {
+                            let rest = meter.finish();
+                            let usage = match meter.usage {
+                                Some((p, c, o)) => Usage {
+                                    input_tokens: p,
+                                    cached_input_tokens: c,
+                                    output_tokens: o,
+                                },
+                                None => Usage {
+                                    input_tokens: input,
+                                    cached_input_tokens: 0,
+                                    output_tokens: meter.counted_output,
+                                },
+                            };
+                            let _ = ticket.settle(usage).await;
+                            if rest.is_empty() {
+                                return None;
+                            }
+                            return Some((Ok(rest), None));
+                        }
+                    }
+                }
+            });
+        let mut r = Response::builder()
+            .status(status)
+            .header("content-type", "text/event-stream")
+            .header("cache-control", "no-cache")
+            .body(Body::from_stream(stream))
+            .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response());
+        r.headers_mut().extend(headers);
+        return Ok(r);
+    }
+
+    let collected = tokio::time::timeout(
+        gw.config.upstream_timeout,
+        Limited::new(up.into_body(), MAX_UPSTREAM_BODY).collect(),
+    )
+    .await;
+    let bytes = match collected {
+        Ok(Ok(c)) => c.to_bytes(),
+        _ => {
+            let _ = ticket.release(None).await;
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "upstream_body",
+                "The upstream's response could not be read.",
+            ));
+        }
+    };
+    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let u = &v["usage"];
+    let usage = if u.is_object() {
+        Usage {
+            input_tokens: u["prompt_tokens"].as_u64().unwrap_or(input),
+            cached_input_tokens: u["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0),
+            output_tokens: u["completion_tokens"].as_u64().unwrap_or(0),
+        }
+    } else {
+        // No usage reported: count the output ourselves.
+        let text: String = v["choices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["message"]["content"].as_str().or(c["text"].as_str()))
+            .collect();
+        Usage {
+            input_tokens: input,
+            cached_input_tokens: 0,
+            output_tokens: gw.counter.count_text(&count.model, &text, None).0,
+        }
+    };
+    let _ = ticket.settle(usage).await;
+    let mut r = Response::builder().status(status);
+    if let Some(ct) = content_type {
+        r = r.header("content-type", ct);
+    }
+    let mut r = r
+        .body(Body::from(bytes))
+        .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response());
+    r.headers_mut().extend(headers);
+    Ok(r)
+}
+
+/// One admission; a request that meets a full concurrency scope may wait in the bounded queue
+/// (its attempt was counted once: retries skip the rate checks).
+async fn admit(
+    gw: &Gateway,
+    p: &mut tollgate_core::Plan,
+    key_id: &str,
+) -> Result<Result<tollgate_core::Admitted, tollgate_core::Deny>, ApiError> {
+    let first = gw.store.admit(p).await.map_err(store_error)?;
+    let deny = match first {
+        Decision::Admit(a) => return Ok(Ok(a)),
+        Decision::Deny(d) => d,
+    };
+    let Some(q) = gw
+        .config
+        .queue
+        .filter(|_| deny.reason == Reason::ConcurrencyLimit)
+    else {
+        return Ok(Err(deny));
+    };
+    let Some(_slot) = gw.enter_queue(key_id) else {
+        return Ok(Err(deny));
+    };
+    p.rate.clear();
+    let deadline = Instant::now() + q.max_wait;
+    let mut wait = Duration::from_millis(5);
+    let mut last = deny;
+    while Instant::now() + wait <= deadline {
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_millis(50));
+        match gw.store.admit(p).await.map_err(store_error)? {
+            Decision::Admit(a) => return Ok(Ok(a)),
+            Decision::Deny(d) if d.reason == Reason::ConcurrencyLimit => last = d,
+            Decision::Deny(d) => return Ok(Err(d)),
+        }
+    }
+    Ok(Err(last))
+}
+
+fn store_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Unavailable(_) => respond::store_unavailable(),
+        other => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "store_error",
+            other.to_string(),
+        ),
+    }
+}
+
+/// `GET /v1/models`: the models this key may use.
+pub async fn models(State(gw): State<Shared>, req: Request<Body>) -> Response {
+    let key = match authenticate(&gw, req.headers()) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let data: Vec<Value> = gw
+        .config
+        .models
+        .iter()
+        .filter(|(m, _)| key.models.as_ref().is_none_or(|ms| ms.contains(m)))
+        .map(|(m, u)| serde_json::json!({"id": m, "object": "model", "owned_by": gw.config.upstreams[*u].name}))
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}

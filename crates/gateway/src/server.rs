@@ -1,0 +1,127 @@
+//! The listener: a connection limit, header-read timeouts, and the routes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{Request, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tollgate_core::MemoryStore;
+use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_tokens::Format;
+use tower::ServiceExt;
+
+use crate::config::{GatewayConfig, StoreConfig};
+use crate::proxy::{self, Gateway, Shared};
+use crate::respond::ApiError;
+use crate::store::AnyStore;
+
+/// Opens the configured store.
+pub async fn start_store(config: &GatewayConfig) -> std::io::Result<AnyStore> {
+    Ok(match &config.store {
+        StoreConfig::Memory => AnyStore::Memory(Arc::new(MemoryStore::new())),
+        StoreConfig::Redis {
+            url,
+            prefix,
+            call_timeout,
+        } => {
+            let mut c = RedisConfig::new(url.as_str());
+            c.prefix = prefix.clone();
+            c.call_timeout = *call_timeout;
+            AnyStore::Redis(
+                RedisStore::connect(c)
+                    .await
+                    .map_err(std::io::Error::other)?,
+            )
+        }
+    })
+}
+
+/// The routes over a gateway.
+pub fn router(gw: Shared) -> Router {
+    Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|s, r| proxy::handle(s, Format::ChatCompletions, "/v1/chat/completions", r)),
+        )
+        .route(
+            "/v1/completions",
+            post(|s, r| proxy::handle(s, Format::Completions, "/v1/completions", r)),
+        )
+        .route(
+            "/v1/embeddings",
+            post(|s, r| proxy::handle(s, Format::Embeddings, "/v1/embeddings", r)),
+        )
+        .route("/v1/models", get(proxy::models))
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "unknown_url",
+                "Unknown URL.",
+            )
+            .into_response()
+        })
+        .with_state(gw)
+}
+
+/// Serves `config` on `listener` until `shutdown` completes.
+pub async fn serve(
+    config: GatewayConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let store = start_store(&config).await?;
+    let gw = Arc::new(Gateway::new(config, store));
+    serve_gateway(gw, listener, shutdown).await
+}
+
+/// Serves an existing gateway.
+pub async fn serve_gateway(
+    gw: Shared,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let app = router(gw.clone());
+    let limit = Arc::new(Semaphore::new(gw.config.max_connections));
+    let header_timeout = gw.config.header_timeout;
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer): (_, SocketAddr) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => continue,
+            },
+            () = &mut shutdown => return Ok(()),
+        };
+        // Over the connection limit: close at once rather than queue without bound.
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                app.clone().oneshot(req.map(Body::new))
+            });
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+            drop(permit);
+        });
+    }
+}

@@ -1,0 +1,131 @@
+//! Server-sent events passing through: forwarded chunk by chunk, read on the way for usage and
+//! streamed output, with the usage event removed when the client did not ask for it.
+
+use bytes::{Bytes, BytesMut};
+use serde_json::Value;
+use tollgate_tokens::TokenCounter;
+
+/// What a stream reported or produced so far.
+#[derive(Debug)]
+pub struct SseMeter {
+    buf: BytesMut,
+    strip_usage: bool,
+    counter: TokenCounter,
+    model: String,
+    /// Usage reported by the upstream: (prompt, cached, completion).
+    pub usage: Option<(u64, u64, u64)>,
+    /// Output tokens counted from the streamed content.
+    pub counted_output: u64,
+    /// Whether `[DONE]` was seen.
+    pub done: bool,
+}
+
+impl SseMeter {
+    /// A meter; `strip_usage` removes the usage-only event the gateway asked for.
+    pub fn new(model: &str, strip_usage: bool) -> Self {
+        Self {
+            buf: BytesMut::new(),
+            strip_usage,
+            counter: TokenCounter::default(),
+            model: model.to_owned(),
+            usage: None,
+            counted_output: 0,
+            done: false,
+        }
+    }
+
+    /// Takes upstream bytes and returns the bytes to send on: whole events only.
+    pub fn feed(&mut self, chunk: &[u8]) -> Bytes {
+        self.buf.extend_from_slice(chunk);
+        let mut out = BytesMut::new();
+        while let Some(end) = find_event_end(&self.buf) {
+            let event = self.buf.split_to(end);
+            if self.inspect(&event) {
+                out.extend_from_slice(&event);
+            }
+        }
+        out.freeze()
+    }
+
+    /// What is left at the end of the stream (an unterminated event), sent as is.
+    pub fn finish(&mut self) -> Bytes {
+        let rest = self.buf.split();
+        let _ = self.inspect(&rest);
+        rest.freeze()
+    }
+
+    /// Reads one event; returns whether to forward it.
+    fn inspect(&mut self, event: &[u8]) -> bool {
+        let text = String::from_utf8_lossy(event);
+        let mut forward = true;
+        for line in text.lines() {
+            let Some(data) = line.strip_prefix("data:").map(str::trim) else {
+                continue;
+            };
+            if data == "[DONE]" {
+                self.done = true;
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                self.usage = Some((
+                    u["prompt_tokens"].as_u64().unwrap_or(0),
+                    u["prompt_tokens_details"]["cached_tokens"]
+                        .as_u64()
+                        .unwrap_or(0),
+                    u["completion_tokens"].as_u64().unwrap_or(0),
+                ));
+                if self.strip_usage && v["choices"].as_array().is_none_or(|c| c.is_empty()) {
+                    forward = false;
+                }
+            }
+            for choice in v["choices"].as_array().into_iter().flatten() {
+                if let Some(s) = choice["delta"]["content"]
+                    .as_str()
+                    .or(choice["text"].as_str())
+                {
+                    self.counted_output += self.counter.count_text(&self.model, s, None).0;
+                }
+            }
+        }
+        forward
+    }
+}
+
+fn find_event_end(buf: &[u8]) -> Option<usize> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_split_across_chunks_are_reassembled_and_usage_is_stripped() {
+        let mut m = SseMeter::new("gpt-4o", true);
+        let a = m.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hel");
+        assert!(a.is_empty());
+        let b = m.feed(b"lo\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n");
+        let b = String::from_utf8_lossy(&b);
+        assert!(b.contains("Hello"));
+        assert!(!b.contains("usage"), "usage event removed: {b}");
+        assert!(b.contains("[DONE]"));
+        assert_eq!(m.usage, Some((5, 0, 1)));
+        assert_eq!(m.counted_output, 1);
+        assert!(m.done);
+    }
+
+    #[test]
+    fn usage_is_kept_when_the_client_asked() {
+        let mut m = SseMeter::new("gpt-4o", false);
+        let b = m.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1}}\r\n\r\n");
+        assert!(String::from_utf8_lossy(&b).contains("usage"));
+    }
+}

@@ -1,0 +1,584 @@
+//! The gateway end to end, over real sockets, against the upstream simulator; every test runs
+//! once with the memory store and once with Redis (its own `redis-server`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tollgate_core::{Period, Store};
+use tollgate_gateway::config::GatewayConfig;
+use tollgate_gateway::proxy::Gateway;
+use tollgate_gateway::store::AnyStore;
+use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::sim::{Sim, SimConfig};
+
+const KEY: &str = "sk-test-acme";
+const OTHER_KEY: &str = "sk-test-other";
+const UPSTREAM_KEY: &str = "upstream-secret";
+
+struct Env {
+    sim: Sim,
+    addr: std::net::SocketAddr,
+    store: AnyStore,
+    _redis: Option<RedisServer>,
+}
+
+async fn env(redis: bool, policy: &str, extra: &str, sim: SimConfig) -> Env {
+    let sim = Sim::start(SimConfig {
+        api_key: Some(UPSTREAM_KEY.into()),
+        ..sim
+    })
+    .await
+    .unwrap();
+    let redis_server = redis.then(RedisServer::start);
+    let store_cfg = match &redis_server {
+        Some(r) => format!(
+            "[store]\nurl = \"{}\"\nprefix = \"e2e\"\ncall_timeout = \"2s\"\n",
+            r.url()
+        ),
+        None => String::new(),
+    };
+    let text = format!(
+        "{store_cfg}{extra}\n\
+         [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\", \"gpt-4o-fail\", \"text-embedding-3-small\", \"gpt-3.5-turbo-instruct\"]\n\
+         [[keys]]\nname = \"acme\"\nhash = \"{}\"\ntenant = \"acme\"\nallow_user = true\n\
+         [[keys]]\nname = \"other\"\nhash = \"{}\"\ntenant = \"other\"\nmodels = [\"text-embedding-3-small\"]\n\
+         [policy]\n{policy}\n",
+        sim.base_url(),
+        tollgate_gateway::hash_key(KEY),
+        tollgate_gateway::hash_key(OTHER_KEY),
+    )
+    .replace("[[scopes]]", "[[policy.scopes]]");
+    let mut config = GatewayConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    config.upstreams[0].api_key = Some(UPSTREAM_KEY.into());
+    let store = tollgate_gateway::start_store(&config).await.unwrap();
+    let gw = Arc::new(Gateway::new(config, store.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(tollgate_gateway::server::serve_gateway(
+        gw,
+        listener,
+        std::future::pending(),
+    ));
+    Env {
+        sim,
+        addr,
+        store,
+        _redis: redis_server,
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: hyper::HeaderMap,
+    body: Bytes,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    fn code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    }
+}
+
+async fn send(env: &Env, path: &str, key: Option<&str>, body: impl Into<Bytes>) -> Reply {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut b = Request::post(format!("http://{}{path}", env.addr))
+        .header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("authorization", format!("Bearer {k}"));
+    }
+    let resp = client
+        .request(b.body(Full::new(body.into())).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = resp.into_parts();
+    Reply {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+fn chat(content: &str, max: u64) -> Vec<u8> {
+    serde_json::to_vec(&json!({"model": "gpt-4o", "max_tokens": max, "messages": [{"role": "user", "content": content}]})).unwrap()
+}
+
+async fn tenant_usage(env: &Env) -> tollgate_core::ScopeUsage {
+    env.store
+        .usage("tenant|tenant:acme", Some(Period::Fixed(86_400_000)))
+        .await
+        .unwrap()
+}
+
+/// Every test ends with nothing held: leases back, nothing reserved.
+async fn assert_nothing_leaks(env: &Env) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let u = tenant_usage(env).await;
+        if u.leases == 0 && u.reserved == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "leaked: {u:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const BASIC: &str = r#"
+[[scopes]]
+key = "tenant"
+requests = { limit = 100, window = "1m" }
+input_tokens = 1000
+output_tokens = { max = 200, mode = "clamp", default = 50 }
+concurrency = { limit = 4, lease_ttl = "30s" }
+budget = { tokens = 100000, period = "day" }
+"#;
+
+async fn admitted_request_is_forwarded_with_its_cap_and_settled(redis: bool) {
+    let env = env(redis, BASIC, "", SimConfig::default()).await;
+    let r = send(
+        &env,
+        "/v1/chat/completions",
+        Some(KEY),
+        chat("Hello there!", 5000),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert!(
+        r.header("x-request-id")
+            .is_some_and(|v| v.starts_with("tg-"))
+    );
+    assert!(
+        r.header("ratelimit-policy")
+            .is_some_and(|v| v.contains("\"tenant-requests\";q=100;w=60")),
+        "{:?}",
+        r.headers
+    );
+    assert_eq!(r.header("x-ratelimit-limit-requests"), Some("100"));
+    assert_eq!(r.header("x-ratelimit-remaining-requests"), Some("99"));
+    assert_eq!(r.header("x-ratelimit-limit-tokens"), Some("100000"));
+    // The upstream got the clamped cap and its own key, never the client's.
+    let last = env.sim.stats().last_body.unwrap();
+    assert_eq!(last["max_tokens"], 200);
+    assert!(
+        env.sim
+            .stats()
+            .requests
+            .contains_key(&format!("Bearer {UPSTREAM_KEY}"))
+    );
+    // Settled from the upstream's usage: 3 + 1 + 3 + 3 prompt tokens, 16 completion tokens.
+    let u = tenant_usage(&env).await;
+    assert_eq!((u.settled, u.reserved, u.leases), (10 + 16, 0, 0));
+    // A request without a cap gets the policy's default.
+    let body = serde_json::to_vec(
+        &json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .unwrap();
+    assert_eq!(
+        send(&env, "/v1/chat/completions", Some(KEY), body)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(env.sim.stats().last_body.unwrap()["max_tokens"], 50);
+}
+
+async fn bad_input_gets_precise_errors(redis: bool) {
+    let env = env(
+        redis,
+        BASIC,
+        "[server]\nmax_body_bytes = 4096\n",
+        SimConfig::default(),
+    )
+    .await;
+    let cases: Vec<(Option<&str>, Vec<u8>, u16, &str)> = vec![
+        (None, chat("x", 5), 401, "invalid_api_key"),
+        (Some("sk-wrong"), chat("x", 5), 401, "invalid_api_key"),
+        (Some(KEY), vec![b'x'; 10_000], 413, "request_too_large"),
+        (Some(KEY), b"{not json".to_vec(), 400, "invalid_json"),
+        (
+            Some(KEY),
+            br#"{"model":"gpt-4o","messages":[{"role":"user","content":5}]}"#.to_vec(),
+            400,
+            "invalid_value",
+        ),
+        (
+            Some(KEY),
+            br#"{"model":"gpt-4o","messages":"hi"}"#.to_vec(),
+            400,
+            "invalid_json",
+        ),
+        (
+            Some(KEY),
+            br#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#.to_vec(),
+            404,
+            "model_not_found",
+        ),
+        (Some(OTHER_KEY), chat("x", 5), 403, "model_not_allowed"),
+        (
+            Some(KEY),
+            chat("x", 1_000_000_000_000),
+            400,
+            "invalid_value",
+        ),
+        (
+            Some(KEY),
+            br#"{"model":"gpt-4o","max_tokens":-5,"messages":[{"role":"user","content":"x"}]}"#
+                .to_vec(),
+            400,
+            "invalid_json",
+        ),
+    ];
+    for (key, body, status, code) in cases {
+        let r = send(&env, "/v1/chat/completions", key, body).await;
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (status, code),
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(r.json()["error"]["type"].is_string());
+        assert!(r.header("x-request-id").is_some());
+    }
+    let r = send(&env, "/v1/chat/completions", Some(KEY), chat("x", 5)).await;
+    assert_eq!(r.status, 200, "the server keeps serving");
+    assert_eq!(
+        env.sim.stats().requests.values().sum::<u64>(),
+        1,
+        "no bad request reached the upstream"
+    );
+    assert_nothing_leaks(&env).await;
+}
+
+async fn rate_and_budget_refusals_carry_retry_headers(redis: bool) {
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+requests = { limit = 2, window = "1m" }
+[[scopes]]
+name = "daily"
+key = "tenant"
+budget = { tokens = 100, period = "day" }
+"#;
+    let env = env(redis, policy, "", SimConfig::default()).await;
+    assert_eq!(
+        send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 20))
+            .await
+            .status,
+        200
+    );
+    // 80 output tokens + input: over the remaining budget.
+    let r = send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 80)).await;
+    assert_eq!((r.status, r.code().as_str()), (429, "budget_limit"));
+    assert_eq!(r.json()["error"]["type"], "insufficient_quota");
+    assert_eq!(
+        r.header("x-should-retry"),
+        Some("false"),
+        "a daily budget is a long wait"
+    );
+    assert!(
+        r.header("retry-after")
+            .is_some_and(|s| s.parse::<u64>().unwrap() > 60)
+    );
+    assert_eq!(r.header("x-tollgate-scope"), Some("tenant:acme"));
+    // Third attempt: the rate (every attempt counted, the refused one too).
+    let r = send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
+    assert_eq!((r.status, r.code().as_str()), (429, "request_rate_limit"));
+    let secs: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    let ms: u64 = r.header("retry-after-ms").unwrap().parse().unwrap();
+    // A sliding window may need up to two windows to admit again.
+    assert!(
+        (1..=120).contains(&secs) && ms <= secs * 1000 && ms > (secs - 1) * 1000,
+        "{secs} s, {ms} ms"
+    );
+    assert!(r.header("ratelimit").is_some_and(|v| v.contains(";r=0")));
+    assert_eq!(r.header("x-should-retry"), None);
+    assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 1);
+    assert_nothing_leaks(&env).await;
+}
+
+async fn token_limits_are_400s(redis: bool) {
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+input_tokens = 20
+output_tokens = { max = 100 }
+total_tokens = 100
+"#;
+    let env = env(redis, policy, "", SimConfig::default()).await;
+    let long = "word ".repeat(100);
+    for (body, code) in [
+        (chat(&long, 5), "input_token_limit"),
+        (chat("hi", 500), "output_token_limit"),
+        (chat("hi", 95), "total_token_limit"),
+    ] {
+        let r = send(&env, "/v1/chat/completions", Some(KEY), body).await;
+        assert_eq!((r.status, r.code().as_str()), (400, code));
+        assert!(r.header("retry-after").is_none());
+    }
+    assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 0);
+}
+
+async fn streams_pass_through_and_settle(redis: bool) {
+    let env = env(redis, BASIC, "", SimConfig::default()).await;
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o", "max_tokens": 8, "stream": true,
+        "messages": [{"role": "user", "content": "Hello there!"}]}))
+    .unwrap();
+    let r = send(&env, "/v1/chat/completions", Some(KEY), body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let text = String::from_utf8_lossy(&r.body);
+    assert_eq!(text.matches("\"content\":\"tok \"").count(), 8);
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+    assert!(
+        !text.contains("\"usage\""),
+        "the usage chunk the gateway asked for is not shown"
+    );
+    assert_eq!(
+        env.sim.stats().last_body.unwrap()["stream_options"]["include_usage"],
+        true
+    );
+    assert_eq!(tenant_usage(&env).await.settled, 10 + 8);
+    // A client that asked for usage gets it.
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o", "max_tokens": 3, "stream": true,
+        "stream_options": {"include_usage": true}, "messages": [{"role": "user", "content": "Hello there!"}]})).unwrap();
+    let r = send(&env, "/v1/chat/completions", Some(KEY), body).await;
+    assert!(String::from_utf8_lossy(&r.body).contains("\"completion_tokens\":3"));
+    assert_nothing_leaks(&env).await;
+}
+
+/// Sends a request on a raw socket, reads `read` bytes of the response, then disconnects.
+async fn disconnect_after(env: &Env, body: &[u8], read: usize) -> Instant {
+    let mut s = tokio::net::TcpStream::connect(env.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut buf = vec![0u8; read];
+    if read > 0 {
+        s.read_exact(&mut buf).await.unwrap();
+    } else {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(s);
+    Instant::now()
+}
+
+async fn client_disconnects_cancel_the_upstream(redis: bool) {
+    let sim = SimConfig {
+        latency: Duration::from_millis(200),
+        token_delay: Duration::from_millis(20),
+        output_tokens: 200,
+        ..SimConfig::default()
+    };
+    let env = env(redis, BASIC, "", sim).await;
+    // Mid-stream: read the headers and a few events, then leave.
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o", "max_tokens": 200, "stream": true, "messages": [{"role": "user", "content": "hi"}]})).unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let left = disconnect_after(&env, &body, 600).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while env.sim.stats().cancelled.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the upstream never saw the disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let seen = env.sim.stats().cancelled[0];
+    assert!(
+        seen.saturating_duration_since(left) < Duration::from_millis(100),
+        "upstream closed {:?} after the client left",
+        seen.saturating_duration_since(left)
+    );
+    assert_nothing_leaks(&env).await;
+    let u = tenant_usage(&env).await;
+    assert!(
+        u.settled > 0 && u.settled < 1 + 200,
+        "charged the streamed part: {}",
+        u.settled
+    );
+    // Before the first byte of a non-streamed answer.
+    let left = disconnect_after(&env, &chat("hi", 200), 0).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while env.sim.stats().cancelled.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the upstream never saw the second disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let seen = env.sim.stats().cancelled[1];
+    assert!(seen.saturating_duration_since(left) < Duration::from_millis(100));
+    assert_nothing_leaks(&env).await;
+}
+
+async fn concurrency_is_enforced_as_the_upstream_sees_it(redis: bool) {
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+concurrency = { limit = 2, lease_ttl = "30s" }
+"#;
+    let sim = SimConfig {
+        latency: Duration::from_millis(100),
+        ..SimConfig::default()
+    };
+    let env = Arc::new(env(redis, policy, "", sim).await);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let env = env.clone();
+            tokio::spawn(async move {
+                send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        match r.status {
+            200 => ok += 1,
+            429 => assert_eq!(r.code(), "concurrency_limit"),
+            s => panic!("status {s}"),
+        }
+    }
+    assert!(ok >= 2);
+    let max = env
+        .sim
+        .stats()
+        .max_in_flight
+        .values()
+        .copied()
+        .max()
+        .unwrap_or(0);
+    assert!(max <= 2, "the upstream saw {max} at once");
+    assert_nothing_leaks(&env).await;
+}
+
+async fn a_bounded_queue_waits_for_a_slot(redis: bool) {
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+concurrency = { limit = 1, lease_ttl = "30s" }
+"#;
+    let sim = SimConfig {
+        latency: Duration::from_millis(50),
+        ..SimConfig::default()
+    };
+    let env = Arc::new(
+        env(
+            redis,
+            policy,
+            "[queue]\nmax_wait = \"3s\"\nper_key = 2\nglobal = 10\n",
+            sim,
+        )
+        .await,
+    );
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let env = env.clone();
+            tokio::spawn(async move {
+                send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5))
+                    .await
+                    .status
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    // One runs, two wait their turn, two find the queue full.
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        2,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        env.sim.stats().max_in_flight.values().copied().max(),
+        Some(1)
+    );
+    assert_nothing_leaks(&env).await;
+}
+
+async fn upstream_errors_release_and_charge_nothing(redis: bool) {
+    let env = env(redis, BASIC, "", SimConfig::default()).await;
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o-fail", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).unwrap();
+    let r = send(&env, "/v1/chat/completions", Some(KEY), body).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.code(), "server_error");
+    assert_nothing_leaks(&env).await;
+    assert_eq!(tenant_usage(&env).await.settled, 0);
+}
+
+async fn embeddings_and_completions(redis: bool) {
+    let env = env(redis, BASIC, "", SimConfig::default()).await;
+    let r = send(
+        &env,
+        "/v1/embeddings",
+        Some(KEY),
+        r#"{"model":"text-embedding-3-small","input":"hello world"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let r = send(
+        &env,
+        "/v1/completions",
+        Some(KEY),
+        r#"{"model":"gpt-3.5-turbo-instruct","prompt":"hello","max_tokens":4}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        env.sim.stats().last_body,
+        None,
+        "chat bodies only are recorded"
+    );
+    assert_eq!(tenant_usage(&env).await.settled, 2 + (1 + 4));
+    assert_nothing_leaks(&env).await;
+}
+
+macro_rules! both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(false).await } )*
+        }
+        mod redis {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(true).await } )*
+        }
+    };
+}
+
+both_stores!(
+    admitted_request_is_forwarded_with_its_cap_and_settled,
+    bad_input_gets_precise_errors,
+    rate_and_budget_refusals_carry_retry_headers,
+    token_limits_are_400s,
+    streams_pass_through_and_settle,
+    client_disconnects_cancel_the_upstream,
+    concurrency_is_enforced_as_the_upstream_sees_it,
+    a_bounded_queue_waits_for_a_slot,
+    upstream_errors_release_and_charge_nothing,
+    embeddings_and_completions,
+);

@@ -1,0 +1,353 @@
+//! A faithful OpenAI-compatible upstream simulator: chat completions (streamed with real SSE
+//! chunking and the usage chunk, or not), completions, embeddings and models. It counts its
+//! input with the real tokenizer, honours `max_tokens`, sleeps as configured, and counts
+//! in-flight requests per API key so that tests can check concurrency limits from outside. A
+//! request whose connection is dropped before the simulator finished is recorded as cancelled,
+//! with the time.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tollgate_tokens::{Format, TokenCounter};
+
+/// How the simulator behaves.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Wait before the first byte.
+    pub latency: Duration,
+    /// Wait between streamed tokens.
+    pub token_delay: Duration,
+    /// Tokens produced when the request does not cap them lower.
+    pub output_tokens: u64,
+    /// The API key the simulator requires (`None`: any).
+    pub api_key: Option<String>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            latency: Duration::from_millis(5),
+            token_delay: Duration::from_millis(1),
+            output_tokens: 16,
+            api_key: None,
+        }
+    }
+}
+
+/// What the simulator observed.
+#[derive(Debug, Default, Clone)]
+pub struct SimStats {
+    /// Requests received per API key (the Authorization header's value).
+    pub requests: HashMap<String, u64>,
+    /// In flight now, per key.
+    pub in_flight: HashMap<String, u64>,
+    /// Most in flight at once, per key.
+    pub max_in_flight: HashMap<String, u64>,
+    /// Completed requests.
+    pub completed: u64,
+    /// Requests whose connection was dropped before they completed, with when.
+    pub cancelled: Vec<Instant>,
+    /// Sum of completion tokens reported in usage.
+    pub completion_tokens: u64,
+    /// Sum of prompt tokens reported in usage.
+    pub prompt_tokens: u64,
+    /// The last request body received.
+    pub last_body: Option<Value>,
+}
+
+/// A running simulator.
+#[derive(Debug, Clone)]
+pub struct Sim {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    state: Arc<SimState>,
+}
+
+#[derive(Debug)]
+struct SimState {
+    config: SimConfig,
+    stats: Mutex<SimStats>,
+}
+
+impl Sim {
+    /// Starts a simulator on a free loopback port.
+    pub async fn start(config: SimConfig) -> std::io::Result<Self> {
+        Self::start_on(
+            "127.0.0.1:0".parse().map_err(std::io::Error::other)?,
+            config,
+        )
+        .await
+    }
+
+    /// Starts a simulator on `addr`.
+    pub async fn start_on(addr: SocketAddr, config: SimConfig) -> std::io::Result<Self> {
+        let state = Arc::new(SimState {
+            config,
+            stats: Mutex::new(SimStats::default()),
+        });
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let app = router(state.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { addr, state })
+    }
+
+    /// `http://ADDR`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A snapshot of what it observed.
+    pub fn stats(&self) -> SimStats {
+        self.state
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// The simulator's routes.
+fn router(state: Arc<SimState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/sim/stats", get(stats_json))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, message: &str, code: &str) -> Response {
+    (status, Json(json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}}))).into_response()
+}
+
+/// Counts a request in flight for its key until dropped; records a cancellation if dropped
+/// before `done()`.
+struct InFlight {
+    state: Arc<SimState>,
+    key: String,
+    done: bool,
+}
+
+impl InFlight {
+    fn new(state: &Arc<SimState>, headers: &HeaderMap) -> Self {
+        let key = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        if let Ok(mut s) = state.stats.lock() {
+            *s.requests.entry(key.clone()).or_default() += 1;
+            let n = s.in_flight.entry(key.clone()).or_default();
+            *n += 1;
+            let n = *n;
+            let m = s.max_in_flight.entry(key.clone()).or_default();
+            *m = (*m).max(n);
+        }
+        Self {
+            state: state.clone(),
+            key,
+            done: false,
+        }
+    }
+    fn done(mut self, prompt: u64, completion: u64) {
+        self.done = true;
+        if let Ok(mut s) = self.state.stats.lock() {
+            s.completed += 1;
+            s.prompt_tokens += prompt;
+            s.completion_tokens += completion;
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.state.stats.lock() {
+            if let Some(n) = s.in_flight.get_mut(&self.key) {
+                *n = n.saturating_sub(1);
+            }
+            if !self.done {
+                s.cancelled.push(Instant::now());
+            }
+        }
+    }
+}
+
+fn authorized(state: &SimState, headers: &HeaderMap) -> bool {
+    match &state.config.api_key {
+        None => true,
+        Some(k) => {
+            headers.get("authorization").and_then(|v| v.to_str().ok())
+                == Some(&format!("Bearer {k}"))
+        }
+    }
+}
+
+async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Bytes) -> Response {
+    if !authorized(&state, &headers) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "bad upstream key",
+            "invalid_api_key",
+        );
+    }
+    let Ok(req) = serde_json::from_slice::<Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "invalid JSON", "invalid_json");
+    };
+    if let Ok(mut s) = state.stats.lock() {
+        s.last_body = Some(req.clone());
+    }
+    let model = req["model"].as_str().unwrap_or("").to_owned();
+    if model.contains("fail") {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "simulated upstream failure",
+            "server_error",
+        );
+    }
+    let prompt = TokenCounter::default()
+        .count(Format::ChatCompletions, &body, None)
+        .map(|c| c.input_tokens)
+        .unwrap_or(0);
+    let cap = req["max_completion_tokens"]
+        .as_u64()
+        .or(req["max_tokens"].as_u64())
+        .unwrap_or(u64::MAX);
+    let n = state.config.output_tokens.min(cap);
+    let guard = InFlight::new(&state, &headers);
+    tokio::time::sleep(state.config.latency).await;
+    let id = "chatcmpl-sim";
+    let usage = json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
+        "prompt_tokens_details": {"cached_tokens": 0}});
+    if req["stream"].as_bool() != Some(true) {
+        // Tokens take time to produce whether streamed or not.
+        tokio::time::sleep(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
+        guard.done(prompt, n);
+        let content = "tok ".repeat(usize::try_from(n).unwrap_or(0));
+        return Json(json!({"id": id, "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content.trim_end()}, "finish_reason": "length"}],
+            "usage": usage})).into_response();
+    }
+    let include_usage = req["stream_options"]["include_usage"].as_bool() == Some(true);
+    let delay = state.config.token_delay;
+    let chunk = move |delta: Value, finish: Value| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    // Events: role, n content tokens, finish, optional usage, [DONE].
+    let mut events: Vec<String> =
+        vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null).to_string()];
+    for _ in 0..n {
+        events.push(chunk(json!({"content": "tok "}), Value::Null).to_string());
+    }
+    events.push(chunk(json!({}), json!("length")).to_string());
+    if include_usage {
+        events.push(json!({"id": id, "object": "chat.completion.chunk", "created": 0, "choices": [], "usage": usage}).to_string());
+    }
+    events.push("[DONE]".to_owned());
+    let total = events.len();
+    let stream = futures_util::stream::unfold((0usize, Some(guard)), move |(i, mut guard)| {
+        let events = events.clone();
+        async move {
+            if i >= total {
+                return None;
+            }
+            if i > 0 {
+                tokio::time::sleep(delay).await;
+            }
+            if i + 1 == total {
+                if let Some(g) = guard.take() {
+                    g.done(prompt, n);
+                }
+            }
+            let bytes = Bytes::from(format!("data: {}\n\n", events[i]));
+            Some((Ok::<_, std::io::Error>(bytes), (i + 1, guard)))
+        }
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(axum::body::Body::from_stream(stream))
+        .unwrap_or_else(|_| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "response",
+                "server_error",
+            )
+        })
+}
+
+async fn completions(
+    State(state): State<Arc<SimState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Ok(req) = serde_json::from_slice::<Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "invalid JSON", "invalid_json");
+    };
+    let prompt = TokenCounter::default()
+        .count(Format::Completions, &body, None)
+        .map(|c| c.input_tokens)
+        .unwrap_or(0);
+    let n = state
+        .config
+        .output_tokens
+        .min(req["max_tokens"].as_u64().unwrap_or(u64::MAX));
+    let guard = InFlight::new(&state, &headers);
+    tokio::time::sleep(state.config.latency).await;
+    guard.done(prompt, n);
+    Json(json!({"id": "cmpl-sim", "object": "text_completion", "model": req["model"],
+        "choices": [{"index": 0, "text": "tok ".repeat(usize::try_from(n).unwrap_or(0)), "finish_reason": "length"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}}))
+    .into_response()
+}
+
+async fn embeddings(
+    State(state): State<Arc<SimState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Ok(req) = serde_json::from_slice::<Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "invalid JSON", "invalid_json");
+    };
+    let prompt = TokenCounter::default()
+        .count(Format::Embeddings, &body, None)
+        .map(|c| c.input_tokens)
+        .unwrap_or(0);
+    let guard = InFlight::new(&state, &headers);
+    tokio::time::sleep(state.config.latency).await;
+    guard.done(prompt, 0);
+    Json(json!({"object": "list", "model": req["model"],
+        "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 0.5, 1.0]}],
+        "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}))
+    .into_response()
+}
+
+async fn models() -> Response {
+    Json(
+        json!({"object": "list", "data": [{"id": "gpt-4o", "object": "model", "owned_by": "sim"}]}),
+    )
+    .into_response()
+}
+
+async fn stats_json(State(state): State<Arc<SimState>>) -> Response {
+    let s = state.stats.lock().map(|s| s.clone()).unwrap_or_default();
+    Json(
+        json!({"requests": s.requests, "in_flight": s.in_flight, "max_in_flight": s.max_in_flight,
+        "completed": s.completed, "cancelled": s.cancelled.len(),
+        "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens}),
+    )
+    .into_response()
+}
