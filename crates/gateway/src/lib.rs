@@ -28,6 +28,7 @@
 // `ApiError` is built at most once per request, at the edge: boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+pub mod admission;
 pub mod config;
 pub mod proxy;
 pub mod respond;

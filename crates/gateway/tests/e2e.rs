@@ -582,3 +582,69 @@ both_stores!(
     upstream_errors_release_and_charge_nothing,
     embeddings_and_completions,
 );
+
+/// Slow and abusive clients: headers that never finish, a body that never arrives, and more
+/// connections than allowed. Store-independent, so run on memory only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_and_connections_are_bounded() {
+    let extra =
+        "[server]\nheader_timeout = \"300ms\"\nbody_timeout = \"300ms\"\nmax_connections = 2\n";
+    let env = env(false, BASIC, extra, SimConfig::default()).await;
+    // Headers that never finish: the connection is closed.
+    let mut s = tokio::net::TcpStream::connect(env.addr).await.unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut buf))
+        .await
+        .expect("closed in time");
+    assert!(
+        n.is_err()
+            || String::from_utf8_lossy(&buf).is_empty()
+            || String::from_utf8_lossy(&buf).starts_with("HTTP/1.1 408")
+    );
+    drop(s);
+    // A body that never arrives: 408 in the API's format.
+    let mut s = tokio::net::TcpStream::connect(env.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-length: 100\r\n\r\n{{\"model\""
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("body_timeout"));
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Two idle connections fill the limit; a third is closed at once.
+    let a = tokio::net::TcpStream::connect(env.addr).await.unwrap();
+    let b = tokio::net::TcpStream::connect(env.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut c = tokio::net::TcpStream::connect(env.addr).await.unwrap();
+    let _ = c
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await;
+    let mut buf = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(2), c.read_to_end(&mut buf))
+        .await
+        .expect("closed at once");
+    assert!(
+        r.is_err() || buf.is_empty(),
+        "the third connection was served: {}",
+        String::from_utf8_lossy(&buf)
+    );
+    drop((a, b));
+    // Once they are gone (their header timeout passes), service resumes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5))
+            .await
+            .status,
+        200
+    );
+}
