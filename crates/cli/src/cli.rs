@@ -34,8 +34,14 @@ pub enum Command {
     /// Serve the OpenAI-compatible gateway.
     Serve {
         /// The configuration (TOML): listener, store, upstreams, keys, policy.
+        #[arg(long, required_unless_present = "demo")]
+        config: Option<PathBuf>,
+        /// Start with a built-in demo configuration and a simulated upstream.
+        #[arg(long, conflicts_with = "config")]
+        demo: bool,
+        /// Listen here instead of the configured address (e.g. 127.0.0.1:0 for a free port).
         #[arg(long)]
-        config: PathBuf,
+        listen: Option<std::net::SocketAddr>,
     },
     /// Print the `sha256:` hash of an API key, for the `[[keys]]` table.
     HashKey {

@@ -2,6 +2,7 @@
 
 mod cli;
 mod count;
+mod demo;
 mod stress;
 
 use std::io::Write;
@@ -45,19 +46,35 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             writeln!(out, "{}", tollgate_gateway::hash_key(&key))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Serve { config } => {
-            let text = std::fs::read_to_string(&config)
-                .with_context(|| format!("reading {}", config.display()))?;
-            let cfg = tollgate_gateway::GatewayConfig::from_toml(&text)
-                .with_context(|| format!("in {}", config.display()))?;
+        Command::Serve {
+            config,
+            demo,
+            listen,
+        } => {
+            let (text, sim) = match (config, demo) {
+                (Some(path), _) => (
+                    std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?,
+                    None,
+                ),
+                (None, _) => {
+                    let sim = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default()).await?;
+                    (demo::config(&sim.base_url()), Some(sim))
+                }
+            };
+            let mut cfg = tollgate_gateway::GatewayConfig::from_toml(&text)?;
+            if let Some(l) = listen {
+                cfg.listen = l;
+            }
             let listener = tokio::net::TcpListener::bind(cfg.listen)
                 .await
                 .with_context(|| format!("listening on {}", cfg.listen))?;
-            writeln!(
-                std::io::stderr(),
-                "tollgate: serving on http://{}",
-                listener.local_addr()?
-            )?;
+            let addr = listener.local_addr()?;
+            match &sim {
+                Some(sim) => write!(out, "{}", demo::banner(addr, &sim.base_url()))?,
+                None => writeln!(out, "tollgate: serving on http://{addr}")?,
+            }
+            out.flush()?;
             let shutdown = async {
                 let _ = tokio::signal::ctrl_c().await;
             };

@@ -181,3 +181,47 @@ fn count_prints_what_the_gateway_charges() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `tollgate serve --demo` starts, prints what to try, and does what it says: five requests
+/// pass, the sixth gets 429 with Retry-After.
+#[test]
+fn the_demo_turns_200s_into_429s() {
+    use std::io::{BufRead, Read, Write};
+    let mut child = bin()
+        .args(["serve", "--demo", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut addr = None;
+    for _ in 0..20 {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        if let Some(rest) = line.trim().strip_prefix("gateway:") {
+            addr = rest.trim().split_whitespace().next().map(|u| u.trim_start_matches("http://").to_owned());
+            break;
+        }
+    }
+    let addr = addr.expect("the demo prints its address");
+    let body = r#"{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":"Hello!"}]}"#;
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: Bearer sk-tollgate-demo\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        statuses.push(resp[9..12].to_owned());
+        if statuses.len() == 6 {
+            assert!(resp.to_ascii_lowercase().contains("retry-after:"), "{resp}");
+            assert!(resp.contains("request_rate_limit"));
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(statuses, ["200", "200", "200", "200", "200", "429"]);
+}

@@ -11,7 +11,7 @@
 
 pub mod conformance;
 pub mod redis_server;
-pub mod sim;
+pub use tollgate_sim as sim;
 
 use tollgate_core::{Dimension, Identity, ManualClock, Policy, RequestFacts, Store};
 

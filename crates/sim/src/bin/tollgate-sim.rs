@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use tollgate_testkit::sim::{Sim, SimConfig};
+use tollgate_sim::{Sim, SimConfig};
 
 #[tokio::main]
 async fn main() {

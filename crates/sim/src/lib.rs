@@ -1,3 +1,5 @@
+//! # tollgate-sim
+//!
 //! A faithful OpenAI-compatible upstream simulator: chat completions (streamed with real SSE
 //! chunking and the usage chunk, or not), completions, embeddings and models. It counts its
 //! input with the real tokenizer, honours `max_tokens`, sleeps as configured, and counts

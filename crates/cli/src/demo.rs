@@ -1,0 +1,67 @@
+//! `tollgate serve --demo`: the gateway with a built-in configuration in front of a simulated
+//! upstream, so that a new user can see 200s turn into 429s with `curl` at once.
+
+use std::net::SocketAddr;
+
+/// The demo key (its hash is in the demo configuration).
+pub const DEMO_KEY: &str = "sk-tollgate-demo";
+
+/// The demo configuration: tight limits per key so that refusals come quickly.
+pub fn config(upstream: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:8080"
+
+[[upstreams]]
+name = "simulator"
+base_url = "{upstream}"
+models = ["gpt-4o", "gpt-4o-mini", "text-embedding-3-small"]
+
+[[keys]]
+name = "demo"
+hash = "{hash}"
+tenant = "demo"
+allow_user = true
+
+[policy]
+version = "demo-1"
+
+[[policy.scopes]]
+name = "per-key"
+key = "key"
+requests = {{ limit = 5, window = "1m" }}
+input_tokens = 4000
+output_tokens = {{ max = 256, mode = "clamp", default = 64 }}
+concurrency = {{ limit = 2, lease_ttl = "1m" }}
+
+[[policy.scopes]]
+name = "tenant-daily"
+key = "tenant"
+budget = {{ tokens = 600, period = "day" }}
+"#,
+        hash = tollgate_gateway::hash_key(DEMO_KEY)
+    )
+}
+
+/// What to try, printed at start.
+pub fn banner(addr: SocketAddr, upstream: &str) -> String {
+    format!(
+        r#"Tollgate demo
+  gateway:   http://{addr}   (OpenAI-compatible: /v1/chat/completions, /v1/embeddings, /v1/models)
+  upstream:  {upstream}   (simulated model, 16 tokens per answer)
+  API key:   {DEMO_KEY}
+  limits:    5 requests/min and 2 at once per key; output clamped to 256; 600 tokens/day per tenant
+
+Try:
+  curl -s http://{addr}/v1/chat/completions -H 'authorization: Bearer {DEMO_KEY}' \
+    -H 'content-type: application/json' \
+    -d '{{"model":"gpt-4o","max_tokens":100,"messages":[{{"role":"user","content":"Hello!"}}]}}'
+
+  Send it six times: the sixth answer is 429 request_rate_limit with Retry-After.
+  Ask for more than the day's 600 tokens (e.g. max_tokens 256, three times): 429 budget_limit,
+  x-should-retry: false. Add -i to see the RateLimit and x-ratelimit-* headers.
+  Ctrl-C stops it.
+"#
+    )
+}
