@@ -198,12 +198,16 @@ fn the_demo_turns_200s_into_429s() {
         let mut line = String::new();
         out.read_line(&mut line).unwrap();
         if let Some(rest) = line.trim().strip_prefix("gateway:") {
-            addr = rest.trim().split_whitespace().next().map(|u| u.trim_start_matches("http://").to_owned());
+            addr = rest
+                .split_whitespace()
+                .next()
+                .map(|u| u.trim_start_matches("http://").to_owned());
             break;
         }
     }
     let addr = addr.expect("the demo prints its address");
-    let body = r#"{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":"Hello!"}]}"#;
+    let body =
+        r#"{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":"Hello!"}]}"#;
     let mut statuses = Vec::new();
     for _ in 0..6 {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();

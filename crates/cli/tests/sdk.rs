@@ -1,0 +1,82 @@
+//! The official OpenAI Python SDK end to end (`tests/sdk/sdk_e2e.py`) against the gateway and
+//! the simulator. `.ci/run` makes the venv (`.venv`, `tests/sdk/requirements.txt`); elsewhere set
+//! `TOLLGATE_PYTHON` to a Python with `openai` installed.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
+
+use std::path::PathBuf;
+
+use tollgate_gateway::{GatewayConfig, hash_key};
+use tollgate_sim::{Sim, SimConfig};
+
+fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("TOLLGATE_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = repo(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "no Python with the openai SDK: run .ci/run, or `python3 -m venv .venv && .venv/bin/pip install -r tests/sdk/requirements.txt`"
+    );
+    venv
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_works_through_the_gateway() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let keys = [
+        ("sk-plain", "plain"),
+        ("sk-retry", "retry"),
+        ("sk-budget", "budget"),
+    ];
+    let mut text = format!(
+        "[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n",
+        sim.base_url()
+    );
+    for (k, tenant) in keys {
+        text.push_str(&format!(
+            "[[keys]]\nhash = \"{}\"\ntenant = \"{tenant}\"\n",
+            hash_key(k)
+        ));
+    }
+    text.push_str(
+        "[[policy.scopes]]\nname = \"retry\"\nkey = \"tenant\"\nmatch = { tenant = \"retry\" }\nrequests = { limit = 2, window = \"2s\" }\n\
+         [[policy.scopes]]\nname = \"budget\"\nkey = \"tenant\"\nmatch = { tenant = \"budget\" }\nbudget = { tokens = 30, period = \"day\" }\n",
+    );
+    let config = GatewayConfig::from_toml(&text).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(tollgate_gateway::serve(
+        config,
+        listener,
+        std::future::pending(),
+    ));
+    let out = tokio::process::Command::new(python())
+        .arg(repo("tests/sdk/sdk_e2e.py"))
+        .env("TOLLGATE_BASE_URL", format!("http://{addr}"))
+        .env("TOLLGATE_KEY", "sk-plain")
+        .env("TOLLGATE_RETRY_KEY", "sk-retry")
+        .env("TOLLGATE_BUDGET_KEY", "sk-budget")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("3 passed, 0 failed"), "{stdout}");
+}
