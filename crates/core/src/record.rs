@@ -44,6 +44,10 @@ pub struct DecisionRecord {
     /// Time until the upstream finished, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_ms: Option<u64>,
+    /// How an admitted request ended: `settled`, `released`, or `abandoned` (no settlement
+    /// reached the store from this instance; the lease expires).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ending: Option<&'static str>,
 }
 
 impl DecisionRecord {
@@ -69,6 +73,7 @@ impl DecisionRecord {
             upstream_status: None,
             decision_us: None,
             upstream_ms: None,
+            ending: None,
         }
     }
 

@@ -37,6 +37,17 @@ pub struct RawConfig {
     pub policy: RawPolicy,
     /// Waiting for a concurrency slot.
     pub queue: Option<RawQueue>,
+    /// Decision records.
+    #[serde(default)]
+    pub records: RawRecords,
+}
+
+/// `[records]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawRecords {
+    /// `-` for standard output, or a file to append to; absent: no records.
+    pub path: Option<String>,
 }
 
 /// `[server]`
@@ -153,6 +164,8 @@ pub struct GatewayConfig {
     pub policy: Policy,
     /// Queue.
     pub queue: Option<QueueConfig>,
+    /// Decision records: `-` or a file path.
+    pub records: Option<String>,
 }
 
 /// Where counters live.
@@ -402,6 +415,7 @@ impl GatewayConfig {
             keys,
             policy,
             queue,
+            records: raw.records.path,
         })
     }
 }

@@ -31,6 +31,7 @@
 pub mod admission;
 pub mod config;
 pub mod proxy;
+pub mod records;
 pub mod respond;
 pub mod server;
 pub mod sse;

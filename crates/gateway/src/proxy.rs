@@ -17,12 +17,14 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
+use tollgate_core::record::DecisionRecord;
 use tollgate_core::{
     Decision, Dimension, Identity, Reason, RequestFacts, Store, StoreError, Usage, plan,
 };
 use tollgate_tokens::{Format, TokenCounter};
 
 use crate::config::{GatewayConfig, KeyConfig, hash_key};
+use crate::records::RecordSink;
 use crate::respond::{self, ApiError};
 use crate::sse::SseMeter;
 use crate::store::{AnyStore, Ticket};
@@ -42,6 +44,7 @@ pub struct Gateway {
     nonce: u64,
     seq: AtomicU64,
     queue: QueueState,
+    records: Option<RecordSink>,
 }
 
 #[derive(Debug, Default)]
@@ -88,7 +91,15 @@ impl Gateway {
             nonce,
             seq: AtomicU64::new(0),
             queue: QueueState::default(),
+            records: None,
         }
+    }
+
+    /// Writes decision records to `sink`.
+    #[must_use]
+    pub fn with_records(mut self, sink: RecordSink) -> Self {
+        self.records = Some(sink);
+        self
     }
 
     fn next_id(&self) -> String {
@@ -339,11 +350,30 @@ async fn admit_and_forward(
             }
         }
     }
-    let admitted = match admit(gw, &mut p, &key.key_id).await? {
+    let decided = Instant::now();
+    let admission = admit(gw, &mut p, &key.key_id).await?;
+    let decision_us = u64::try_from(decided.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let admitted = match admission {
         Ok(a) => a,
-        Err(deny) => return Err(respond::deny(&deny)),
+        Err(deny) => {
+            if let Some(sink) = &gw.records {
+                let mut r = DecisionRecord::new(now_ms, &p, &Decision::Deny(deny.clone()));
+                r.decision_us = Some(decision_us);
+                sink.emit(r);
+            }
+            return Err(respond::deny(&deny));
+        }
     };
     let mut ticket = Ticket::new(gw.store.clone(), id.to_owned());
+    if let Some(sink) = &gw.records {
+        let mut r = DecisionRecord::new(now_ms, &p, &Decision::Admit(admitted.clone()));
+        r.decision_us = Some(decision_us);
+        ticket.record_to(r, sink.clone());
+    }
 
     // Forward with the admitted output cap: the upstream never sees an unchecked one.
     let stream = json.get("stream").and_then(Value::as_bool) == Some(true);
@@ -435,6 +465,7 @@ async fn admit_and_forward(
         }
     };
     let status = up.status();
+    ticket.upstream_status(status.as_u16());
     let content_type = up.headers().get("content-type").cloned();
     if !status.is_success() {
         let body = Limited::new(up.into_body(), MAX_UPSTREAM_BODY)

@@ -81,7 +81,16 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let store = start_store(&config).await?;
-    let gw = Arc::new(Gateway::new(config, store));
+    let records = config
+        .records
+        .as_deref()
+        .map(crate::records::RecordSink::open)
+        .transpose()?;
+    let mut gw = Gateway::new(config, store);
+    if let Some(sink) = records {
+        gw = gw.with_records(sink);
+    }
+    let gw = Arc::new(gw);
     serve_gateway(gw, listener, shutdown).await
 }
 

@@ -3,10 +3,13 @@
 use std::sync::Arc;
 
 use tollgate_core::pipeline::Plan;
+use tollgate_core::record::DecisionRecord;
 use tollgate_core::{
     Decision, Finish, MemoryStore, Period, Renewal, ScopeUsage, Store, StoreError, Usage,
 };
 use tollgate_redis::RedisStore;
+
+use crate::records::RecordSink;
 
 /// Memory or Redis.
 #[derive(Debug, Clone)]
@@ -57,6 +60,18 @@ pub struct Ticket {
     pub partial: Option<Usage>,
     ended: bool,
     renewer: Option<tokio::task::JoinHandle<()>>,
+    record: Option<Box<Recording>>,
+}
+
+/// A request's decision record, completed and written when the ticket ends.
+#[derive(Debug)]
+pub struct Recording {
+    /// The record so far.
+    pub record: DecisionRecord,
+    /// Where it goes.
+    pub sink: RecordSink,
+    /// When the request was admitted.
+    pub admitted_at: std::time::Instant,
 }
 
 impl Ticket {
@@ -68,6 +83,35 @@ impl Ticket {
             partial: None,
             ended: false,
             renewer: None,
+            record: None,
+        }
+    }
+
+    /// Writes `record` when the ticket ends, completed with how it ended.
+    pub fn record_to(&mut self, record: DecisionRecord, sink: RecordSink) {
+        self.record = Some(Box::new(Recording {
+            record,
+            sink,
+            admitted_at: std::time::Instant::now(),
+        }));
+    }
+
+    /// Sets the upstream status for the record.
+    pub fn upstream_status(&mut self, status: u16) {
+        if let Some(r) = self.record.as_mut() {
+            r.record.upstream_status = Some(status);
+        }
+    }
+
+    fn write_record(&mut self, ending: &'static str, finish: Option<&Result<Finish, StoreError>>) {
+        if let Some(mut r) = self.record.take() {
+            r.record.ending = Some(ending);
+            r.record.upstream_ms =
+                Some(u64::try_from(r.admitted_at.elapsed().as_millis()).unwrap_or(u64::MAX));
+            if let Some(Ok(Finish::Done { charged })) = finish {
+                r.record.settled = Some(charged.clone());
+            }
+            r.sink.emit(r.record);
         }
     }
 
@@ -95,14 +139,18 @@ impl Ticket {
     pub async fn settle(mut self, usage: Usage) -> Result<Finish, StoreError> {
         self.ended = true;
         self.stop_renewing();
-        self.store.settle(&self.id, usage).await
+        let f = self.store.settle(&self.id, usage).await;
+        self.write_record("settled", Some(&f));
+        f
     }
 
     /// Ends a failed or cancelled request.
     pub async fn release(mut self, usage: Option<Usage>) -> Result<Finish, StoreError> {
         self.ended = true;
         self.stop_renewing();
-        self.store.release(&self.id, usage).await
+        let f = self.store.release(&self.id, usage).await;
+        self.write_record("released", Some(&f));
+        f
     }
 
     fn stop_renewing(&mut self) {
@@ -118,6 +166,7 @@ impl Drop for Ticket {
         if self.ended {
             return;
         }
+        self.write_record("abandoned", None);
         let (store, id, usage) = (
             self.store.clone(),
             std::mem::take(&mut self.id),

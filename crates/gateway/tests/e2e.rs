@@ -60,7 +60,12 @@ async fn env(redis: bool, policy: &str, extra: &str, sim: SimConfig) -> Env {
     let mut config = GatewayConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     config.upstreams[0].api_key = Some(UPSTREAM_KEY.into());
     let store = tollgate_gateway::start_store(&config).await.unwrap();
-    let gw = Arc::new(Gateway::new(config, store.clone()));
+    let records = config.records.clone();
+    let mut gw = Gateway::new(config, store.clone());
+    if let Some(path) = records {
+        gw = gw.with_records(tollgate_gateway::records::RecordSink::open(&path).unwrap());
+    }
+    let gw = Arc::new(gw);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(tollgate_gateway::server::serve_gateway(
@@ -647,4 +652,79 @@ async fn slow_clients_are_cut_off_and_connections_are_bounded() {
             .status,
         200
     );
+}
+
+/// Decision records: one line per request, with ids and numbers; the prompt and the completion
+/// never appear in any of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decision_records_never_contain_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("records.jsonl");
+    let extra = format!("[records]\npath = \"{}\"\n", path.display());
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+requests = { limit = 3, window = "1m" }
+budget = { tokens = 100000, period = "day" }
+"#;
+    let env = env(false, policy, &extra, SimConfig::default()).await;
+    let canary = "CANARY-4f1d9b-do-not-log";
+    let r = send(
+        &env,
+        "/v1/chat/completions",
+        Some(KEY),
+        chat(&format!("secret {canary}"), 5),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o", "max_tokens": 3, "stream": true,
+        "messages": [{"role": "user", "content": canary}]}))
+    .unwrap();
+    assert_eq!(
+        send(&env, "/v1/chat/completions", Some(KEY), body)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        send(&env, "/v1/chat/completions", Some(KEY), chat(canary, 5))
+            .await
+            .status,
+        200
+    );
+    let denied = send(&env, "/v1/chat/completions", Some(KEY), chat(canary, 5)).await;
+    assert_eq!(denied.status, 429);
+    // The writer is asynchronous: wait for the four lines.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let text = loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.lines().count() >= 4 || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert!(
+        !text.contains("CANARY"),
+        "a record leaked the prompt: {text}"
+    );
+    assert!(!text.contains("tok tok"), "a record leaked the completion");
+    let settled: Vec<&Value> = lines.iter().filter(|l| l["ending"] == "settled").collect();
+    assert_eq!(settled.len(), 3);
+    for l in &settled {
+        assert_eq!(l["decision"], "admit");
+        assert_eq!(l["upstream_status"], 200);
+        assert!(l["settled"][0].as_u64().unwrap() > 0);
+        assert!(l["request_id"].as_str().unwrap().starts_with("tg-"));
+    }
+    let deny = lines.iter().find(|l| l["decision"] == "deny").unwrap();
+    assert_eq!(
+        (deny["reason"].as_str(), deny["scope"].as_str()),
+        (Some("request_rate_limit"), Some("tenant:acme"))
+    );
+    assert_eq!(deny["policy_version"], "unversioned");
 }
