@@ -19,6 +19,30 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// The `process_id` of the Redis answering on `port`, if any.
+fn server_pid(port: u16) -> Option<u32> {
+    let mut s =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+            .ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    s.write_all(b"INFO server\r\n").ok()?;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut got = 0;
+    // Read until the process id line has arrived (the reply is a few hundred bytes).
+    while got < buf.len() {
+        let n = s.read(&mut buf[got..]).ok()?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+        let text = String::from_utf8_lossy(&buf[..got]);
+        if let Some(line) = text.lines().find(|l| l.starts_with("process_id:")) {
+            return line["process_id:".len()..].trim().parse().ok();
+        }
+    }
+    None
+}
+
 /// Whether `127.0.0.1:port` answers PING.
 pub fn pings(port: u16) -> bool {
     let Ok(mut s) =
@@ -81,7 +105,16 @@ impl RedisServer {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if pings(self.port) {
-                return Ok(());
+                // Another test may have won a race for the same free port: only our own child
+                // counts, or this test would share (and lose) someone else's server.
+                let ours = self.child.as_ref().map(Child::id);
+                if server_pid(self.port) == ours {
+                    return Ok(());
+                }
+                self.kill();
+                return Err(std::io::Error::other(
+                    "the port was taken by another redis-server",
+                ));
             }
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
