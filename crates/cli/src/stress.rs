@@ -137,6 +137,10 @@ async fn task_loop(
                 lines.push(json!({"op": "admit", "id": id, "t0": t0, "t1": t1, "result": "deny", "reason": deny.reason.code()}).to_string());
                 continue;
             }
+            Ok(Decision::Killed(k)) => {
+                lines.push(json!({"op": "admit", "id": id, "t0": t0, "t1": t1, "result": "killed", "target": k.target}).to_string());
+                continue;
+            }
             Err(e) => {
                 lines.push(json!({"op": "admit", "id": id, "t0": t0, "t1": t1, "result": "error", "error": e.to_string()}).to_string());
                 tokio::time::sleep(Duration::from_millis(20)).await;

@@ -79,7 +79,7 @@ fn admit_settle(store: &MemoryStore<SystemClock>, policy: &Policy, f: &RequestFa
             };
             divan::black_box(store.settle_sync(&a.request_id, u).unwrap());
         }
-        Decision::Deny(d) => panic!("benchmark policy denied: {d:?}"),
+        other => panic!("benchmark policy refused: {other:?}"),
     }
 }
 

@@ -125,6 +125,15 @@ pub struct Admitted {
     pub quotas: Vec<Quota>,
 }
 
+/// A request stopped by the kill switch: nothing counted, nothing held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Killed {
+    /// What was switched off: `all`, `tenant:<id>`, `key:<id>`, `model:<name>`, `user:<id>`.
+    pub target: String,
+    /// The operator's reason, shown to the client.
+    pub reason: String,
+}
+
 /// The outcome of one admission.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -132,6 +141,8 @@ pub enum Decision {
     Admit(Admitted),
     /// Refused: nothing held, only the attempt counted.
     Deny(Deny),
+    /// Stopped by the kill switch, before any control (the attempt is not counted).
+    Killed(Killed),
 }
 
 impl Decision {
@@ -139,14 +150,15 @@ impl Decision {
     pub fn deny(&self) -> Option<&Deny> {
         match self {
             Decision::Deny(d) => Some(d),
-            Decision::Admit(_) => None,
+            Decision::Admit(_) | Decision::Killed(_) => None,
         }
     }
-    /// The reason code, or `admit`.
+    /// The reason code, `admit`, or `kill_switch`.
     pub fn code(&self) -> &'static str {
         match self {
             Decision::Deny(d) => d.reason.code(),
             Decision::Admit(_) => "admit",
+            Decision::Killed(_) => "kill_switch",
         }
     }
 }

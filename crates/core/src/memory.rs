@@ -43,6 +43,7 @@ struct State {
     /// skipped when they surface (their time no longer matches the ticket's).
     expiries: BinaryHeap<Reverse<(Millis, Arc<str>)>>,
     finished: HashMap<Arc<str>, Ending>,
+    kills: std::collections::BTreeMap<String, String>,
     /// Finished ids in the order they may be forgotten (times only grow: the clock is monotonic
     /// inside the store and the retention is fixed).
     forget: VecDeque<(Millis, Arc<str>)>,
@@ -158,6 +159,16 @@ impl<C: Clock> MemoryStore<C> {
             st.expiries.push(Reverse((new, id)));
         }
         Ok(Renewal::Renewed { expires_at: new })
+    }
+
+    /// [`Store::set_kill`], synchronously.
+    pub fn set_kill_sync(&self, target: &str, reason: Option<&str>) -> Result<(), StoreError> {
+        let (mut st, _) = self.lock()?;
+        match reason {
+            Some(r) => st.kills.insert(target.to_owned(), r.to_owned()),
+            None => st.kills.remove(target),
+        };
+        Ok(())
     }
 
     /// [`Store::usage`], synchronously.
@@ -312,6 +323,16 @@ impl State {
     }
 
     fn admit(&mut self, plan: &Plan, now: Millis) -> Result<Decision, StoreError> {
+        // The kill switch comes before everything, attempt counting included.
+        if !self.kills.is_empty() {
+            if let Some((target, reason)) = plan
+                .kill_targets
+                .iter()
+                .find_map(|t| self.kills.get(t).map(|r| (t.clone(), r.clone())))
+            {
+                return Ok(Decision::Killed(crate::decision::Killed { target, reason }));
+            }
+        }
         if self.tickets.contains_key(plan.request_id.as_str())
             || self.finished.contains_key(plan.request_id.as_str())
         {
@@ -510,6 +531,21 @@ impl<C: Clock> Store for MemoryStore<C> {
         period: Option<Period>,
     ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
         std::future::ready(self.usage_sync(scope_id, period))
+    }
+    fn set_kill(
+        &self,
+        target: &str,
+        reason: Option<&str>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(self.set_kill_sync(target, reason))
+    }
+    fn kills(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        std::future::ready(self.lock().map(|(st, _)| {
+            st.kills
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        }))
     }
 }
 

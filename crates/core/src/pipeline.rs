@@ -8,7 +8,7 @@
 use crate::decision::{Deny, Reason};
 use crate::ledger::{Period, Usage};
 use crate::policy::{OutputMode, Policy, Price, Unit};
-use crate::scope::{Identity, ScopeKey};
+use crate::scope::{Dimension, Identity, ScopeKey};
 
 /// What the gateway knows about a request before admission.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +83,9 @@ pub struct Plan {
     pub price: Option<Price>,
     /// What expiry or an abandoned request costs, as usage to charge.
     pub expired_usage: Usage,
+    /// Kill-switch targets this request falls under: `all`, then `tenant:`, `key:`, `model:`,
+    /// `user:` where known.
+    pub kill_targets: Vec<String>,
 }
 
 impl Plan {
@@ -242,7 +245,19 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
         crate::policy::ExpiredCharge::None => Usage::default(),
     };
 
+    let mut kill_targets = vec!["all".to_owned()];
+    for d in [
+        Dimension::Tenant,
+        Dimension::Key,
+        Dimension::Model,
+        Dimension::User,
+    ] {
+        if let Some(v) = facts.identity.get(d) {
+            kill_targets.push(format!("{d}:{v}"));
+        }
+    }
     Ok(Plan {
+        kill_targets,
         request_id: facts.request_id.clone(),
         policy_version: policy.version.clone(),
         input_tokens: input,

@@ -58,16 +58,23 @@ impl DecisionRecord {
             ts_ms,
             request_id: plan.request_id.clone(),
             policy_version: plan.policy_version.to_string(),
-            decision: if deny.is_some() { "deny" } else { "admit" },
+            decision: match decision {
+                Decision::Admit(_) => "admit",
+                Decision::Deny(_) => "deny",
+                Decision::Killed(_) => "killed",
+            },
             reason: deny.map(|d| d.reason.code()),
-            scope: deny.map(|d| d.scope.key().to_owned()),
+            scope: match decision {
+                Decision::Deny(d) => Some(d.scope.key().to_owned()),
+                Decision::Killed(k) => Some(k.target.clone()),
+                Decision::Admit(_) => None,
+            },
             input_tokens: plan.input_tokens,
             max_output_tokens: plan.max_output_tokens,
             estimated_tokens: plan.estimate_tokens(),
-            reserved: if deny.is_some() {
-                Vec::new()
-            } else {
-                plan.budget.iter().map(|b| b.amount).collect()
+            reserved: match decision {
+                Decision::Admit(_) => plan.budget.iter().map(|b| b.amount).collect(),
+                _ => Vec::new(),
             },
             settled: None,
             upstream_status: None,

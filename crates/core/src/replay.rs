@@ -416,6 +416,12 @@ async fn run_case<S: Store>(
                 let actual = match &decision {
                     Decision::Admit(_) => Expect::Admit,
                     Decision::Deny(d) => Expect::Deny(d.reason),
+                    Decision::Killed(k) => {
+                        return Err(ReplayError::Plan {
+                            case: case.name.clone(),
+                            message: format!("the kill switch is on for {}", k.target),
+                        });
+                    }
                 };
                 if let Some(exp) = predicted {
                     if exp != actual {
@@ -460,6 +466,7 @@ async fn run_case<S: Store>(
                         );
                         peak = peak.max(in_flight.len() as u64);
                     }
+                    Decision::Killed(_) => {}
                     Decision::Deny(d) => {
                         path.rejected += 1;
                         cr.rejected += 1;

@@ -97,6 +97,17 @@ pub trait Store: Send + Sync {
     /// Extends the leases and reservation of an unfinished request by its TTL.
     fn renew(&self, request_id: &str) -> impl Future<Output = Result<Renewal, StoreError>> + Send;
 
+    /// Switches `target` off (`Some(reason)`) or on again (`None`), for every instance sharing
+    /// the store. Targets: `all`, `tenant:<id>`, `key:<id>`, `model:<name>`, `user:<id>`.
+    fn set_kill(
+        &self,
+        target: &str,
+        reason: Option<&str>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The targets switched off, with their reasons.
+    fn kills(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
+
     /// The usage of a budget or concurrency scope by storage id (`rule|key`) in the period that
     /// contains now. Leases count only those not expired.
     fn usage(

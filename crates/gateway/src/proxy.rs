@@ -358,14 +358,18 @@ async fn admit_and_forward(
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
     let admitted = match admission {
-        Ok(a) => a,
-        Err(deny) => {
+        Decision::Admit(a) => a,
+        refused => {
             if let Some(sink) = &gw.records {
-                let mut r = DecisionRecord::new(now_ms, &p, &Decision::Deny(deny.clone()));
+                let mut r = DecisionRecord::new(now_ms, &p, &refused);
                 r.decision_us = Some(decision_us);
                 sink.emit(r);
             }
-            return Err(respond::deny(&deny));
+            return Err(match &refused {
+                Decision::Deny(d) => respond::deny(d),
+                Decision::Killed(k) => respond::killed(k),
+                Decision::Admit(_) => unreachable_admit(),
+            });
         }
     };
     let mut ticket = Ticket::new(gw.store.clone(), id.to_owned());
@@ -617,21 +621,21 @@ async fn admit(
     gw: &Gateway,
     p: &mut tollgate_core::Plan,
     key_id: &str,
-) -> Result<Result<tollgate_core::Admitted, tollgate_core::Deny>, ApiError> {
+) -> Result<Decision, ApiError> {
     let first = gw.store.admit(p).await.map_err(store_error)?;
     let deny = match first {
-        Decision::Admit(a) => return Ok(Ok(a)),
         Decision::Deny(d) => d,
+        other => return Ok(other),
     };
     let Some(q) = gw
         .config
         .queue
         .filter(|_| deny.reason == Reason::ConcurrencyLimit)
     else {
-        return Ok(Err(deny));
+        return Ok(Decision::Deny(deny));
     };
     let Some(_slot) = gw.enter_queue(key_id) else {
-        return Ok(Err(deny));
+        return Ok(Decision::Deny(deny));
     };
     p.rate.clear();
     let deadline = Instant::now() + q.max_wait;
@@ -641,12 +645,20 @@ async fn admit(
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_millis(50));
         match gw.store.admit(p).await.map_err(store_error)? {
-            Decision::Admit(a) => return Ok(Ok(a)),
             Decision::Deny(d) if d.reason == Reason::ConcurrencyLimit => last = d,
-            Decision::Deny(d) => return Ok(Err(d)),
+            other => return Ok(other),
         }
     }
-    Ok(Err(last))
+    Ok(Decision::Deny(last))
+}
+
+fn unreachable_admit() -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "internal",
+        "inconsistent decision",
+    )
 }
 
 fn store_error(e: StoreError) -> ApiError {

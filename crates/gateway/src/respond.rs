@@ -241,3 +241,18 @@ pub fn store_unavailable() -> ApiError {
     put(&mut e.headers, "retry-after-ms", 1000);
     e
 }
+
+/// A request stopped by the kill switch: 503, with the operator's reason; not retryable until
+/// an operator lifts it.
+pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "kill_switch",
+        format!("Requests for {} are switched off: {}", k.target, k.reason),
+    );
+    put(&mut e.headers, "x-should-retry", "false");
+    put(&mut e.headers, "x-tollgate-reason", "kill_switch");
+    put(&mut e.headers, "x-tollgate-scope", &k.target);
+    e
+}

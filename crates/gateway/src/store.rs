@@ -45,6 +45,12 @@ impl Store for AnyStore {
     async fn usage(&self, scope: &str, period: Option<Period>) -> Result<ScopeUsage, StoreError> {
         both!(self, s => s.usage(scope, period))
     }
+    async fn set_kill(&self, target: &str, reason: Option<&str>) -> Result<(), StoreError> {
+        both!(self, s => s.set_kill(target, reason))
+    }
+    async fn kills(&self) -> Result<Vec<(String, String)>, StoreError> {
+        both!(self, s => s.kills())
+    }
 }
 
 /// An admitted request's hold on the store. It must end in [`Ticket::settle`] or

@@ -69,7 +69,7 @@ async fn tollgate(store: &RedisStore, policy: &Arc<Policy>, clients: u64, settle
                     let p = plan(&policy, &f).unwrap();
                     match store.admit(&p).await.unwrap() {
                         Decision::Admit(_) => {}
-                        Decision::Deny(d) => panic!("benchmark policy denied: {d:?}"),
+                        other => panic!("benchmark policy refused: {other:?}"),
                     }
                     if settle {
                         let u = Usage {

@@ -85,7 +85,7 @@ macro_rules! script {
 fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
-        admit: script!("lua/admit_v1.lua"),
+        admit: script!("lua/admit_v2.lua"),
         finish: script!("lua/finish_v1.lua"),
         renew: script!("lua/renew_v1.lua"),
         usage: script!("lua/usage_v1.lua"),
@@ -144,6 +144,7 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, now: u64, retention_ms: u64) 
         format!("{prefix}:f:{}", plan.request_id),
         format!("{prefix}:x"),
         format!("{prefix}:clock"),
+        format!("{prefix}:kill"),
     ];
     let price = plan
         .price
@@ -166,7 +167,9 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, now: u64, retention_ms: u64) 
         plan.budget.len().to_string(),
         price,
         usage_arg(&plan.expired_usage),
+        plan.kill_targets.len().to_string(),
     ];
+    args.extend(plan.kill_targets.iter().cloned());
     for r in &plan.rate {
         let k = format!("{prefix}:r:{}", r.scope.id());
         keys.push(k.clone());
@@ -331,6 +334,10 @@ fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, StoreError> {
             .map(Decision::Deny)
             .ok_or_else(|| StoreError::Protocol("token denial without a verdict".into())),
         "dup" => Err(StoreError::DuplicateRequestId(plan.request_id.clone())),
+        "killed" => Ok(Decision::Killed(tollgate_core::decision::Killed {
+            target: reply.get(1).map(text).transpose()?.unwrap_or_default(),
+            reason: reply.get(2).map(text).transpose()?.unwrap_or_default(),
+        })),
         other => Err(StoreError::Protocol(format!(
             "unknown admit reply {other:?}"
         ))),
@@ -499,6 +506,44 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    fn set_kill(
+        &self,
+        target: &str,
+        reason: Option<&str>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = format!("{}:kill", self.config.prefix);
+        let (target, reason) = (target.to_owned(), reason.map(str::to_owned));
+        async move {
+            let mut conn = self.conn.clone();
+            let mut cmd = redis::cmd(if reason.is_some() { "HSET" } else { "HDEL" });
+            cmd.arg(&key).arg(&target);
+            if let Some(r) = &reason {
+                cmd.arg(r);
+            }
+            tokio::time::timeout(self.config.call_timeout, cmd.query_async::<i64>(&mut conn))
+                .await
+                .map_err(|_| StoreError::Unavailable("kill switch call timed out".into()))?
+                .map(|_| ())
+                .map_err(unavailable)
+        }
+    }
+
+    fn kills(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        let key = format!("{}:kill", self.config.prefix);
+        async move {
+            let mut conn = self.conn.clone();
+            let mut cmd = redis::cmd("HGETALL");
+            cmd.arg(&key);
+            let fut = cmd.query_async::<Vec<(String, String)>>(&mut conn);
+            let mut v = tokio::time::timeout(self.config.call_timeout, fut)
+                .await
+                .map_err(|_| StoreError::Unavailable("kill switch call timed out".into()))?
+                .map_err(unavailable)?;
+            v.sort();
+            Ok(v)
+        }
+    }
+
     fn admit(&self, plan: &Plan) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         let inv = admit_invocation(
             &self.config.prefix,

@@ -54,7 +54,7 @@ macro_rules! conformance_tests {
             settle_is_idempotent, release_charges_partial_or_policy_usage,
             leases_expire_and_renew, expired_reservation_charge_follows_policy,
             period_rollover, clock_going_backwards, duplicate_request_id_is_refused,
-            money_budget, retry_hints, calendar_month_budget);
+            money_budget, retry_hints, calendar_month_budget, kill_switch);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(

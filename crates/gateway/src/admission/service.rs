@@ -96,6 +96,7 @@ where
             let admitted = match layer.store.admit(&p).await {
                 Ok(Decision::Admit(a)) => a,
                 Ok(Decision::Deny(d)) => return Ok(respond::deny(&d).into_response()),
+                Ok(Decision::Killed(k)) => return Ok(respond::killed(&k).into_response()),
                 Err(_) => return Ok(respond::store_unavailable().into_response()),
             };
             let handle = AdmissionHandle {

@@ -2,12 +2,13 @@
 -- every concurrency scope and reserve in every budget scope, all or nothing.
 --
 -- ARGV: prefix, now (0 = Redis TIME), request id, ttl, retention, token_deny (0/1), n_rate,
---       n_lease, n_budget, price "in,cached,out", expired usage "in,cached,out",
---       then per rate scope: key, limit, window; per lease scope: key, limit;
+--       n_lease, n_budget, price "in,cached,out", expired usage "in,cached,out", n_kill, the
+--       kill-switch targets, then per rate scope: key, limit, window; per lease scope: key, limit;
 --       per budget scope: key, limit, unit (t|m), period length (0 = month), period label, amount.
 -- KEYS: every key touched: ticket, finished, then the scopes' keys in ARGV order.
 -- Returns {'admit', expires_at, quota values...} | {'deny', reason, scope index, remaining,
---         retry_after (-1 none), reset (-1 none)} | {'token'} | {'dup'}.
+--         retry_after (-1 none), reset (-1 none)} | {'token'} | {'dup'} | {'killed', target, reason}.
+-- v2: the kill switch (P:kill), checked before anything is counted.
 
 local now = store_now(ARGV[2])
 local id, ttl, retention = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -15,13 +16,23 @@ local token_deny = ARGV[6] == '1'
 local n_rate, n_lease, n_budget = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 sweep(now, 16, retention)
 
+local n_kill = tonumber(ARGV[12])
+if n_kill > 0 then
+  local targets = {}
+  for i = 1, n_kill do targets[i] = ARGV[12 + i] end
+  local reasons = redis.call('HMGET', PREFIX .. ':kill', unpack(targets))
+  for i = 1, n_kill do
+    if reasons[i] then return {'killed', targets[i], reasons[i]} end
+  end
+end
+
 local tkey = PREFIX .. ':t:' .. id
 if redis.call('EXISTS', tkey, PREFIX .. ':f:' .. id) > 0 then
   return {'dup'}
 end
 
 local quotas = {}
-local a = 12
+local a = 13 + n_kill
 -- 1. Rate: every attempt counts in every rate scope.
 local rate_fail = nil
 for i = 1, n_rate do
