@@ -51,9 +51,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             demo,
             listen,
         } => {
-            let (text, sim) = match (config, demo) {
+            let (text, sim) = match (&config, demo) {
                 (Some(path), _) => (
-                    std::fs::read_to_string(&path)
+                    std::fs::read_to_string(path)
                         .with_context(|| format!("reading {}", path.display()))?,
                     None,
                 ),
@@ -70,6 +70,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .await
                 .with_context(|| format!("listening on {}", cfg.listen))?;
             let addr = listener.local_addr()?;
+            let store = tollgate_gateway::start_store(&cfg).await?;
+            let records = cfg.records.clone();
+            let mut gw = tollgate_gateway::proxy::Gateway::new(cfg, store);
+            if let Some(path) = config {
+                gw = gw.with_config_path(path);
+            }
+            if let Some(r) = records {
+                gw = gw.with_records(tollgate_gateway::records::RecordSink::open(&r)?);
+            }
             match &sim {
                 Some(sim) => write!(out, "{}", demo::banner(addr, &sim.base_url()))?,
                 None => writeln!(out, "tollgate: serving on http://{addr}")?,
@@ -78,7 +87,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let shutdown = async {
                 let _ = tokio::signal::ctrl_c().await;
             };
-            tollgate_gateway::serve(cfg, listener, shutdown).await?;
+            tollgate_gateway::serve_with(gw, listener, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Replay {

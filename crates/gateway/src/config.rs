@@ -40,6 +40,29 @@ pub struct RawConfig {
     /// Decision records.
     #[serde(default)]
     pub records: RawRecords,
+    /// The admin API.
+    pub admin: Option<RawAdmin>,
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// Its own listener, e.g. `127.0.0.1:8081`.
+    pub listen: String,
+    /// Environment variable holding the bearer token.
+    pub token_env: Option<String>,
+    /// File holding the bearer token (e.g. a mounted secret); give this or `token_env`.
+    pub token_file: Option<String>,
+}
+
+/// The admin API's settings.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// The bearer token.
+    pub token: String,
 }
 
 /// `[records]`
@@ -166,6 +189,8 @@ pub struct GatewayConfig {
     pub queue: Option<QueueConfig>,
     /// Decision records: `-` or a file path.
     pub records: Option<String>,
+    /// The admin API.
+    pub admin: Option<AdminConfig>,
 }
 
 /// Where counters live.
@@ -416,6 +441,39 @@ impl GatewayConfig {
             policy,
             queue,
             records: raw.records.path,
+            admin: match raw.admin {
+                Some(a) => {
+                    let token = match (&a.token_env, &a.token_file) {
+                        (Some(var), None) => std::env::var(var).map_err(|_| {
+                            err(
+                                "admin.token_env",
+                                format!("environment variable {var} is not set"),
+                            )
+                        })?,
+                        (None, Some(file)) => std::fs::read_to_string(file)
+                            .map_err(|e| err("admin.token_file", format!("reading {file}: {e}")))?
+                            .trim()
+                            .to_owned(),
+                        _ => {
+                            return Err(err("admin", "give exactly one of token_env or token_file"));
+                        }
+                    };
+                    if token.len() < 16 {
+                        return Err(err(
+                            "admin",
+                            "the admin token must be at least 16 characters",
+                        ));
+                    }
+                    Some(AdminConfig {
+                        listen: a
+                            .listen
+                            .parse()
+                            .map_err(|e| err("admin.listen", format!("{e}")))?,
+                        token,
+                    })
+                }
+                None => None,
+            },
         })
     }
 }

@@ -28,6 +28,7 @@
 // `ApiError` is built at most once per request, at the edge: boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+pub mod admin;
 pub mod admission;
 pub mod config;
 pub mod proxy;
@@ -38,4 +39,4 @@ pub mod sse;
 pub mod store;
 
 pub use config::{GatewayConfig, hash_key};
-pub use server::{router, serve, start_store};
+pub use server::{router, serve, serve_with, start_store};

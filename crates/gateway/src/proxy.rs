@@ -35,8 +35,10 @@ const MAX_UPSTREAM_BODY: usize = 64 << 20;
 /// The gateway's shared state.
 #[derive(Debug)]
 pub struct Gateway {
-    /// Configuration.
-    pub config: Arc<GatewayConfig>,
+    /// Configuration; replaced whole on reload (requests keep the snapshot they started with).
+    config: std::sync::RwLock<Arc<GatewayConfig>>,
+    /// Where the configuration was read from, for reloads.
+    config_path: Option<std::path::PathBuf>,
     /// The store.
     pub store: AnyStore,
     counter: TokenCounter,
@@ -84,7 +86,8 @@ impl Gateway {
             RandomState::new().hash_one((std::process::id(), Instant::now()))
         };
         Self {
-            config: Arc::new(config),
+            config: std::sync::RwLock::new(Arc::new(config)),
+            config_path: None,
             store,
             counter: TokenCounter::default(),
             client,
@@ -102,6 +105,39 @@ impl Gateway {
         self
     }
 
+    /// The configuration in force now.
+    pub fn config(&self) -> Arc<GatewayConfig> {
+        match self.config.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Remembers the file the configuration came from, for [`Gateway::reload`].
+    #[must_use]
+    pub fn with_config_path(mut self, path: std::path::PathBuf) -> Self {
+        self.config_path = Some(path);
+        self
+    }
+
+    /// Reads the configuration file again and swaps it in atomically. A file that does not
+    /// validate is refused with the field at fault, and the old configuration stays. The
+    /// listener, store and record settings are fixed at start-up and are not changed.
+    pub fn reload(&self) -> Result<Arc<GatewayConfig>, String> {
+        let path = self
+            .config_path
+            .as_ref()
+            .ok_or("this gateway was not started from a file")?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let new = Arc::new(GatewayConfig::from_toml(&text).map_err(|e| e.to_string())?);
+        match self.config.write() {
+            Ok(mut c) => *c = new.clone(),
+            Err(poisoned) => *poisoned.into_inner() = new.clone(),
+        }
+        Ok(new)
+    }
+
     fn next_id(&self) -> String {
         format!(
             "tg-{:016x}-{:x}",
@@ -111,7 +147,7 @@ impl Gateway {
     }
 
     fn enter_queue(&self, key: &str) -> Option<QueueSlot<'_>> {
-        let q = self.config.queue?;
+        let q = self.config().queue?;
         let mut w = self.queue.waiting.lock().ok()?;
         let n = w.entry(key.to_owned()).or_default();
         if *n >= q.per_key || self.queue.total.load(Ordering::SeqCst) >= q.global as u64 {
@@ -150,7 +186,10 @@ pub async fn handle(
     resp
 }
 
-fn authenticate<'a>(gw: &'a Gateway, headers: &HeaderMap) -> Result<&'a KeyConfig, ApiError> {
+fn authenticate<'a>(
+    cfg: &'a GatewayConfig,
+    headers: &HeaderMap,
+) -> Result<&'a KeyConfig, ApiError> {
     let unauthorized = |m: &str| {
         ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -165,14 +204,13 @@ fn authenticate<'a>(gw: &'a Gateway, headers: &HeaderMap) -> Result<&'a KeyConfi
         .ok_or_else(|| unauthorized("Missing API key: send Authorization: Bearer <key>."))?;
     let key = value.strip_prefix("Bearer ").unwrap_or(value).trim();
     let hash = hash_key(key);
-    gw.config
-        .keys
+    cfg.keys
         .get(hash.trim_start_matches("sha256:"))
         .ok_or_else(|| unauthorized("Incorrect API key provided."))
 }
 
-fn client_ip(gw: &Gateway, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-    if !gw.config.trusted_proxies.contains(&peer) {
+fn client_ip(cfg: &GatewayConfig, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    if !cfg.trusted_proxies.contains(&peer) {
         return peer;
     }
     // The rightmost address that is not a trusted proxy is the client.
@@ -186,12 +224,16 @@ fn client_ip(gw: &Gateway, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
     forwarded
         .into_iter()
         .rev()
-        .find(|ip| !gw.config.trusted_proxies.contains(ip))
+        .find(|ip| !cfg.trusted_proxies.contains(ip))
         .unwrap_or(peer)
 }
 
-async fn read_body(gw: &Gateway, body: Body, headers: &HeaderMap) -> Result<Bytes, ApiError> {
-    let max = gw.config.max_body_bytes;
+async fn read_body(
+    cfg: &GatewayConfig,
+    body: Body,
+    headers: &HeaderMap,
+) -> Result<Bytes, ApiError> {
+    let max = cfg.max_body_bytes;
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -207,7 +249,7 @@ async fn read_body(gw: &Gateway, body: Body, headers: &HeaderMap) -> Result<Byte
     if declared.is_some_and(|n| n > max as u64) {
         return Err(too_large());
     }
-    match tokio::time::timeout(gw.config.body_timeout, Limited::new(body, max).collect()).await {
+    match tokio::time::timeout(cfg.body_timeout, Limited::new(body, max).collect()).await {
         Err(_) => Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "invalid_request_error",
@@ -231,14 +273,15 @@ async fn admit_and_forward(
     req: Request<Body>,
 ) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
-    let key = authenticate(gw, &parts.headers)?;
+    let cfg = gw.config();
+    let key = authenticate(&cfg, &parts.headers)?;
     let peer = parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip())
         .unwrap_or(IpAddr::from([127, 0, 0, 1]));
-    let body = read_body(gw, body, &parts.headers).await?;
-    let policy = &gw.config.policy;
+    let body = read_body(&cfg, body, &parts.headers).await?;
+    let policy = &cfg.policy;
     // Count up to the largest input or total limit of any rule: past it, every such limit is
     // exceeded and the first one in order is reported.
     let count_limit = policy
@@ -254,7 +297,7 @@ async fn admit_and_forward(
             Some(f) => ApiError::invalid("invalid_value", e.to_string()).param(f),
             None => ApiError::invalid("invalid_json", e.to_string()),
         })?;
-    let Some(&upstream_idx) = gw.config.models.get(&count.model) else {
+    let Some(&upstream_idx) = cfg.models.get(&count.model) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
@@ -281,13 +324,13 @@ async fn admit_and_forward(
     }
     if let Some(m) = count
         .max_output_tokens
-        .filter(|m| *m > gw.config.max_output_tokens)
+        .filter(|m| *m > cfg.max_output_tokens)
     {
         return Err(ApiError::invalid(
             "invalid_value",
             format!(
                 "max_tokens {m} is above the largest accepted, {}.",
-                gw.config.max_output_tokens
+                cfg.max_output_tokens
             ),
         )
         .param("max_tokens"));
@@ -314,7 +357,7 @@ async fn admit_and_forward(
         .with(Dimension::Key, key.key_id.clone())
         .with(
             Dimension::Ip,
-            client_ip(gw, peer, &parts.headers).to_string(),
+            client_ip(&cfg, peer, &parts.headers).to_string(),
         )
         .with(Dimension::Model, count.model.clone());
     if let Some(u) = user {
@@ -407,7 +450,7 @@ async fn admit_and_forward(
             _ => {}
         }
     }
-    let upstream = &gw.config.upstreams[upstream_idx];
+    let upstream = &cfg.upstreams[upstream_idx];
     let out_body = serde_json::to_vec(&json).map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -444,8 +487,7 @@ async fn admit_and_forward(
     let mut headers = HeaderMap::new();
     respond::admitted_headers(&mut headers, &admitted);
     let input = count.input_tokens;
-    let up = match tokio::time::timeout(gw.config.upstream_timeout, gw.client.request(up_req)).await
-    {
+    let up = match tokio::time::timeout(cfg.upstream_timeout, gw.client.request(up_req)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             // Never reached the model: nothing to charge.
@@ -563,7 +605,7 @@ async fn admit_and_forward(
     }
 
     let collected = tokio::time::timeout(
-        gw.config.upstream_timeout,
+        cfg.upstream_timeout,
         Limited::new(up.into_body(), MAX_UPSTREAM_BODY).collect(),
     )
     .await;
@@ -628,7 +670,7 @@ async fn admit(
         other => return Ok(other),
     };
     let Some(q) = gw
-        .config
+        .config()
         .queue
         .filter(|_| deny.reason == Reason::ConcurrencyLimit)
     else {
@@ -675,16 +717,16 @@ fn store_error(e: StoreError) -> ApiError {
 
 /// `GET /v1/models`: the models this key may use.
 pub async fn models(State(gw): State<Shared>, req: Request<Body>) -> Response {
-    let key = match authenticate(&gw, req.headers()) {
+    let cfg = gw.config();
+    let key = match authenticate(&cfg, req.headers()) {
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
-    let data: Vec<Value> = gw
-        .config
+    let data: Vec<Value> = cfg
         .models
         .iter()
         .filter(|(m, _)| key.models.as_ref().is_none_or(|ms| ms.contains(m)))
-        .map(|(m, u)| serde_json::json!({"id": m, "object": "model", "owned_by": gw.config.upstreams[*u].name}))
+        .map(|(m, u)| serde_json::json!({"id": m, "object": "model", "owned_by": cfg.upstreams[*u].name}))
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }

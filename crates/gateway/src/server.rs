@@ -62,6 +62,19 @@ pub fn router(gw: Shared) -> Router {
         )
         .route("/v1/models", get(proxy::models))
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(
+                |axum::extract::State(gw): axum::extract::State<Shared>| async move {
+                    match gw.store.ping().await {
+                        Ok(()) => (StatusCode::OK, "ready").into_response(),
+                        Err(e) => crate::respond::store_unavailable()
+                            .param(e.to_string())
+                            .into_response(),
+                    }
+                },
+            ),
+        )
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -90,7 +103,38 @@ pub async fn serve(
     if let Some(sink) = records {
         gw = gw.with_records(sink);
     }
+    serve_with(gw, listener, shutdown).await
+}
+
+/// Serves a gateway built by the caller (e.g. with a config path for reloads): also starts the
+/// admin listener when configured, and reloads the configuration on SIGHUP.
+pub async fn serve_with(
+    gw: Gateway,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let gw = Arc::new(gw);
+    let cfg = gw.config();
+    if let Some(admin) = &cfg.admin {
+        let l = TcpListener::bind(admin.listen).await?;
+        let app = crate::admin::router(gw.clone(), admin.token.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+    }
+    #[cfg(unix)]
+    {
+        let gw = gw.clone();
+        if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    // A bad file is refused and the old configuration stays.
+                    let _ = gw.reload();
+                }
+            });
+        }
+    }
     serve_gateway(gw, listener, shutdown).await
 }
 
@@ -101,8 +145,8 @@ pub async fn serve_gateway(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let app = router(gw.clone());
-    let limit = Arc::new(Semaphore::new(gw.config.max_connections));
-    let header_timeout = gw.config.header_timeout;
+    let limit = Arc::new(Semaphore::new(gw.config().max_connections));
+    let header_timeout = gw.config().header_timeout;
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, peer): (_, SocketAddr) = tokio::select! {

@@ -29,6 +29,16 @@ macro_rules! both {
     };
 }
 
+impl AnyStore {
+    /// Whether the store answers (`/readyz`).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(r) => r.ping().await,
+        }
+    }
+}
+
 impl Store for AnyStore {
     async fn admit(&self, plan: &Plan) -> Result<Decision, StoreError> {
         both!(self, s => s.admit(plan))

@@ -1,0 +1,154 @@
+//! The admin API, on its own listener, behind a bearer token: the kill switch, usage per scope,
+//! and policy reload. Every instance sharing the store sees a kill switch at once (it is checked
+//! inside the atomic admission).
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use serde::Deserialize;
+use serde_json::json;
+use tollgate_core::{Clock, Store, SystemClock};
+
+use crate::proxy::Shared;
+use crate::respond::ApiError;
+
+fn store_failed(e: tollgate_core::StoreError) -> Response {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "store_unavailable",
+        e.to_string(),
+    )
+    .into_response()
+}
+
+/// The admin routes; `token` is required as `Authorization: Bearer`.
+pub fn router(gw: Shared, token: String) -> Router {
+    Router::new()
+        .route("/admin/kill", get(list_kills).post(set_kill))
+        .route("/admin/kill/{target}", delete(clear_kill))
+        .route("/admin/usage", get(usage))
+        .route("/admin/reload", post(reload))
+        .layer(middleware::from_fn(
+            move |headers: HeaderMap, req, next: Next| {
+                let token = token.clone();
+                async move {
+                    let given = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.strip_prefix("Bearer "));
+                    // Constant-time comparison: the token is a secret.
+                    let ok = given.is_some_and(|g| {
+                        g.len() == token.len()
+                            && g.bytes()
+                                .zip(token.bytes())
+                                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                                == 0
+                    });
+                    if !ok {
+                        return ApiError::new(
+                            StatusCode::UNAUTHORIZED,
+                            "invalid_request_error",
+                            "invalid_admin_token",
+                            "Admin token required.",
+                        )
+                        .into_response();
+                    }
+                    next.run(req).await
+                }
+            },
+        ))
+        .with_state(gw)
+}
+
+async fn list_kills(State(gw): State<Shared>) -> Response {
+    match gw.store.kills().await {
+        Ok(k) => axum::Json(json!({"kills": k.into_iter().map(|(t, r)| json!({"target": t, "reason": r})).collect::<Vec<_>>()})).into_response(),
+        Err(e) => store_failed(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct KillRequest {
+    target: String,
+    reason: String,
+}
+
+fn valid_target(t: &str) -> bool {
+    t == "all"
+        || ["tenant:", "key:", "model:", "user:"]
+            .iter()
+            .any(|p| t.strip_prefix(p).is_some_and(|v| !v.is_empty()))
+}
+
+async fn set_kill(State(gw): State<Shared>, axum::Json(k): axum::Json<KillRequest>) -> Response {
+    if !valid_target(&k.target) {
+        return ApiError::invalid(
+            "invalid_value",
+            "target must be all, tenant:<id>, key:<id>, model:<name> or user:<id>",
+        )
+        .param("target")
+        .into_response();
+    }
+    match gw.store.set_kill(&k.target, Some(&k.reason)).await {
+        Ok(()) => axum::Json(json!({"target": k.target, "reason": k.reason, "killed": true}))
+            .into_response(),
+        Err(e) => store_failed(e),
+    }
+}
+
+async fn clear_kill(State(gw): State<Shared>, Path(target): Path<String>) -> Response {
+    match gw.store.set_kill(&target, None).await {
+        Ok(()) => axum::Json(json!({"target": target, "killed": false})).into_response(),
+        Err(e) => store_failed(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct UsageQuery {
+    /// A scope's storage id, `rule|key`, e.g. `tenant|tenant:acme`.
+    scope: String,
+}
+
+async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Response {
+    let cfg = gw.config();
+    let rule_name = q.scope.split('|').next().unwrap_or("");
+    let Some(rule) = cfg.policy.scopes.iter().find(|r| &*r.name == rule_name) else {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "unknown_scope",
+            format!("No rule named {rule_name:?}."),
+        )
+        .param("scope")
+        .into_response();
+    };
+    let period = rule.budget.map(|b| b.period);
+    match gw.store.usage(&q.scope, period).await {
+        Ok(u) => {
+            let mut body = json!({"scope": q.scope, "policy_version": &*cfg.policy.version, "settled": u.settled, "reserved": u.reserved, "leases": u.leases});
+            if let Some(b) = rule.budget {
+                let (_, _, end) = b.period.at(SystemClock.now());
+                body["budget"] = json!({"limit": b.limit.get(), "unit": b.unit.as_str(),
+                    "remaining": b.limit.get().saturating_sub(u.settled + u.reserved),
+                    "resets_in_ms": end.saturating_sub(SystemClock.now())});
+            }
+            if let Some(c) = rule.concurrency {
+                body["concurrency_limit"] = json!(c.limit.get());
+            }
+            axum::Json(body).into_response()
+        }
+        Err(e) => store_failed(e),
+    }
+}
+
+async fn reload(State(gw): State<Shared>) -> Response {
+    match gw.reload() {
+        Ok(cfg) => axum::Json(json!({"reloaded": true, "policy_version": &*cfg.policy.version}))
+            .into_response(),
+        Err(e) => ApiError::invalid("invalid_config", e).into_response(),
+    }
+}
