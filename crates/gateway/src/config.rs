@@ -455,7 +455,10 @@ impl GatewayConfig {
                             .trim()
                             .to_owned(),
                         _ => {
-                            return Err(err("admin", "give exactly one of token_env or token_file"));
+                            return Err(err(
+                                "admin",
+                                "give exactly one of token_env or token_file",
+                            ));
                         }
                     };
                     if token.len() < 16 {

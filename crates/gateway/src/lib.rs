@@ -37,6 +37,7 @@ pub mod respond;
 pub mod server;
 pub mod sse;
 pub mod store;
+pub mod telemetry;
 
 pub use config::{GatewayConfig, hash_key};
 pub use server::{router, serve, serve_with, start_store};

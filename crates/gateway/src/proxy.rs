@@ -63,6 +63,7 @@ struct QueueSlot<'a> {
 
 impl Drop for QueueSlot<'_> {
     fn drop(&mut self) {
+        crate::telemetry::queue_waiting(-1.0);
         self.q.total.fetch_sub(1, Ordering::SeqCst);
         if let Ok(mut w) = self.q.waiting.lock() {
             if let Some(n) = w.get_mut(&self.key) {
@@ -158,6 +159,7 @@ impl Gateway {
         }
         *n += 1;
         self.queue.total.fetch_add(1, Ordering::SeqCst);
+        crate::telemetry::queue_waiting(1.0);
         Some(QueueSlot {
             q: &self.queue,
             key: key.to_owned(),
@@ -416,6 +418,7 @@ async fn admit_and_forward(
         }
     };
     let mut ticket = Ticket::new(gw.store.clone(), id.to_owned());
+    ticket.track(p.estimate_tokens(), p.price);
     if let Some(sink) = &gw.records {
         let mut r = DecisionRecord::new(now_ms, &p, &Decision::Admit(admitted.clone()));
         r.decision_us = Some(decision_us);
@@ -487,9 +490,14 @@ async fn admit_and_forward(
     let mut headers = HeaderMap::new();
     respond::admitted_headers(&mut headers, &admitted);
     let input = count.input_tokens;
+    let sent = Instant::now();
     let up = match tokio::time::timeout(cfg.upstream_timeout, gw.client.request(up_req)).await {
-        Ok(Ok(r)) => r,
+        Ok(Ok(r)) => {
+            crate::telemetry::upstream(r.status().as_u16(), sent.elapsed().as_secs_f64());
+            r
+        }
         Ok(Err(e)) => {
+            crate::telemetry::upstream_failed("unreachable");
             // Never reached the model: nothing to charge.
             let _ = ticket.release(Some(Usage::default())).await;
             return Err(ApiError::new(
@@ -500,6 +508,7 @@ async fn admit_and_forward(
             ));
         }
         Err(_) => {
+            crate::telemetry::upstream_failed("timeout");
             // The upstream may have done the work: charge what the policy says.
             let _ = ticket.release(None).await;
             return Err(ApiError::new(
@@ -664,7 +673,7 @@ async fn admit(
     p: &mut tollgate_core::Plan,
     key_id: &str,
 ) -> Result<Decision, ApiError> {
-    let first = gw.store.admit(p).await.map_err(store_error)?;
+    let first = timed_admit(gw, p).await?;
     let deny = match first {
         Decision::Deny(d) => d,
         other => return Ok(other),
@@ -680,18 +689,39 @@ async fn admit(
         return Ok(Decision::Deny(deny));
     };
     p.rate.clear();
-    let deadline = Instant::now() + q.max_wait;
+    let entered = Instant::now();
+    let deadline = entered + q.max_wait;
     let mut wait = Duration::from_millis(5);
     let mut last = deny;
     while Instant::now() + wait <= deadline {
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_millis(50));
-        match gw.store.admit(p).await.map_err(store_error)? {
+        match timed_admit(gw, p).await? {
             Decision::Deny(d) if d.reason == Reason::ConcurrencyLimit => last = d,
-            other => return Ok(other),
+            other => {
+                crate::telemetry::queue_wait(
+                    entered.elapsed().as_secs_f64(),
+                    matches!(other, Decision::Admit(_)),
+                );
+                return Ok(other);
+            }
         }
     }
+    crate::telemetry::queue_wait(entered.elapsed().as_secs_f64(), false);
     Ok(Decision::Deny(last))
+}
+
+async fn timed_admit(gw: &Gateway, p: &tollgate_core::Plan) -> Result<Decision, ApiError> {
+    let t = Instant::now();
+    let r = gw.store.admit(p).await;
+    crate::telemetry::store_call("admit", t.elapsed().as_secs_f64(), r.is_ok());
+    let d = r.map_err(store_error)?;
+    match &d {
+        Decision::Admit(_) => crate::telemetry::decision("admit", ""),
+        Decision::Deny(x) => crate::telemetry::decision(x.reason.code(), x.scope.rule()),
+        Decision::Killed(_) => crate::telemetry::decision("kill_switch", ""),
+    }
+    Ok(d)
 }
 
 fn unreachable_admit() -> ApiError {
@@ -729,4 +759,39 @@ pub async fn models(State(gw): State<Shared>, req: Request<Body>) -> Response {
         .map(|(m, u)| serde_json::json!({"id": m, "object": "model", "owned_by": cfg.upstreams[*u].name}))
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics(State(gw): State<Shared>) -> Response {
+    let cfg = gw.config();
+    crate::telemetry::scrape_gauges(gw.records.as_ref().map_or(0, RecordSink::dropped));
+    // Budget remaining for the operator's fixed scopes: global ones and fully matched ones.
+    for rule in &cfg.policy.scopes {
+        let Some(b) = rule.budget else { continue };
+        let mut identity = Identity::default();
+        for (d, v) in &rule.matches {
+            identity = identity.with(*d, v.clone());
+        }
+        let Some(scope) = tollgate_core::ScopeKey::derive(&rule.name, &rule.dims, &identity) else {
+            continue;
+        };
+        if let Ok(u) = gw.store.usage(scope.id(), Some(b.period)).await {
+            crate::telemetry::budget_remaining(
+                scope.id(),
+                b.unit.as_str(),
+                b.limit.get(),
+                b.limit.get().saturating_sub(u.settled + u.reserved),
+            );
+        }
+    }
+    match crate::telemetry::handle() {
+        Some(h) => ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response(),
+        None => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "metrics_unavailable",
+            "No metrics recorder.",
+        )
+        .into_response(),
+    }
 }

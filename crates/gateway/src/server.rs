@@ -47,6 +47,8 @@ pub async fn start_store(config: &GatewayConfig) -> std::io::Result<AnyStore> {
 
 /// The routes over a gateway.
 pub fn router(gw: Shared) -> Router {
+    // Install the recorder before the first request records anything.
+    let _ = crate::telemetry::handle();
     Router::new()
         .route(
             "/v1/chat/completions",
@@ -62,6 +64,7 @@ pub fn router(gw: Shared) -> Router {
         )
         .route("/v1/models", get(proxy::models))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(proxy::metrics))
         .route(
             "/readyz",
             get(

@@ -77,6 +77,8 @@ pub struct Ticket {
     ended: bool,
     renewer: Option<tokio::task::JoinHandle<()>>,
     record: Option<Box<Recording>>,
+    in_flight: Option<crate::telemetry::InFlightGuard>,
+    price: Option<tollgate_core::policy::Price>,
 }
 
 /// A request's decision record, completed and written when the ticket ends.
@@ -100,6 +102,25 @@ impl Ticket {
             ended: false,
             renewer: None,
             record: None,
+            in_flight: None,
+            price: None,
+        }
+    }
+
+    /// Counts the request in the in-flight metrics until it ends, and prices its settlement.
+    pub fn track(&mut self, estimate_tokens: u64, price: Option<tollgate_core::policy::Price>) {
+        self.in_flight = Some(crate::telemetry::InFlightGuard::new(estimate_tokens));
+        self.price = price;
+    }
+
+    fn count_usage(&self, usage: Option<&Usage>) {
+        match usage {
+            Some(u) => crate::telemetry::settled(
+                u.input_tokens,
+                u.output_tokens,
+                self.price.map(|p| p.cost(u)),
+            ),
+            None => crate::telemetry::abandoned(),
         }
     }
 
@@ -156,6 +177,8 @@ impl Ticket {
         self.ended = true;
         self.stop_renewing();
         let f = self.store.settle(&self.id, usage).await;
+        self.count_usage(Some(&usage));
+        self.in_flight = None;
         self.write_record("settled", Some(&f));
         f
     }
@@ -165,6 +188,8 @@ impl Ticket {
         self.ended = true;
         self.stop_renewing();
         let f = self.store.release(&self.id, usage).await;
+        self.count_usage(usage.as_ref());
+        self.in_flight = None;
         self.write_record("released", Some(&f));
         f
     }
@@ -183,6 +208,7 @@ impl Drop for Ticket {
             return;
         }
         self.write_record("abandoned", None);
+        self.count_usage(self.partial.as_ref());
         let (store, id, usage) = (
             self.store.clone(),
             std::mem::take(&mut self.id),

@@ -728,3 +728,100 @@ budget = { tokens = 100000, period = "day" }
     );
     assert_eq!(deny["policy_version"], "unversioned");
 }
+
+/// `/metrics` in Prometheus format: decisions by reason and rule, in-flight and unsettled
+/// gauges, settled tokens, store and upstream latency histograms, and the remaining budget of a
+/// global scope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_report_decisions_latency_and_budget() {
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+requests = { limit = 2, window = "1m" }
+[[scopes]]
+name = "everyone"
+key = "global"
+budget = { tokens = 100000, period = "day" }
+"#;
+    let env = env(false, policy, "", SimConfig::default()).await;
+    for _ in 0..3 {
+        send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
+    }
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let r = client
+        .request(
+            Request::get(format!("http://{}/metrics", env.addr))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text =
+        String::from_utf8_lossy(&r.into_body().collect().await.unwrap().to_bytes()).into_owned();
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+            .to_owned()
+    };
+    let value = |prefix: &str| {
+        line(prefix)
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    assert_eq!(value("tollgate_decisions_total{decision=\"admit\""), 2.0);
+    assert_eq!(
+        value("tollgate_decisions_total{decision=\"request_rate_limit\",rule=\"tenant\"}"),
+        1.0
+    );
+    assert_eq!(value("tollgate_in_flight"), 0.0);
+    assert_eq!(value("tollgate_reserved_unsettled_tokens"), 0.0);
+    assert_eq!(
+        value("tollgate_settled_tokens_total{kind=\"output\"}"),
+        10.0
+    );
+    assert!(line("tollgate_store_call_seconds_bucket{op=\"admit\",le=\"0.001\"}").len() > 10);
+    assert!(line("tollgate_upstream_seconds_bucket").contains("le="));
+    assert_eq!(
+        value("tollgate_upstream_responses_total{status=\"2xx\"}"),
+        2.0
+    );
+    let settled_total = value("tollgate_settled_tokens_total{kind=\"input\"}") + 10.0;
+    assert_eq!(
+        value("tollgate_budget_remaining{scope=\"everyone|global\",unit=\"tokens\"}"),
+        100000.0 - settled_total
+    );
+}
+
+/// Every metric the Grafana dashboard (`deploy/grafana-dashboard.json`) queries exists in the
+/// code, so the dashboard cannot drift into showing nothing.
+#[test]
+fn the_dashboard_only_uses_metrics_the_gateway_exports() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dash = std::fs::read_to_string(root.join("deploy/grafana-dashboard.json")).unwrap();
+    let code = std::fs::read_to_string(root.join("crates/gateway/src/telemetry.rs")).unwrap();
+    let mut names: Vec<&str> = dash
+        .match_indices("tollgate_")
+        .map(|(i, _)| {
+            let rest = &dash[i..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let name = &rest[..end];
+            name.strip_suffix("_bucket").unwrap_or(name)
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    assert!(names.len() >= 10, "{names:?}");
+    for n in names {
+        assert!(
+            code.contains(&format!("\"{n}\"")),
+            "the dashboard uses {n}, which the gateway does not export"
+        );
+    }
+}

@@ -1,0 +1,154 @@
+//! Prometheus metrics. Labels are low-cardinality on purpose: reason codes, rule names, status
+//! classes, never tenant or user ids (except the operator's configured scopes in the
+//! budget-remaining gauge).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Seconds: store calls and queue waits are short, upstream calls long.
+const FAST: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+const SLOW: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// The process's metrics renderer (installed once; every gateway in the process shares it).
+pub fn handle() -> Option<&'static PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("store_call_seconds".into()), FAST)
+                .ok()?
+                .set_buckets_for_metric(Matcher::Suffix("queue_wait_seconds".into()), FAST)
+                .ok()?
+                .set_buckets_for_metric(Matcher::Suffix("upstream_seconds".into()), SLOW)
+                .ok()?;
+            builder.install_recorder().ok()
+        })
+        .as_ref()
+}
+
+/// Admitted requests not yet ended, by id, with when they were admitted and what they reserved.
+#[derive(Debug, Default)]
+struct InFlight {
+    next: AtomicU64,
+    map: Mutex<BTreeMap<(Instant, u64), u64>>,
+}
+
+fn in_flight() -> &'static InFlight {
+    static IN_FLIGHT: OnceLock<InFlight> = OnceLock::new();
+    IN_FLIGHT.get_or_init(InFlight::default)
+}
+
+/// Held by a ticket while its request is in flight.
+#[derive(Debug)]
+pub struct InFlightGuard {
+    key: (Instant, u64),
+}
+
+impl InFlightGuard {
+    /// Tracks a request that reserved `estimate_tokens`.
+    pub fn new(estimate_tokens: u64) -> Self {
+        let f = in_flight();
+        let key = (Instant::now(), f.next.fetch_add(1, Ordering::Relaxed));
+        if let Ok(mut m) = f.map.lock() {
+            m.insert(key, estimate_tokens);
+        }
+        Self { key }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if let Ok(mut m) = in_flight().map.lock() {
+            m.remove(&self.key);
+        }
+    }
+}
+
+/// A decision was made.
+pub fn decision(code: &'static str, rule: &str) {
+    counter!("tollgate_decisions_total", "decision" => code, "rule" => rule.to_owned())
+        .increment(1);
+}
+
+/// A store call took `seconds`, or failed.
+pub fn store_call(op: &'static str, seconds: f64, ok: bool) {
+    histogram!("tollgate_store_call_seconds", "op" => op).record(seconds);
+    if !ok {
+        counter!("tollgate_store_errors_total", "op" => op).increment(1);
+    }
+}
+
+/// The upstream answered with `status` after `seconds` (to the response headers).
+pub fn upstream(status: u16, seconds: f64) {
+    let class = match status {
+        200..=299 => "2xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "other",
+    };
+    counter!("tollgate_upstream_responses_total", "status" => class).increment(1);
+    histogram!("tollgate_upstream_seconds").record(seconds);
+}
+
+/// The upstream could not be reached or timed out.
+pub fn upstream_failed(kind: &'static str) {
+    counter!("tollgate_upstream_failures_total", "kind" => kind).increment(1);
+}
+
+/// Tokens and money settled.
+pub fn settled(input: u64, output: u64, micro_usd: Option<u64>) {
+    counter!("tollgate_settled_tokens_total", "kind" => "input").increment(input);
+    counter!("tollgate_settled_tokens_total", "kind" => "output").increment(output);
+    if let Some(m) = micro_usd {
+        counter!("tollgate_settled_micro_usd_total").increment(m);
+    }
+}
+
+/// A request ended without usage from this instance (its lease expires; the policy charges).
+pub fn abandoned() {
+    counter!("tollgate_abandoned_total").increment(1);
+}
+
+/// Queue entry and wait.
+pub fn queue_waiting(delta: f64) {
+    gauge!("tollgate_queue_waiting").increment(delta);
+}
+
+/// How long a request waited in the queue.
+pub fn queue_wait(seconds: f64, admitted: bool) {
+    histogram!("tollgate_queue_wait_seconds", "outcome" => if admitted { "admitted" } else { "refused" }).record(seconds);
+}
+
+/// Sets the gauges computed at scrape time.
+pub fn scrape_gauges(records_dropped: u64) {
+    let (n, reserved, oldest) = match in_flight().map.lock() {
+        Ok(m) => (
+            m.len() as f64,
+            m.values().sum::<u64>() as f64,
+            m.keys()
+                .next()
+                .map_or(0.0, |(t, _)| t.elapsed().as_secs_f64()),
+        ),
+        Err(_) => (0.0, 0.0, 0.0),
+    };
+    gauge!("tollgate_in_flight").set(n);
+    gauge!("tollgate_reserved_unsettled_tokens").set(reserved);
+    gauge!("tollgate_oldest_unsettled_seconds").set(oldest);
+    gauge!("tollgate_records_dropped").set(records_dropped as f64);
+}
+
+/// The remaining budget of an operator-configured scope.
+pub fn budget_remaining(scope: &str, unit: &'static str, limit: u64, remaining: u64) {
+    gauge!("tollgate_budget_limit", "scope" => scope.to_owned(), "unit" => unit).set(limit as f64);
+    gauge!("tollgate_budget_remaining", "scope" => scope.to_owned(), "unit" => unit)
+        .set(remaining as f64);
+}
