@@ -1,0 +1,156 @@
+//! Several gateway processes, one Redis, one upstream: the upstream's own counts prove that the
+//! concurrency limit and the budget held across instances. Larger runs: `bench/multi-instance.sh`
+//! (sets `TOLLGATE_MI_INSTANCES` and `TOLLGATE_MI_REQUESTS`).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
+
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+use tollgate_sim::{Sim, SimConfig};
+use tollgate_testkit::redis_server::RedisServer;
+
+const CONCURRENCY: u64 = 4;
+const BUDGET: u64 = 800;
+
+struct Instance(Child);
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_instance(config: &std::path::Path) -> (Instance, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line.trim().rsplit(' ').next().unwrap().to_owned();
+    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
+    (Instance(child), url)
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_sharing_redis_never_exceed_limits_as_the_upstream_sees_it() {
+    let instances = env_or("TOLLGATE_MI_INSTANCES", 3);
+    let requests = env_or("TOLLGATE_MI_REQUESTS", 240);
+    let sim = Sim::start(SimConfig {
+        latency: Duration::from_millis(20),
+        token_delay: Duration::from_millis(1),
+        output_tokens: 30,
+        api_key: None,
+    })
+    .await
+    .unwrap();
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"{}\"\nprefix = \"mi\"\ncall_timeout = \"2s\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+             [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = {{ limit = {CONCURRENCY}, lease_ttl = \"30s\" }}\n\
+             budget = {{ tokens = {BUDGET}, period = \"400d\" }}\n",
+            redis.url(),
+            sim.base_url(),
+            tollgate_gateway::hash_key("sk-mi")
+        ),
+    )
+    .unwrap();
+    let started: Vec<(Instance, String)> =
+        (0..instances).map(|_| start_instance(&config)).collect();
+    let urls: Arc<Vec<String>> = Arc::new(started.iter().map(|(_, u)| u.clone()).collect());
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    // 8 workers, each sending its share one after another: steady pressure on the slots until
+    // the budget runs out.
+    let workers = 8;
+    let tasks: Vec<_> = (0..workers)
+        .map(|w| {
+            let (client, urls) = (client.clone(), urls.clone());
+            tokio::spawn(async move {
+                let mut results = Vec::new();
+                for i in (w..requests).step_by(workers) {
+                    let body = json!({"model": "gpt-4o", "max_tokens": 40, "stream": i % 2 == 0,
+                        "messages": [{"role": "user", "content": format!("request {i}")}]});
+                    let req =
+                        Request::post(format!("{}/v1/chat/completions", urls[i % urls.len()]))
+                            .header("authorization", "Bearer sk-mi")
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from(body.to_string())))
+                            .unwrap();
+                    let r = client.request(req).await.unwrap();
+                    let status = r.status().as_u16();
+                    let bytes = r.into_body().collect().await.unwrap().to_bytes();
+                    let code = serde_json::from_slice::<serde_json::Value>(&bytes)
+                        .ok()
+                        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    results.push((status, code));
+                }
+                results
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let (mut conc, mut budget) = (0, 0);
+    for t in tasks {
+        for r in t.await.unwrap() {
+            match r {
+                (200, _) => ok += 1,
+                (429, c) if c == "concurrency_limit" => conc += 1,
+                (429, c) if c == "budget_limit" => budget += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    let stats = sim.stats();
+    let max_in_flight = stats.max_in_flight.values().copied().max().unwrap_or(0);
+    let served = stats.prompt_tokens + stats.completion_tokens;
+    eprintln!(
+        "{instances} instances, {requests} requests: {ok} served, {conc} concurrency refusals, {budget} budget refusals; \
+         upstream saw at most {max_in_flight} at once (limit {CONCURRENCY}) and served {served} tokens (budget {BUDGET})"
+    );
+    assert!(
+        max_in_flight <= CONCURRENCY,
+        "the upstream saw {max_in_flight} at once"
+    );
+    assert!(served <= BUDGET, "the upstream served {served} tokens");
+    assert_eq!(
+        stats.completed, ok as u64,
+        "every 200 was one completed upstream request"
+    );
+    assert!(
+        ok > 10 && conc > 0 && budget > 0,
+        "both limits were reached: {ok} ok, {conc} conc, {budget} budget"
+    );
+    drop(started);
+}
