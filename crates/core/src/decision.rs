@@ -123,6 +123,9 @@ pub struct Admitted {
     pub expires_at: Millis,
     /// The remaining quota of every limited scope, in control order.
     pub quotas: Vec<Quota>,
+    /// Admitted without the store (it was unreachable and the policy lets every control this
+    /// request is subject to fail open): nothing reserved, nothing to settle.
+    pub fail_open: bool,
 }
 
 /// A request stopped by the kill switch: nothing counted, nothing held.

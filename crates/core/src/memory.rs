@@ -500,6 +500,7 @@ impl State {
             max_output_tokens: plan.max_output_tokens,
             expires_at,
             quotas,
+            fail_open: false,
         }))
     }
 }

@@ -83,6 +83,8 @@ pub struct Plan {
     pub price: Option<Price>,
     /// What expiry or an abandoned request costs, as usage to charge.
     pub expired_usage: Usage,
+    /// Whether every stateful control this request is subject to may fail open.
+    pub fail_open: bool,
     /// Kill-switch targets this request falls under: `all`, then `tenant:`, `key:`, `model:`,
     /// `user:` where known.
     pub kill_targets: Vec<String>,
@@ -125,7 +127,7 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
         .collect();
     let rule = |i: usize| &policy.scopes[i];
 
-    let rate = scopes
+    let rate: Vec<RateCheck> = scopes
         .iter()
         .filter_map(|(i, k)| {
             rule(*i).requests.map(|r| RateCheck {
@@ -191,7 +193,7 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
             })
         });
 
-    let concurrency = scopes
+    let concurrency: Vec<ConcurrencyCheck> = scopes
         .iter()
         .filter_map(|(i, k)| {
             rule(*i).concurrency.map(|c| ConcurrencyCheck {
@@ -245,6 +247,7 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
         crate::policy::ExpiredCharge::None => Usage::default(),
     };
 
+    let rate_empty = rate.is_empty();
     let mut kill_targets = vec!["all".to_owned()];
     for d in [
         Dimension::Tenant,
@@ -256,7 +259,12 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
             kill_targets.push(format!("{d}:{v}"));
         }
     }
+    let open = |r: Reason| policy.fail_open.contains(&r);
+    let fail_open = (rate_empty || open(Reason::RequestRateLimit))
+        && (concurrency.is_empty() || open(Reason::ConcurrencyLimit))
+        && (budget.is_empty() || open(Reason::BudgetLimit));
     Ok(Plan {
+        fail_open,
         kill_targets,
         request_id: facts.request_id.clone(),
         policy_version: policy.version.clone(),

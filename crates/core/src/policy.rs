@@ -48,6 +48,10 @@ pub struct RawPolicy {
     pub reservation_ttl: Option<String>,
     /// What an expired reservation costs: `full` (default), `input`, or `none`.
     pub expired_reservation_charge: Option<String>,
+    /// Stateful controls allowed to fail open when the store cannot be reached
+    /// (`request_rate_limit`, `concurrency_limit`, `budget_limit`); default: none (fail closed).
+    #[serde(default)]
+    pub fail_open: Vec<String>,
     /// Prices per model, in micro-units per million tokens.
     #[serde(default)]
     pub prices: BTreeMap<String, RawPrice>,
@@ -155,6 +159,8 @@ pub struct PolicyInner {
     pub reservation_ttl: NonZeroU64,
     /// What an expired or abandoned reservation costs.
     pub expired_charge: ExpiredCharge,
+    /// Controls allowed to fail open when the store is unreachable.
+    pub fail_open: Vec<crate::decision::Reason>,
     /// Prices by model name.
     pub prices: BTreeMap<String, Price>,
     /// The rules, in order.
@@ -326,6 +332,19 @@ impl Policy {
                 ));
             }
         };
+        let mut fail_open = Vec::new();
+        for (i, code) in raw.fail_open.iter().enumerate() {
+            let path = format!("{root}.fail_open[{i}]");
+            let r = crate::decision::Reason::from_code(code)
+                .ok_or_else(|| PolicyError::new(&path, format!("unknown control {code:?}")))?;
+            if !r.is_retryable() {
+                return Err(PolicyError::new(
+                    path,
+                    "token limits need no store and never fail open; only request_rate_limit, concurrency_limit and budget_limit may",
+                ));
+            }
+            fail_open.push(r);
+        }
         let mut prices = BTreeMap::new();
         for (model, p) in raw.prices {
             let path = format!("{root}.prices.{model:?}");
@@ -362,6 +381,7 @@ impl Policy {
             default_max_output_tokens,
             reservation_ttl,
             expired_charge,
+            fail_open,
             prices,
             scopes,
         })))
@@ -381,6 +401,7 @@ impl Policy {
                 default_max_output_tokens: NonZeroU64::MAX,
                 reservation_ttl: NonZeroU64::MAX,
                 expired_charge: ExpiredCharge::Full,
+                fail_open: Vec::new(),
                 prices: BTreeMap::new(),
                 scopes: Vec::new(),
             }))

@@ -48,6 +48,9 @@ pub struct DecisionRecord {
     /// reached the store from this instance; the lease expires).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ending: Option<&'static str>,
+    /// Admitted without the store (fail open).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub fail_open: bool,
 }
 
 impl DecisionRecord {
@@ -81,6 +84,7 @@ impl DecisionRecord {
             decision_us: None,
             upstream_ms: None,
             ending: None,
+            fail_open: matches!(decision, Decision::Admit(a) if a.fail_open),
         }
     }
 

@@ -417,7 +417,11 @@ async fn admit_and_forward(
             });
         }
     };
-    let mut ticket = Ticket::new(gw.store.clone(), id.to_owned());
+    let mut ticket = if admitted.fail_open {
+        Ticket::detached(gw.store.clone(), id.to_owned())
+    } else {
+        Ticket::new(gw.store.clone(), id.to_owned())
+    };
     ticket.track(p.estimate_tokens(), p.price);
     if let Some(sink) = &gw.records {
         let mut r = DecisionRecord::new(now_ms, &p, &Decision::Admit(admitted.clone()));
@@ -715,7 +719,24 @@ async fn timed_admit(gw: &Gateway, p: &tollgate_core::Plan) -> Result<Decision, 
     let t = Instant::now();
     let r = gw.store.admit(p).await;
     crate::telemetry::store_call("admit", t.elapsed().as_secs_f64(), r.is_ok());
-    let d = r.map_err(store_error)?;
+    let d = match r {
+        Ok(d) => d,
+        Err(StoreError::Unavailable(_)) if p.token_verdict.is_some() => {
+            // Token limits need no store: refuse as usual.
+            Decision::Deny(p.token_verdict.clone().ok_or_else(unreachable_admit)?)
+        }
+        Err(StoreError::Unavailable(_)) if p.fail_open => {
+            crate::telemetry::fail_open();
+            Decision::Admit(tollgate_core::Admitted {
+                request_id: p.request_id.clone(),
+                max_output_tokens: p.max_output_tokens,
+                expires_at: 0,
+                quotas: Vec::new(),
+                fail_open: true,
+            })
+        }
+        Err(e) => return Err(store_error(e)),
+    };
     match &d {
         Decision::Admit(_) => crate::telemetry::decision("admit", ""),
         Decision::Deny(x) => crate::telemetry::decision(x.reason.code(), x.scope.rule()),

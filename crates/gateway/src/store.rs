@@ -79,6 +79,8 @@ pub struct Ticket {
     record: Option<Box<Recording>>,
     in_flight: Option<crate::telemetry::InFlightGuard>,
     price: Option<tollgate_core::policy::Price>,
+    /// Admitted without the store (fail open): nothing to settle or release there.
+    detached: bool,
 }
 
 /// A request's decision record, completed and written when the ticket ends.
@@ -104,7 +106,16 @@ impl Ticket {
             record: None,
             in_flight: None,
             price: None,
+            detached: false,
         }
+    }
+
+    /// A ticket for a request admitted without the store (fail open): it counts and records
+    /// like any other, but makes no store calls.
+    pub fn detached(store: AnyStore, id: String) -> Self {
+        let mut t = Self::new(store, id);
+        t.detached = true;
+        t
     }
 
     /// Counts the request in the in-flight metrics until it ends, and prices its settlement.
@@ -176,7 +187,11 @@ impl Ticket {
     pub async fn settle(mut self, usage: Usage) -> Result<Finish, StoreError> {
         self.ended = true;
         self.stop_renewing();
-        let f = self.store.settle(&self.id, usage).await;
+        let f = if self.detached {
+            Ok(Finish::Unknown)
+        } else {
+            self.store.settle(&self.id, usage).await
+        };
         self.count_usage(Some(&usage));
         self.in_flight = None;
         self.write_record("settled", Some(&f));
@@ -187,7 +202,11 @@ impl Ticket {
     pub async fn release(mut self, usage: Option<Usage>) -> Result<Finish, StoreError> {
         self.ended = true;
         self.stop_renewing();
-        let f = self.store.release(&self.id, usage).await;
+        let f = if self.detached {
+            Ok(Finish::Unknown)
+        } else {
+            self.store.release(&self.id, usage).await
+        };
         self.count_usage(usage.as_ref());
         self.in_flight = None;
         self.write_record("released", Some(&f));
@@ -209,6 +228,9 @@ impl Drop for Ticket {
         }
         self.write_record("abandoned", None);
         self.count_usage(self.partial.as_ref());
+        if self.detached {
+            return;
+        }
         let (store, id, usage) = (
             self.store.clone(),
             std::mem::take(&mut self.id),

@@ -152,3 +152,8 @@ pub fn budget_remaining(scope: &str, unit: &'static str, limit: u64, remaining: 
     gauge!("tollgate_budget_remaining", "scope" => scope.to_owned(), "unit" => unit)
         .set(remaining as f64);
 }
+
+/// A request admitted without the store because the policy lets its controls fail open.
+pub fn fail_open() {
+    counter!("tollgate_fail_open_total").increment(1);
+}

@@ -825,3 +825,75 @@ fn the_dashboard_only_uses_metrics_the_gateway_exports() {
         );
     }
 }
+
+/// Redis down: a policy that lets every control of a request fail open admits it (counted);
+/// token limits are still enforced; a policy that does not fails closed with 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_is_an_explicit_per_control_choice() {
+    let open = r#"
+fail_open = ["request_rate_limit", "budget_limit"]
+[[scopes]]
+key = "tenant"
+requests = { limit = 100, window = "1m" }
+input_tokens = 50
+budget = { tokens = 100000, period = "day" }
+"#;
+    let mut env_open = env(true, open, "", SimConfig::default()).await;
+    assert_eq!(
+        send(&env_open, "/v1/chat/completions", Some(KEY), chat("hi", 5))
+            .await
+            .status,
+        200
+    );
+    env_open._redis.as_mut().unwrap().kill();
+    let r = send(&env_open, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
+    assert_eq!(
+        r.status,
+        200,
+        "failed open: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let r = send(
+        &env_open,
+        "/v1/chat/completions",
+        Some(KEY),
+        chat(&"word ".repeat(100), 5),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "input_token_limit"),
+        "token limits still hold"
+    );
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let m = client
+        .request(
+            Request::get(format!("http://{}/metrics", env_open.addr))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&m.into_body().collect().await.unwrap().to_bytes()).into_owned();
+    assert!(
+        text.lines().any(|l| l == "tollgate_fail_open_total 1"),
+        "{text}"
+    );
+
+    // The same policy without fail_open: closed.
+    let closed = open.replace("fail_open = [\"request_rate_limit\", \"budget_limit\"]", "");
+    let mut env_closed = env(true, &closed, "", SimConfig::default()).await;
+    env_closed._redis.as_mut().unwrap().kill();
+    let r = send(
+        &env_closed,
+        "/v1/chat/completions",
+        Some(KEY),
+        chat("hi", 5),
+    )
+    .await;
+    assert_eq!((r.status, r.code().as_str()), (503, "store_unavailable"));
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // Only one upstream call was made while a store was down: the fail-open one.
+    assert_eq!(env_closed.sim.stats().requests.values().sum::<u64>(), 0);
+}

@@ -292,6 +292,7 @@ fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, StoreError> {
                 max_output_tokens: plan.max_output_tokens,
                 expires_at,
                 quotas,
+                fail_open: false,
             }))
         }
         "deny" => {
