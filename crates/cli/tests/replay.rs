@@ -229,3 +229,66 @@ fn the_demo_turns_200s_into_429s() {
     child.wait().unwrap();
     assert_eq!(statuses, ["200", "200", "200", "200", "200", "429"]);
 }
+
+/// SIGHUP reloads the configuration file: a bad file is refused and the old policy stays; a
+/// good one applies at once.
+#[test]
+fn sighup_reloads_the_policy() {
+    use std::io::{BufRead, Read, Write};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sim = rt
+        .block_on(tollgate_sim::Sim::start(tollgate_sim::SimConfig::default()))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    let config = |limit: u64| {
+        format!(
+            "[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n[[keys]]\nhash = \"{}\"\ntenant = \"t\"\n\
+             [policy]\nversion = \"v{limit}\"\n[[policy.scopes]]\nkey = \"tenant\"\nrequests = {{ limit = {limit}, window = \"1m\" }}\n",
+            sim.base_url(),
+            tollgate_gateway::hash_key("sk-hup")
+        )
+    };
+    std::fs::write(&path, config(100)).unwrap();
+    let mut child = bin()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().rsplit("http://").next().unwrap().to_owned();
+    let status = || {
+        let body =
+            r#"{"model":"gpt-4o","max_tokens":3,"messages":[{"role":"user","content":"x"}]}"#;
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(s, "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: Bearer sk-hup\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        resp[9..12].to_owned()
+    };
+    let hup = |pid: u32| {
+        assert!(
+            std::process::Command::new("kill")
+                .args(["-HUP", &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    };
+    assert_eq!(status(), "200");
+    // A bad file: refused; the old policy (100 per minute) stays.
+    std::fs::write(&path, config(0)).unwrap();
+    hup(child.id());
+    assert_eq!(status(), "200");
+    // A good file: a rate of 2, already spent by the two requests above.
+    std::fs::write(&path, config(2)).unwrap();
+    hup(child.id());
+    assert_eq!(status(), "429");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
