@@ -59,6 +59,9 @@ pub enum Command {
         /// The body format; detected from its fields when absent.
         #[arg(long, value_enum)]
         format: Option<BodyFormat>,
+        /// Count with this `tokenizer.json` (an open model's own tokenizer).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
     },
     /// Validate a policy file without serving.
     Check {

@@ -10,6 +10,7 @@ pub fn count(
     body: &[u8],
     model: Option<&str>,
     format: Option<BodyFormat>,
+    tokenizer: Option<&std::path::Path>,
 ) -> anyhow::Result<RequestCount> {
     let mut value: serde_json::Value =
         serde_json::from_slice(body).context("the request is not JSON")?;
@@ -31,6 +32,15 @@ pub fn count(
             "cannot tell the format: no `messages`, `prompt` or `input`; pass --format"
         ),
     };
+    let mut counter = TokenCounter::default();
+    if let Some(path) = tokenizer {
+        let name = value["model"].as_str().unwrap_or_default().to_owned();
+        let hf = tollgate_tokens::hf::HfTokenizer::from_file(path).map_err(anyhow::Error::msg)?;
+        counter = counter.with_model(
+            name,
+            tollgate_tokens::Counting::HuggingFace(std::sync::Arc::new(hf)),
+        );
+    }
     let body = serde_json::to_vec(&value)?;
-    Ok(TokenCounter::default().count(format, &body, None)?)
+    Ok(counter.count(format, &body, None)?)
 }

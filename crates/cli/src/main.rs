@@ -149,6 +149,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             model,
             request,
             format,
+            tokenizer,
         } => {
             let body = match request {
                 Some(p) => std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?,
@@ -158,7 +159,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     b
                 }
             };
-            let count = count::count(&body, model.as_deref(), format)?;
+            let count = count::count(&body, model.as_deref(), format, tokenizer.as_deref())?;
             writeln!(out, "{}", serde_json::to_string(&count)?)?;
             Ok(ExitCode::SUCCESS)
         }

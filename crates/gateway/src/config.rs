@@ -42,6 +42,9 @@ pub struct RawConfig {
     pub records: RawRecords,
     /// The admin API.
     pub admin: Option<RawAdmin>,
+    /// How models are counted: `o200k_base`, `cl100k_base`, `estimate`, or a `tokenizer.json`.
+    #[serde(default)]
+    pub tokenizers: BTreeMap<String, String>,
 }
 
 /// `[admin]`
@@ -191,6 +194,8 @@ pub struct GatewayConfig {
     pub records: Option<String>,
     /// The admin API.
     pub admin: Option<AdminConfig>,
+    /// Token counting per model.
+    pub counter: tollgate_tokens::TokenCounter,
 }
 
 /// Where counters live.
@@ -412,7 +417,36 @@ impl GatewayConfig {
             }),
             None => None,
         };
+        let mut counter = tollgate_tokens::TokenCounter::default();
+        for (model, rule) in &raw.tokenizers {
+            let path = format!("tokenizers.{model:?}");
+            let counting = match rule.as_str() {
+                "estimate" => tollgate_tokens::Counting::Estimate,
+                name if tollgate_tokens::Encoding::parse(name).is_some() => {
+                    tollgate_tokens::Counting::Exact(
+                        tollgate_tokens::Encoding::parse(name)
+                            .ok_or_else(|| err(&path, "encoding"))?,
+                    )
+                }
+                file if file.ends_with(".json") => {
+                    tollgate_tokens::Counting::HuggingFace(std::sync::Arc::new(
+                        tollgate_tokens::hf::HfTokenizer::from_file(file)
+                            .map_err(|e| err(&path, e))?,
+                    ))
+                }
+                other => {
+                    return Err(err(
+                        path,
+                        format!(
+                            "expected o200k_base, cl100k_base, estimate or a tokenizer.json path, got {other:?}"
+                        ),
+                    ));
+                }
+            };
+            counter = counter.with_model(model.clone(), counting);
+        }
         Ok(Self {
+            counter,
             listen,
             max_body_bytes,
             header_timeout: duration(

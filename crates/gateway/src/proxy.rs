@@ -655,7 +655,7 @@ async fn admit_and_forward(
         Usage {
             input_tokens: input,
             cached_input_tokens: 0,
-            output_tokens: gw.counter.count_text(&count.model, &text, None).0,
+            output_tokens: cfg.counter.count_text(&count.model, &text, None).0,
         }
     };
     let _ = ticket.settle(usage).await;

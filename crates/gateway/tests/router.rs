@@ -180,3 +180,22 @@ requests = { limit = 1, window = "1m" }
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizers_are_configured_per_model_with_field_errors() {
+    let base = "[[upstreams]]\nname = \"s\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n";
+    for (entry, path) in [
+        ("[tokenizers]\nm = \"p50k\"\n", "tokenizers.\"m\""),
+        (
+            "[tokenizers]\nm = \"/nonexistent/tokenizer.json\"\n",
+            "tokenizers.\"m\"",
+        ),
+    ] {
+        let e = GatewayConfig::from_toml(&format!("{base}{entry}")).unwrap_err();
+        assert_eq!(e.path, path, "{e}");
+    }
+    let c =
+        GatewayConfig::from_toml(&format!("{base}[tokenizers]\nm = \"cl100k_base\"\n")).unwrap();
+    assert_eq!(c.counter.counting_for("m").name(), "cl100k_base");
+    assert_eq!(c.counter.counting_for("other").name(), "estimate");
+}

@@ -30,6 +30,8 @@
 //! ```
 
 mod anthropic;
+#[cfg(feature = "huggingface")]
+pub mod hf;
 mod image;
 mod openai;
 mod tally;
@@ -75,10 +77,13 @@ impl Encoding {
 }
 
 /// How a model's tokens are counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone)]
 pub enum Counting {
     /// Exactly, with this vocabulary.
     Exact(Encoding),
+    /// With the model's own `tokenizer.json`.
+    #[cfg(feature = "huggingface")]
+    HuggingFace(std::sync::Arc<hf::HfTokenizer>),
     /// A conservative estimate for a model with no public tokenizer: the `o200k_base` count
     /// plus a quarter, rounded up. Flagged `exact: false`.
     Estimate,
@@ -86,9 +91,11 @@ pub enum Counting {
 
 impl Counting {
     /// The name reported in counts.
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             Counting::Exact(e) => e.name(),
+            #[cfg(feature = "huggingface")]
+            Counting::HuggingFace(_) => "tokenizer.json",
             Counting::Estimate => "estimate",
         }
     }
@@ -128,7 +135,7 @@ impl TokenCounter {
     /// How `model` is counted: a configured name, else a known family, else an estimate.
     pub fn counting_for(&self, model: &str) -> Counting {
         if let Some(c) = self.overrides.get(model) {
-            return *c;
+            return c.clone();
         }
         PREFIXES
             .iter()

@@ -121,7 +121,7 @@ pub(crate) fn count_chat(
         ));
     }
     let counting = counter.counting_for(&req.model);
-    let mut t = Tally::new(counting, limit);
+    let mut t = Tally::new(counting.clone(), limit);
     for (i, m) in req.messages.iter().enumerate() {
         let path = format!("messages[{i}]");
         t.add(3);
@@ -153,7 +153,7 @@ pub(crate) fn count_chat(
     let tools = req.tools.iter().flatten().map(|raw| (raw, true));
     let functions = req.functions.iter().flatten().map(|raw| (raw, false));
     let mut any_tool = false;
-    let func_init = match counting {
+    let func_init = match &counting {
         Counting::Exact(Encoding::Cl100kBase) => 10,
         _ => 7,
     };
@@ -408,7 +408,7 @@ pub(crate) fn count_completions(
 ) -> Result<RequestCount, RequestError> {
     let req: CompletionRequest<'_> = parse(body)?;
     let counting = counter.counting_for(&req.model);
-    let mut t = Tally::new(counting, limit);
+    let mut t = Tally::new(counting.clone(), limit);
     text_or_tokens(&mut t, req.prompt, "prompt")?;
     let (input_tokens, exact) = t.finish();
     Ok(RequestCount {
@@ -429,7 +429,7 @@ pub(crate) fn count_embeddings(
 ) -> Result<RequestCount, RequestError> {
     let req: EmbeddingRequest<'_> = parse(body)?;
     let counting = counter.counting_for(&req.model);
-    let mut t = Tally::new(counting, limit);
+    let mut t = Tally::new(counting.clone(), limit);
     text_or_tokens(&mut t, req.input, "input")?;
     let (input_tokens, exact) = t.finish();
     Ok(RequestCount {

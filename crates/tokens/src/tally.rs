@@ -14,11 +14,12 @@ pub struct Tally {
 impl Tally {
     /// A tally with this rule and optional limit.
     pub fn new(counting: Counting, limit: Option<u64>) -> Self {
+        let exact = !matches!(counting, Counting::Estimate);
         Self {
             counting,
             limit: limit.unwrap_or(u64::MAX - 1),
             used: 0,
-            exact: matches!(counting, Counting::Exact(_)),
+            exact,
         }
     }
 
@@ -43,13 +44,28 @@ impl Tally {
             return;
         }
         let remaining = self.limit - self.used;
-        // A text needs at least len/128 tokens: beyond that it is over without counting.
-        let at_least = u64::try_from(s.len().div_ceil(MAX_TOKEN_BYTES)).unwrap_or(u64::MAX);
+        // A text needs at least len/longest-token tokens: beyond that it is over without counting.
+        let longest = match &self.counting {
+            #[cfg(feature = "huggingface")]
+            Counting::HuggingFace(h) => h.max_token_bytes,
+            _ => MAX_TOKEN_BYTES,
+        };
+        let at_least = u64::try_from(s.len().div_ceil(longest)).unwrap_or(u64::MAX);
         if at_least > remaining {
             self.used = self.limit + 1;
             return;
         }
-        match self.counting {
+        match &self.counting {
+            #[cfg(feature = "huggingface")]
+            Counting::HuggingFace(h) => match h.count(s) {
+                Some((n, exact)) => {
+                    self.add(n);
+                    if !exact {
+                        self.exact = false;
+                    }
+                }
+                None => self.used = self.limit + 1,
+            },
             Counting::Exact(e) => {
                 let tok = e.tokenizer();
                 let cap = usize::try_from(remaining).unwrap_or(usize::MAX);
