@@ -79,6 +79,9 @@ impl Drop for QueueSlot<'_> {
 impl Gateway {
     /// A gateway over `store`.
     pub fn new(config: GatewayConfig, store: AnyStore) -> Self {
+        // Load the vocabularies now, off the request path: the first request would otherwise
+        // wait for them (about 50 ms in a release build).
+        std::thread::spawn(TokenCounter::warm_up);
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).build(http);
@@ -365,6 +368,24 @@ async fn admit_and_forward(
     if let Some(u) = user {
         identity = identity.with(Dimension::User, u);
     }
+    // Several choices (`n`, or `best_of` for completions) multiply the output: the cap and the
+    // estimate are for the whole request, and each choice gets its share.
+    let choices = match format {
+        Format::Embeddings => 1,
+        _ => json
+            .get("n")
+            .and_then(Value::as_u64)
+            .unwrap_or(1)
+            .max(json.get("best_of").and_then(Value::as_u64).unwrap_or(1))
+            .max(1),
+    };
+    if choices > 128 {
+        return Err(ApiError::invalid(
+            "invalid_value",
+            format!("n = {choices} is above the largest accepted, 128."),
+        )
+        .param("n"));
+    }
     let facts = RequestFacts {
         request_id: id.to_owned(),
         identity,
@@ -372,7 +393,7 @@ async fn admit_and_forward(
         max_output_tokens: if format == Format::Embeddings {
             Some(0)
         } else {
-            count.max_output_tokens
+            count.max_output_tokens.map(|m| m.saturating_mul(choices))
         },
     };
     let mut p = plan(policy, &facts).map_err(|e| {
@@ -430,6 +451,18 @@ async fn admit_and_forward(
     }
 
     // Forward with the admitted output cap: the upstream never sees an unchecked one.
+    let per_choice = admitted.max_output_tokens / choices;
+    if format != Format::Embeddings && per_choice == 0 {
+        let _ = ticket.release(Some(Usage::default())).await;
+        return Err(ApiError::invalid(
+            "invalid_value",
+            format!(
+                "The output cap {} leaves no tokens for each of {choices} choices.",
+                admitted.max_output_tokens
+            ),
+        )
+        .param("n"));
+    }
     let stream = json.get("stream").and_then(Value::as_bool) == Some(true);
     let mut strip_usage = false;
     if let Some(obj) = json.as_object_mut() {
@@ -440,7 +473,7 @@ async fn admit_and_forward(
                 } else {
                     "max_tokens"
                 };
-                obj.insert(field.into(), admitted.max_output_tokens.into());
+                obj.insert(field.into(), per_choice.into());
                 if stream {
                     let so = obj
                         .entry("stream_options")
@@ -452,7 +485,7 @@ async fn admit_and_forward(
                 }
             }
             Format::Completions => {
-                obj.insert("max_tokens".into(), admitted.max_output_tokens.into());
+                obj.insert("max_tokens".into(), per_choice.into());
             }
             _ => {}
         }

@@ -897,3 +897,49 @@ budget = { tokens = 100000, period = "day" }
     // Only one upstream call was made while a store was down: the fail-open one.
     assert_eq!(env_closed.sim.stats().requests.values().sum::<u64>(), 0);
 }
+
+/// Several choices multiply the output: the reservation covers all of them, and each choice
+/// gets its share of the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_choices_are_reserved_in_full() {
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+output_tokens = { max = 60, mode = "clamp" }
+budget = { tokens = 1000, period = "day" }
+"#;
+    let sim = SimConfig {
+        latency: Duration::from_millis(1000),
+        ..SimConfig::default()
+    };
+    let env = Arc::new(env(false, policy, "", sim).await);
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o", "n": 3, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})).unwrap();
+    let e2 = env.clone();
+    let first =
+        tokio::spawn(async move { send(&e2, "/v1/chat/completions", Some(KEY), body).await });
+    // While it runs: 8 input + 3 x 10 output reserved.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut reserved = 0;
+    while reserved == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        reserved = tenant_usage(&env).await.reserved;
+    }
+    let r = first.await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(reserved, 8 + 30);
+    assert_eq!(env.sim.stats().last_body.unwrap()["max_tokens"], 10);
+    // 4 choices of 20 = 80, clamped to the cap of 60: 15 each.
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o", "n": 4, "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]})).unwrap();
+    assert_eq!(
+        send(&env, "/v1/chat/completions", Some(KEY), body)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(env.sim.stats().last_body.unwrap()["max_tokens"], 15);
+    // More choices than the cap has tokens: refused.
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o", "n": 100, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})).unwrap();
+    let r = send(&env, "/v1/chat/completions", Some(KEY), body).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "invalid_value"));
+    assert_nothing_leaks(&env).await;
+}

@@ -160,6 +160,12 @@ impl TokenCounter {
         }
     }
 
+    /// Loads the embedded vocabularies (they load lazily, on first use, otherwise).
+    pub fn warm_up() {
+        let _ = Encoding::O200kBase.tokenizer();
+        let _ = Encoding::Cl100kBase.tokenizer();
+    }
+
     /// Counts a plain text with `model`'s rule, up to `limit`.
     pub fn count_text(&self, model: &str, text: &str, limit: Option<u64>) -> (u64, bool) {
         let mut t = Tally::new(self.counting_for(model), limit);
