@@ -109,6 +109,8 @@ pub struct RawStore {
     pub prefix: Option<String>,
     /// Redis call timeout (default 250 ms).
     pub call_timeout: Option<String>,
+    /// Redis Cluster seed nodes (`redis://…` each), instead of `url`.
+    pub cluster: Option<Vec<String>>,
 }
 
 /// `[[upstreams]]`
@@ -211,6 +213,8 @@ pub enum StoreConfig {
         prefix: String,
         /// Call timeout.
         call_timeout: Duration,
+        /// Cluster seed nodes, when a cluster.
+        cluster: Option<Vec<String>>,
     },
 }
 
@@ -292,6 +296,20 @@ impl GatewayConfig {
             );
         }
         let store = match raw.store.url.as_deref() {
+            None | Some("memory") if raw.store.cluster.is_some() => StoreConfig::Redis {
+                url: String::new(),
+                prefix: raw
+                    .store
+                    .prefix
+                    .clone()
+                    .unwrap_or_else(|| "tollgate".into()),
+                call_timeout: duration(
+                    &raw.store.call_timeout,
+                    Duration::from_millis(250),
+                    "store.call_timeout",
+                )?,
+                cluster: raw.store.cluster.clone(),
+            },
             None | Some("memory") => StoreConfig::Memory,
             Some(url) if url.starts_with("redis://") => StoreConfig::Redis {
                 url: url.to_owned(),
@@ -305,6 +323,7 @@ impl GatewayConfig {
                     Duration::from_millis(250),
                     "store.call_timeout",
                 )?,
+                cluster: None,
             },
             Some(other) => {
                 return Err(err(

@@ -32,10 +32,12 @@ pub async fn start_store(config: &GatewayConfig) -> std::io::Result<AnyStore> {
             url,
             prefix,
             call_timeout,
+            cluster,
         } => {
             let mut c = RedisConfig::new(url.as_str());
             c.prefix = prefix.clone();
             c.call_timeout = *call_timeout;
+            c.cluster = cluster.clone();
             AnyStore::Redis(
                 RedisStore::connect(c)
                     .await

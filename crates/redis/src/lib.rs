@@ -50,6 +50,9 @@ pub struct RedisConfig {
     pub call_timeout: Duration,
     /// How long finished request ids are remembered (late duplicates are no-ops).
     pub retention_ms: u64,
+    /// Redis Cluster: the seed nodes (`url` is then unused). Every key of the prefix shares one
+    /// hash tag, `{prefix}`, so each script runs atomically on one shard.
+    pub cluster: Option<Vec<String>>,
 }
 
 impl RedisConfig {
@@ -60,6 +63,7 @@ impl RedisConfig {
             prefix: "tollgate".into(),
             call_timeout: Duration::from_millis(250),
             retention_ms: 3_600_000,
+            cluster: None,
         }
     }
 }
@@ -93,10 +97,52 @@ fn scripts() -> &'static Scripts {
     })
 }
 
+/// A single-node connection (reconnecting) or a cluster connection (routing by slot).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Wraps a prefix in a hash tag (cluster mode): every key then lives in one slot.
+fn tagged(prefix: &str) -> String {
+    if prefix.starts_with('{') && prefix.ends_with('}') {
+        prefix.to_owned()
+    } else {
+        format!("{{{prefix}}}")
+    }
+}
+
 /// The Redis [`Store`]. Cheap to clone: clones share one multiplexed connection.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     config: Arc<RedisConfig>,
     clock: Option<Arc<dyn Clock>>,
 }
@@ -372,7 +418,21 @@ fn finish_reply(reply: Vec<Value>) -> Result<Finish, StoreError> {
 impl RedisStore {
     /// A store on `config.url`. The connection is made lazily and remade after failures, so a
     /// gateway can start while Redis is down (calls fail with `Unavailable` until it is back).
-    pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
+    pub async fn connect(mut config: RedisConfig) -> Result<Self, StoreError> {
+        if let Some(nodes) = &config.cluster {
+            let client = redis::cluster::ClusterClient::builder(nodes.clone())
+                .connection_timeout(config.call_timeout)
+                .response_timeout(config.call_timeout)
+                .build()
+                .map_err(unavailable)?;
+            let conn = client.get_async_connection().await.map_err(unavailable)?;
+            config.prefix = tagged(&config.prefix);
+            return Ok(Self {
+                conn: Conn::Cluster(conn),
+                config: Arc::new(config),
+                clock: None,
+            });
+        }
         let client = redis::Client::open(config.url.as_str()).map_err(unavailable)?;
         let cm = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.call_timeout))
@@ -381,7 +441,7 @@ impl RedisStore {
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client, cm).map_err(unavailable)?;
         Ok(Self {
-            conn,
+            conn: Conn::Single(conn),
             config: Arc::new(config),
             clock: None,
         })
@@ -400,6 +460,9 @@ impl RedisStore {
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         let mut c = (*self.config).clone();
         c.prefix = prefix.into();
+        if c.cluster.is_some() {
+            c.prefix = tagged(&c.prefix);
+        }
         self.config = Arc::new(c);
         self
     }

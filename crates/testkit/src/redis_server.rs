@@ -162,3 +162,85 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
+
+/// A local Redis Cluster of three masters (no replicas), on free loopback ports; stopped when
+/// dropped. Its node files live in a directory of its own, removed with it.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The three masters.
+    pub nodes: Vec<RedisServer>,
+    dir: std::path::PathBuf,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers and joins them into one cluster covering every slot.
+    pub fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-cluster-{}-{}",
+            std::process::id(),
+            free_port().unwrap_or(0)
+        ));
+        std::fs::create_dir_all(&dir).expect("a directory for the cluster");
+        let mut nodes = Vec::new();
+        for i in 0..3 {
+            let node_dir = dir.join(format!("n{i}"));
+            std::fs::create_dir_all(&node_dir).expect("a node directory");
+            let d = node_dir.to_string_lossy().into_owned();
+            nodes.push(RedisServer::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "2000",
+                "--dir",
+                &d,
+            ]));
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in &nodes {
+            loop {
+                let info = Command::new("redis-cli")
+                    .args(["-p", &n.port().to_string(), "CLUSTER", "INFO"])
+                    .output()
+                    .expect("redis-cli runs");
+                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster did not become ready"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Self { nodes, dir }
+    }
+
+    /// The seed URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
