@@ -566,15 +566,7 @@ async fn admit_and_forward(
             .map(|c| c.to_bytes())
             .unwrap_or_default();
         let _ = ticket.release(Some(Usage::default())).await;
-        let mut r = Response::builder().status(status);
-        if let Some(ct) = content_type {
-            r = r.header("content-type", ct);
-        }
-        let mut r = r
-            .body(Body::from(body))
-            .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response());
-        r.headers_mut().extend(headers);
-        return Ok(r);
+        return Ok(relay(status, content_type, body, headers));
     }
 
     if stream {
@@ -692,15 +684,25 @@ async fn admit_and_forward(
         }
     };
     let _ = ticket.settle(usage).await;
+    Ok(relay(status, content_type, bytes, headers))
+}
+
+/// The upstream's answer passed on, with the gateway's headers added.
+fn relay(
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    body: Bytes,
+    headers: HeaderMap,
+) -> Response {
     let mut r = Response::builder().status(status);
     if let Some(ct) = content_type {
         r = r.header("content-type", ct);
     }
     let mut r = r
-        .body(Body::from(bytes))
+        .body(Body::from(body))
         .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response());
     r.headers_mut().extend(headers);
-    Ok(r)
+    r
 }
 
 /// One admission; a request that meets a full concurrency scope may wait in the bounded queue

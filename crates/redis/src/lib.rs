@@ -478,6 +478,15 @@ impl RedisStore {
     }
 
     async fn call(&self, script: &Script, inv: Invocation) -> Result<Vec<Value>, StoreError> {
+        items(self.invoke(script, inv).await?)
+    }
+
+    /// One script call with the configured timeout.
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        inv: Invocation,
+    ) -> Result<T, StoreError> {
         let mut conn = self.conn.clone();
         let mut call = script.prepare_invoke();
         for k in &inv.keys {
@@ -486,16 +495,12 @@ impl RedisStore {
         for a in &inv.args {
             call.arg(a);
         }
-        let reply = tokio::time::timeout(
-            self.config.call_timeout,
-            call.invoke_async::<Value>(&mut conn),
-        )
-        .await
-        .map_err(|_| {
-            StoreError::Unavailable(format!("no answer within {:?}", self.config.call_timeout))
-        })?
-        .map_err(unavailable)?;
-        items(reply)
+        tokio::time::timeout(self.config.call_timeout, call.invoke_async::<T>(&mut conn))
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!("no answer within {:?}", self.config.call_timeout))
+            })?
+            .map_err(unavailable)
     }
 
     /// Expires up to `max` tickets whose time has come, and says how many. Every call sweeps a
@@ -511,21 +516,7 @@ impl RedisStore {
                 max.to_string(),
             ],
         };
-        let mut conn = self.conn.clone();
-        let mut call = scripts().sweep.prepare_invoke();
-        for k in &inv.keys {
-            call.key(k);
-        }
-        for a in &inv.args {
-            call.arg(a);
-        }
-        let n = tokio::time::timeout(
-            self.config.call_timeout,
-            call.invoke_async::<i64>(&mut conn),
-        )
-        .await
-        .map_err(|_| StoreError::Unavailable("sweep timed out".into()))?
-        .map_err(unavailable)?;
+        let n: i64 = self.invoke(&scripts().sweep, inv).await?;
         Ok(n.max(0) as u64)
     }
 

@@ -81,16 +81,12 @@ pub(crate) fn count_messages(
     for raw in req.tools.iter().flatten() {
         t.text(raw.get());
     }
-    let (input_tokens, exact) = t.finish();
-    Ok(RequestCount {
-        model: req.model.into_owned(),
-        encoding: counting.name(),
-        input_tokens,
-        max_output_tokens: req.max_tokens,
-        exact,
-        over_limit: t.over(),
-        stream: req.stream.unwrap_or(false),
-    })
+    Ok(t.into_count(
+        req.model.into_owned(),
+        &counting,
+        req.max_tokens,
+        req.stream.unwrap_or(false),
+    ))
 }
 
 fn blocks(t: &mut Tally, raw: &RawValue, path: &str, depth: u8) -> Result<(), RequestError> {

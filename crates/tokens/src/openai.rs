@@ -171,16 +171,12 @@ pub(crate) fn count_chat(
             t.estimated();
         }
     }
-    let (input_tokens, exact) = t.finish();
-    Ok(RequestCount {
-        model: req.model.into_owned(),
-        encoding: counting.name(),
-        input_tokens,
-        max_output_tokens: req.max_completion_tokens.or(req.max_tokens),
-        exact,
-        over_limit: t.over(),
-        stream: req.stream.unwrap_or(false),
-    })
+    Ok(t.into_count(
+        req.model.into_owned(),
+        &counting,
+        req.max_completion_tokens.or(req.max_tokens),
+        req.stream.unwrap_or(false),
+    ))
 }
 
 /// The first message that does not parse, as a field error; `None` when the fault is elsewhere.
@@ -410,16 +406,12 @@ pub(crate) fn count_completions(
     let counting = counter.counting_for(&req.model);
     let mut t = Tally::new(counting.clone(), limit);
     text_or_tokens(&mut t, req.prompt, "prompt")?;
-    let (input_tokens, exact) = t.finish();
-    Ok(RequestCount {
-        model: req.model.into_owned(),
-        encoding: counting.name(),
-        input_tokens,
-        max_output_tokens: req.max_tokens,
-        exact,
-        over_limit: t.over(),
-        stream: req.stream.unwrap_or(false),
-    })
+    Ok(t.into_count(
+        req.model.into_owned(),
+        &counting,
+        req.max_tokens,
+        req.stream.unwrap_or(false),
+    ))
 }
 
 pub(crate) fn count_embeddings(
@@ -431,14 +423,5 @@ pub(crate) fn count_embeddings(
     let counting = counter.counting_for(&req.model);
     let mut t = Tally::new(counting.clone(), limit);
     text_or_tokens(&mut t, req.input, "input")?;
-    let (input_tokens, exact) = t.finish();
-    Ok(RequestCount {
-        model: req.model.into_owned(),
-        encoding: counting.name(),
-        input_tokens,
-        max_output_tokens: None,
-        exact,
-        over_limit: t.over(),
-        stream: false,
-    })
+    Ok(t.into_count(req.model.into_owned(), &counting, None, false))
 }

@@ -114,6 +114,26 @@ impl Tally {
         Ok(())
     }
 
+    /// The count of a request.
+    pub fn into_count(
+        &self,
+        model: String,
+        counting: &Counting,
+        max_output_tokens: Option<u64>,
+        stream: bool,
+    ) -> crate::RequestCount {
+        let (input_tokens, exact) = self.finish();
+        crate::RequestCount {
+            model,
+            encoding: counting.name(),
+            input_tokens,
+            max_output_tokens,
+            exact,
+            over_limit: self.over(),
+            stream,
+        }
+    }
+
     /// `(tokens, exact)`; tokens is `limit + 1` at most when over the limit.
     pub fn finish(&self) -> (u64, bool) {
         (self.used.min(self.limit.saturating_add(1)), self.exact)
