@@ -734,12 +734,15 @@ budget = { tokens = 100000, period = "day" }
 /// global scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_report_decisions_latency_and_budget() {
+    // Rule names unique to this test: the recorder is process-wide, and under `cargo test`
+    // other tests in the process record too.
     let policy = r#"
 [[scopes]]
+name = "metrics-tenant"
 key = "tenant"
 requests = { limit = 2, window = "1m" }
 [[scopes]]
-name = "everyone"
+name = "metrics-everyone"
 key = "global"
 budget = { tokens = 100000, period = "day" }
 "#;
@@ -773,27 +776,28 @@ budget = { tokens = 100000, period = "day" }
             .parse::<f64>()
             .unwrap()
     };
-    assert_eq!(value("tollgate_decisions_total{decision=\"admit\""), 2.0);
     assert_eq!(
-        value("tollgate_decisions_total{decision=\"request_rate_limit\",rule=\"tenant\"}"),
+        value("tollgate_decisions_total{decision=\"request_rate_limit\",rule=\"metrics-tenant\"}"),
         1.0
     );
-    assert_eq!(value("tollgate_in_flight"), 0.0);
-    assert_eq!(value("tollgate_reserved_unsettled_tokens"), 0.0);
-    assert_eq!(
-        value("tollgate_settled_tokens_total{kind=\"output\"}"),
-        10.0
-    );
+    assert!(value("tollgate_decisions_total{decision=\"admit\"") >= 2.0);
+    assert!(value("tollgate_settled_tokens_total{kind=\"output\"}") >= 10.0);
+    assert!(value("tollgate_upstream_responses_total{status=\"2xx\"}") >= 2.0);
     assert!(line("tollgate_store_call_seconds_bucket{op=\"admit\",le=\"0.001\"}").len() > 10);
     assert!(line("tollgate_upstream_seconds_bucket").contains("le="));
+    line("tollgate_in_flight");
+    line("tollgate_reserved_unsettled_tokens");
+    line("tollgate_oldest_unsettled_seconds");
+    // The remaining budget of the global scope, as the store has it.
+    let u = env
+        .store
+        .usage("metrics-everyone|global", Some(Period::Fixed(86_400_000)))
+        .await
+        .unwrap();
+    assert!(u.settled > 0);
     assert_eq!(
-        value("tollgate_upstream_responses_total{status=\"2xx\"}"),
-        2.0
-    );
-    let settled_total = value("tollgate_settled_tokens_total{kind=\"input\"}") + 10.0;
-    assert_eq!(
-        value("tollgate_budget_remaining{scope=\"everyone|global\",unit=\"tokens\"}"),
-        100000.0 - settled_total
+        value("tollgate_budget_remaining{scope=\"metrics-everyone|global\",unit=\"tokens\"}"),
+        (100000 - u.settled - u.reserved) as f64
     );
 }
 
