@@ -586,6 +586,7 @@ both_stores!(
     a_bounded_queue_waits_for_a_slot,
     upstream_errors_release_and_charge_nothing,
     embeddings_and_completions,
+    long_streams_renew_their_leases,
 );
 
 /// Slow and abusive clients: headers that never finish, a body that never arrives, and more
@@ -946,4 +947,48 @@ budget = { tokens = 1000, period = "day" }
     let r = send(&env, "/v1/chat/completions", Some(KEY), body).await;
     assert_eq!((r.status, r.code().as_str()), (400, "invalid_value"));
     assert_nothing_leaks(&env).await;
+}
+
+/// A stream longer than the lease TTL renews its lease: its slot stays held throughout.
+async fn long_streams_renew_their_leases(redis: bool) {
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+concurrency = { limit = 1, lease_ttl = "1s" }
+"#;
+    let sim = SimConfig {
+        latency: Duration::from_millis(10),
+        token_delay: Duration::from_millis(30),
+        output_tokens: 100,
+        ..SimConfig::default()
+    };
+    let env = Arc::new(env(redis, policy, "", sim).await);
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o", "max_tokens": 100, "stream": true, "messages": [{"role": "user", "content": "hi"}]})).unwrap();
+    let e2 = env.clone();
+    let long =
+        tokio::spawn(async move { send(&e2, "/v1/chat/completions", Some(KEY), body).await });
+    // Once the stream holds its lease, wait twice the TTL: renewed, the slot is still taken.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tenant_usage(&env).await.leases == 0 {
+        assert!(Instant::now() < deadline, "the stream was never admitted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let r = send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
+    assert_eq!((r.status, r.code().as_str()), (429, "concurrency_limit"));
+    let done = long.await.unwrap();
+    assert_eq!(done.status, 200);
+    assert_eq!(
+        String::from_utf8_lossy(&done.body)
+            .matches("\"content\":\"tok \"")
+            .count(),
+        100
+    );
+    assert_nothing_leaks(&env).await;
+    assert_eq!(
+        send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5))
+            .await
+            .status,
+        200
+    );
 }
