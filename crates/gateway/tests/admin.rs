@@ -253,3 +253,61 @@ async fn admin_api_kill_switch_usage_reload_and_readiness() {
         "fail closed"
     );
 }
+
+/// A request in flight across a reload settles against the reservation it made under the old
+/// policy (here: an old price), and new requests use the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_requests_settle_against_their_reservations_across_a_reload() {
+    let sim = Sim::start(SimConfig {
+        latency: Duration::from_millis(1500),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("t");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let path = dir.path().join("g.toml");
+    let admin_port = free_port();
+    let config = |input_price: u64| {
+        format!(
+            "[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"{}\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n[[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+             [policy]\nversion = \"price-{input_price}\"\n[policy.prices.\"gpt-4o\"]\ninput = {input_price}\noutput = 1000000\n\
+             [[policy.scopes]]\nkey = \"tenant\"\nbudget = {{ micro_usd = 100000000, period = \"day\" }}\n",
+            token_file.display(),
+            sim.base_url(),
+            tollgate_gateway::hash_key(KEY)
+        )
+    };
+    std::fs::write(&path, config(1_000_000)).unwrap();
+    let (url, admin) = instance(&path).await;
+    let slow = tokio::spawn({
+        let url = url.clone();
+        async move { chat(&url).await.0 }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Ten times the input price from now on.
+    std::fs::write(&path, config(10_000_000)).unwrap();
+    assert_eq!(
+        call("POST", &format!("{admin}/admin/reload"), Some(TOKEN), "")
+            .await
+            .0,
+        200
+    );
+    assert_eq!(slow.await.unwrap(), 200);
+    let (_, u) = call(
+        "GET",
+        &format!("{admin}/admin/usage?scope=tenant%7Ctenant:acme"),
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    // 8 input tokens at the old $1/M and 5 output at $1/M: 13 micro-USD, not 85.
+    assert_eq!(
+        (u["settled"].as_u64(), u["reserved"].as_u64()),
+        (Some(13), Some(0)),
+        "{u}"
+    );
+    assert_eq!(u["policy_version"], "price-10000000");
+}

@@ -992,3 +992,91 @@ concurrency = { limit = 1, lease_ttl = "1s" }
         200
     );
 }
+
+/// A queued request whose client disconnects leaves the queue at once: its place is free for
+/// the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_the_queue_frees_its_place() {
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+concurrency = { limit = 1, lease_ttl = "30s" }
+"#;
+    let sim = SimConfig {
+        latency: Duration::from_millis(1500),
+        ..SimConfig::default()
+    };
+    let env = Arc::new(
+        env(
+            false,
+            policy,
+            "[queue]\nmax_wait = \"5s\"\nper_key = 1\nglobal = 1\n",
+            sim,
+        )
+        .await,
+    );
+    let e2 = env.clone();
+    let holder = tokio::spawn(async move {
+        send(&e2, "/v1/chat/completions", Some(KEY), chat("hi", 5))
+            .await
+            .status
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tenant_usage(&env).await.leases == 0 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A second request takes the only queue place, then its client leaves.
+    let mut s = tokio::net::TcpStream::connect(env.addr).await.unwrap();
+    let body = chat("hi", 5);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&body).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // While it waits, the queue is full: a third request is refused at once.
+    let r = send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
+    assert_eq!(r.code(), "concurrency_limit");
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Its place is free again: a fourth request waits in the queue and is served.
+    let r = send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(holder.await.unwrap(), 200);
+    assert_eq!(
+        env.sim.stats().completed,
+        2,
+        "the request that left never reached the upstream"
+    );
+    assert_nothing_leaks(&env).await;
+}
+
+/// An upstream that does not answer in time: 504, the lease comes back, and the reservation is
+/// charged as the policy says (the upstream may have done the work).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_timeouts_release_and_charge_per_policy() {
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+concurrency = { limit = 1, lease_ttl = "30s" }
+budget = { tokens = 100000, period = "day" }
+"#;
+    let sim = SimConfig {
+        latency: Duration::from_millis(2000),
+        ..SimConfig::default()
+    };
+    let env = env(
+        false,
+        policy,
+        "[server]\nupstream_timeout = \"300ms\"\n",
+        sim,
+    )
+    .await;
+    let r = send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 20)).await;
+    assert_eq!((r.status, r.code().as_str()), (504, "upstream_timeout"));
+    assert_nothing_leaks(&env).await;
+    // The default policy charges the full reservation: 8 input + 20 output.
+    assert_eq!(tenant_usage(&env).await.settled, 28);
+}
