@@ -41,11 +41,13 @@ for i = 1, n_rate do
   local h = redis.call('HMGET', key, 's', 'c', 'p', 'w')
   local w = {tonumber(h[1] or '0'), tonumber(h[2] or '0'), tonumber(h[3] or '0')}
   if tonumber(h[4] or window) ~= window then w = {0, 0, 0} end
+  local old_start = h[1] and tonumber(h[1]) or -1
   roll(w, now, window)
   w[2] = math.min(w[2] + 1, COUNT_CAP)
   local count = scaled(w, now, window)
   redis.call('HSET', key, 's', w[1], 'c', w[2], 'p', w[3], 'w', window)
-  redis.call('PEXPIRE', key, 2 * window + 1000)
+  -- Set when a window starts: it then covers this window and the next, as long as it matters.
+  if w[1] ~= old_start then redis.call('PEXPIRE', key, 2 * window + 1000) end
   local reset = w[1] + window - now
   if count > limit * WEIGHT_SCALE and rate_fail == nil then
     rate_fail = {'deny', 0, i - 1, 0, retry_after(w, now, window, limit), reset}
@@ -62,10 +64,10 @@ local lease_keys = {}
 for i = 1, n_lease do
   local key, limit = ARGV[a], tonumber(ARGV[a + 1])
   a = a + 2
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  local held = redis.call('ZCARD', key)
+  -- Unexpired leases only; expired members are removed by the sweep and by settlement.
+  local held = redis.call('ZCOUNT', key, '(' .. now, '+inf')
   if held >= limit then
-    local soonest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    local soonest = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     local wait = 1000
     if soonest[2] ~= nil then wait = math.max(1, math.min(1000, tonumber(soonest[2]) - now)) end
     return {'deny', 4, i - 1, 0, wait, -1}
@@ -110,8 +112,11 @@ for _, b in ipairs(budgets) do
   end
   redis.call('HINCRBY', key, field .. ':r', b[4])
   redis.call('HINCRBY', key, field .. ':n', 1)
-  -- Kept through the period, and while any reservation in it may still settle.
-  redis.call('PEXPIRE', key, math.max(b[5] - now, ttl) + retention)
+  -- Kept through the period, and while any reservation in it may still settle: set when the
+  -- period starts, and again only for a reservation that outlives the period.
+  if cur ~= field or ttl > b[5] - now then
+    redis.call('PEXPIRE', key, math.max(b[5] - now, ttl) + retention)
+  end
   lines[#lines + 1] = key .. '\t' .. field .. '\t' .. b[3] .. '\t' .. b[4]
 end
 redis.call('HSET', tkey, 'exp', expires, 'ttl', ttl, 'leases', table.concat(lease_keys, '\n'),
