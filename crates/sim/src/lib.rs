@@ -205,8 +205,9 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
             "invalid_api_key",
         );
     }
-    let Ok(req) = serde_json::from_slice::<Value>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "invalid JSON", "invalid_json");
+    let (req, prompt) = match read_request(&body, Format::ChatCompletions) {
+        Ok(r) => r,
+        Err(e) => return *e,
     };
     if let Ok(mut s) = state.stats.lock() {
         s.last_body = Some(req.clone());
@@ -219,10 +220,6 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
             "server_error",
         );
     }
-    let prompt = TokenCounter::default()
-        .count(Format::ChatCompletions, &body, None)
-        .map(|c| c.input_tokens)
-        .unwrap_or(0);
     let cap = req["max_completion_tokens"]
         .as_u64()
         .or(req["max_tokens"].as_u64())
@@ -291,18 +288,31 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
         })
 }
 
+/// The request's JSON and its prompt tokens, counted with the real tokenizer; or the 400 to send.
+fn read_request(body: &Bytes, format: Format) -> Result<(Value, u64), Box<Response>> {
+    let req = serde_json::from_slice::<Value>(body).map_err(|_| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "invalid JSON",
+            "invalid_json",
+        ))
+    })?;
+    let prompt = TokenCounter::default()
+        .count(format, body, None)
+        .map(|c| c.input_tokens)
+        .unwrap_or(0);
+    Ok((req, prompt))
+}
+
 async fn completions(
     State(state): State<Arc<SimState>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let Ok(req) = serde_json::from_slice::<Value>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "invalid JSON", "invalid_json");
+    let (req, prompt) = match read_request(&body, Format::Completions) {
+        Ok(r) => r,
+        Err(e) => return *e,
     };
-    let prompt = TokenCounter::default()
-        .count(Format::Completions, &body, None)
-        .map(|c| c.input_tokens)
-        .unwrap_or(0);
     let n = state
         .config
         .output_tokens
@@ -321,13 +331,10 @@ async fn embeddings(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let Ok(req) = serde_json::from_slice::<Value>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "invalid JSON", "invalid_json");
+    let (req, prompt) = match read_request(&body, Format::Embeddings) {
+        Ok(r) => r,
+        Err(e) => return *e,
     };
-    let prompt = TokenCounter::default()
-        .count(Format::Embeddings, &body, None)
-        .map(|c| c.input_tokens)
-        .unwrap_or(0);
     let guard = InFlight::new(&state, &headers);
     tokio::time::sleep(state.config.latency).await;
     guard.done(prompt, 0);
