@@ -6,8 +6,8 @@
 //! reservations when their request ends or expires, and finished request ids after the
 //! retention time.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::clock::{Clock, Millis, SystemClock};
@@ -23,6 +23,11 @@ pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
 pub const CONCURRENCY_RETRY_HINT_MS: u64 = 1_000;
 const FULL_SWEEP_EVERY_MS: u64 = 1_000;
 
+// Keys are scope ids and request ids, partly chosen by clients: the hash is keyed with a
+// per-process random seed (foldhash), several times faster than SipHash on these short strings.
+type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type Set<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
 /// The in-memory [`Store`].
 #[derive(Debug)]
 pub struct MemoryStore<C = SystemClock> {
@@ -35,18 +40,73 @@ pub struct MemoryStore<C = SystemClock> {
 struct State {
     last_now: Millis,
     next_full_sweep: Millis,
-    rates: HashMap<Arc<str>, (u64, RateWindow)>,
-    leases: HashMap<Arc<str>, HashSet<Arc<str>>>,
-    budgets: HashMap<Arc<str>, HashMap<(Period, u64), Cell>>,
-    tickets: HashMap<Arc<str>, Ticket>,
+    /// Every control's state of a scope in one entry: one lookup per scope and call.
+    scopes: Map<Arc<str>, ScopeState>,
+    /// In-flight requests and, for the retention time, how finished ones ended: one map, so an
+    /// admission checks for a duplicate id with one lookup.
+    requests: Map<Arc<str>, Request>,
+    in_flight: usize,
     /// Min-heap of ticket expiries. Entries of ended or renewed tickets are left in place and
     /// skipped when they surface (their time no longer matches the ticket's).
-    expiries: BinaryHeap<Reverse<(Millis, Arc<str>)>>,
-    finished: HashMap<Arc<str>, Ending>,
-    kills: std::collections::BTreeMap<String, String>,
+    expiries: BinaryHeap<Expiry>,
+    kills: BTreeMap<String, String>,
     /// Finished ids in the order they may be forgotten (times only grow: the clock is monotonic
     /// inside the store and the retention is fixed).
     forget: VecDeque<(Millis, Arc<str>)>,
+}
+
+#[derive(Debug, Default)]
+struct ScopeState {
+    /// (window length, window) of the rate control.
+    rate: Option<(u64, RateWindow)>,
+    /// Requests holding a lease.
+    leases: Set<Arc<str>>,
+    /// Budget cells by (period, period id): the current one and older ones still settling.
+    cells: Vec<((Period, u64), Cell)>,
+}
+
+impl ScopeState {
+    fn cell(&self, key: (Period, u64)) -> Option<&Cell> {
+        self.cells.iter().find(|(k, _)| *k == key).map(|(_, c)| c)
+    }
+
+    fn cell_mut(&mut self, key: (Period, u64)) -> Option<&mut Cell> {
+        self.cells
+            .iter_mut()
+            .find(|(k, _)| *k == key)
+            .map(|(_, c)| c)
+    }
+}
+
+/// A ticket's expiry in the heap, ordered by time alone (earliest first): ids are never
+/// compared, many tickets expire in the same millisecond.
+#[derive(Debug)]
+struct Expiry {
+    at: Millis,
+    id: Arc<str>,
+}
+
+impl PartialEq for Expiry {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+impl Eq for Expiry {}
+impl PartialOrd for Expiry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Expiry {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.at.cmp(&self.at)
+    }
+}
+
+#[derive(Debug)]
+enum Request {
+    InFlight(Ticket),
+    Ended(Ending),
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -149,15 +209,16 @@ impl<C: Clock> MemoryStore<C> {
     /// [`Store::renew`], synchronously.
     pub fn renew_sync(&self, request_id: &str) -> Result<Renewal, StoreError> {
         let (mut st, now) = self.lock()?;
-        let Some(t) = st.tickets.get_mut(request_id) else {
+        let Some((id, Request::InFlight(_))) = st.requests.get_key_value(request_id) else {
+            return Ok(Renewal::NotInFlight);
+        };
+        let id = id.clone();
+        let Some(Request::InFlight(t)) = st.requests.get_mut(&*id) else {
             return Ok(Renewal::NotInFlight);
         };
         t.expires_at = now.saturating_add(t.ttl_ms);
         let new = t.expires_at;
-        if let Some((id, _)) = st.tickets.get_key_value(request_id) {
-            let id = id.clone();
-            st.expiries.push(Reverse((new, id)));
-        }
+        st.expiries.push(Expiry { at: new, id });
         Ok(Renewal::Renewed { expires_at: new })
     }
 
@@ -178,9 +239,10 @@ impl<C: Clock> MemoryStore<C> {
         period: Option<Period>,
     ) -> Result<ScopeUsage, StoreError> {
         let (st, now) = self.lock()?;
-        let leases = st.leases.get(scope_id).map_or(0, |s| s.len() as u64);
+        let scope = st.scopes.get(scope_id);
+        let leases = scope.map_or(0, |s| s.leases.len() as u64);
         let cell = period
-            .and_then(|p| st.budgets.get(scope_id)?.get(&(p, p.at(now).0)).copied())
+            .and_then(|p| scope?.cell((p, p.at(now).0)).copied())
             .unwrap_or_default();
         Ok(ScopeUsage {
             settled: cell.settled,
@@ -193,11 +255,11 @@ impl<C: Clock> MemoryStore<C> {
     pub fn footprint(&self) -> Result<Footprint, StoreError> {
         let (st, _) = self.lock()?;
         Ok(Footprint {
-            rate_scopes: st.rates.len(),
-            lease_scopes: st.leases.values().filter(|s| !s.is_empty()).count(),
-            budget_cells: st.budgets.values().map(HashMap::len).sum(),
-            in_flight: st.tickets.len(),
-            remembered: st.finished.len(),
+            rate_scopes: st.scopes.values().filter(|s| s.rate.is_some()).count(),
+            lease_scopes: st.scopes.values().filter(|s| !s.leases.is_empty()).count(),
+            budget_cells: st.scopes.values().map(|s| s.cells.len()).sum(),
+            in_flight: st.in_flight,
+            remembered: st.requests.len() - st.in_flight,
         })
     }
 
@@ -227,20 +289,24 @@ pub struct Footprint {
 
 impl State {
     fn sweep(&mut self, now: Millis, retention: u64) {
-        while let Some(Reverse((at, _))) = self.expiries.peek() {
-            if *at > now {
+        while let Some(next) = self.expiries.peek() {
+            if next.at > now {
                 break;
             }
-            let Some(Reverse((at, id))) = self.expiries.pop() else {
+            let Some(Expiry { at, id }) = self.expiries.pop() else {
                 break;
             };
             // Skip entries of tickets that ended or were renewed since.
-            if self.tickets.get(&id).is_some_and(|t| t.expires_at == at) {
-                if let Some(t) = self.tickets.remove(&id) {
-                    let usage = t.expired_usage;
-                    self.end_ticket(&id, t, Some(usage));
-                    self.remember(id, Ending::Expired, now, retention);
-                }
+            let Some(slot) = self.requests.get_mut(&*id) else {
+                continue;
+            };
+            if !matches!(slot, Request::InFlight(t) if t.expires_at == at) {
+                continue;
+            }
+            if let Request::InFlight(t) = std::mem::replace(slot, Request::Ended(Ending::Expired)) {
+                self.in_flight -= 1;
+                self.end_ticket(&id, &t, None);
+                self.forget.push_back((now.saturating_add(retention), id));
             }
         }
         while let Some((at, _)) = self.forget.front() {
@@ -248,41 +314,45 @@ impl State {
                 break;
             }
             if let Some((_, id)) = self.forget.pop_front() {
-                self.finished.remove(&id);
+                if matches!(self.requests.get(&*id), Some(Request::Ended(_))) {
+                    self.requests.remove(&*id);
+                }
             }
         }
         if now >= self.next_full_sweep {
             self.next_full_sweep = now + FULL_SWEEP_EVERY_MS;
-            self.rates.retain(|_, (w, r)| !r.is_stale(now, *w));
-            self.leases.retain(|_, set| !set.is_empty());
+            self.scopes.retain(|_, s| {
+                if s.rate.is_some_and(|(w, r)| r.is_stale(now, w)) {
+                    s.rate = None;
+                }
+                s.cells.retain(|(_, c)| c.end > now || c.outstanding > 0);
+                s.rate.is_some() || !s.leases.is_empty() || !s.cells.is_empty()
+            });
             // Settled tickets leave their heap entries behind; rebuild before they dominate.
-            if self.expiries.len() > 2 * self.tickets.len() + 1024 {
+            if self.expiries.len() > 2 * self.in_flight + 1024 {
                 self.expiries = self
-                    .tickets
+                    .requests
                     .iter()
-                    .map(|(id, t)| Reverse((t.expires_at, id.clone())))
+                    .filter_map(|(id, r)| match r {
+                        Request::InFlight(t) => Some(Expiry {
+                            at: t.expires_at,
+                            id: id.clone(),
+                        }),
+                        Request::Ended(_) => None,
+                    })
                     .collect();
             }
-            self.budgets.retain(|_, cells| {
-                cells.retain(|_, c| c.end > now || c.outstanding > 0);
-                !cells.is_empty()
-            });
         }
     }
 
-    fn remember(&mut self, id: Arc<str>, how: Ending, now: Millis, retention: u64) {
-        self.forget
-            .push_back((now.saturating_add(retention), id.clone()));
-        self.finished.insert(id, how);
-    }
-
-    /// Returns leases and replaces reservations with the charge for `usage`.
-    fn end_ticket(&mut self, id: &Arc<str>, t: Ticket, usage: Option<Usage>) -> Vec<u64> {
+    /// Returns leases and replaces reservations with the charge for `usage` (`None`: the
+    /// ticket's expired usage).
+    fn end_ticket(&mut self, id: &str, t: &Ticket, usage: Option<Usage>) -> Vec<u64> {
         for scope in &t.leases {
             // An empty set stays until the periodic sweep: a busy scope would otherwise
             // free and allocate it on every request.
-            if let Some(set) = self.leases.get_mut(scope) {
-                set.remove(id);
+            if let Some(s) = self.scopes.get_mut(scope) {
+                s.leases.remove(id);
             }
         }
         let usage = usage.unwrap_or(t.expired_usage);
@@ -290,9 +360,9 @@ impl State {
         for r in &t.budgets {
             let amount = charge(r.unit, t.price, &usage);
             if let Some(c) = self
-                .budgets
+                .scopes
                 .get_mut(&r.scope)
-                .and_then(|m| m.get_mut(&(r.period, r.period_id)))
+                .and_then(|s| s.cell_mut((r.period, r.period_id)))
             {
                 c.reserved = c.reserved.saturating_sub(r.amount);
                 c.settled = c.settled.saturating_add(amount);
@@ -311,15 +381,21 @@ impl State {
         now: Millis,
         retention: u64,
     ) -> Finish {
-        if let Some((id, t)) = self.tickets.remove_entry(request_id) {
-            let charged = self.end_ticket(&id, t, usage);
-            self.remember(id, how, now, retention);
-            return Finish::Done { charged };
-        }
-        match self.finished.get(request_id) {
-            Some(e) => Finish::AlreadyEnded(*e),
-            None => Finish::Unknown,
-        }
+        let id = match self.requests.get_key_value(request_id) {
+            None => return Finish::Unknown,
+            Some((_, Request::Ended(e))) => return Finish::AlreadyEnded(*e),
+            Some((id, Request::InFlight(_))) => id.clone(),
+        };
+        let Some(slot) = self.requests.get_mut(&*id) else {
+            return Finish::Unknown;
+        };
+        let Request::InFlight(t) = std::mem::replace(slot, Request::Ended(how)) else {
+            return Finish::Unknown;
+        };
+        self.in_flight -= 1;
+        let charged = self.end_ticket(&id, &t, usage);
+        self.forget.push_back((now.saturating_add(retention), id));
+        Finish::Done { charged }
     }
 
     fn admit(&mut self, plan: &Plan, now: Millis) -> Result<Decision, StoreError> {
@@ -333,9 +409,7 @@ impl State {
                 return Ok(Decision::Killed(crate::decision::Killed { target, reason }));
             }
         }
-        if self.tickets.contains_key(plan.request_id.as_str())
-            || self.finished.contains_key(plan.request_id.as_str())
-        {
+        if self.requests.contains_key(plan.request_id.as_str()) {
             return Err(StoreError::DuplicateRequestId(plan.request_id.clone()));
         }
         let mut quotas =
@@ -343,10 +417,10 @@ impl State {
         // 1. Every attempt counts in every rate scope, admitted or not.
         let mut rate_deny: Option<Deny> = None;
         for c in &plan.rate {
-            let entry = self
-                .rates
-                .entry(c.scope.shared_id().clone())
-                .or_insert((c.window_ms, RateWindow::default()));
+            let scope = self.scopes.entry(c.scope.shared_id().clone()).or_default();
+            let entry = scope
+                .rate
+                .get_or_insert((c.window_ms, RateWindow::default()));
             if entry.0 != c.window_ms {
                 *entry = (c.window_ms, RateWindow::default());
             }
@@ -382,14 +456,16 @@ impl State {
         }
         // 5. Concurrency.
         for c in &plan.concurrency {
-            let held = self.leases.get(c.scope.id()).map_or(0, |s| s.len() as u64);
+            let leases = self.scopes.get(c.scope.id()).map(|s| &s.leases);
+            let held = leases.map_or(0, |s| s.len() as u64);
             if held >= c.limit {
-                let soonest = self
-                    .leases
-                    .get(c.scope.id())
+                let soonest = leases
                     .into_iter()
                     .flatten()
-                    .filter_map(|id| self.tickets.get(id).map(|t| t.expires_at))
+                    .filter_map(|id| match self.requests.get(id) {
+                        Some(Request::InFlight(t)) => Some(t.expires_at),
+                        _ => None,
+                    })
                     .min()
                     .unwrap_or(now);
                 return Ok(Decision::Deny(Deny {
@@ -416,9 +492,9 @@ impl State {
         for c in &plan.budget {
             let (pid, _, end) = c.period.at(now);
             let cell = self
-                .budgets
+                .scopes
                 .get(c.scope.id())
-                .and_then(|m| m.get(&(c.period, pid)))
+                .and_then(|s| s.cell((c.period, pid)))
                 .copied()
                 .unwrap_or(Cell {
                     end,
@@ -452,22 +528,28 @@ impl State {
         // Everything passed: take the leases and make the reservations.
         let id: Arc<str> = Arc::from(plan.request_id.as_str());
         for c in &plan.concurrency {
-            self.leases
+            self.scopes
                 .entry(c.scope.shared_id().clone())
                 .or_default()
+                .leases
                 .insert(id.clone());
         }
         let mut budgets = Vec::with_capacity(plan.budget.len());
         for (c, (pid, end)) in plan.budget.iter().zip(cells) {
-            let cell = self
-                .budgets
-                .entry(c.scope.shared_id().clone())
-                .or_default()
-                .entry((c.period, pid))
-                .or_insert(Cell {
-                    end,
-                    ..Cell::default()
-                });
+            let scope = self.scopes.entry(c.scope.shared_id().clone()).or_default();
+            let key = (c.period, pid);
+            let at = match scope.cells.iter().position(|(k, _)| *k == key) {
+                Some(at) => at,
+                None => {
+                    let fresh = Cell {
+                        end,
+                        ..Cell::default()
+                    };
+                    scope.cells.push((key, fresh));
+                    scope.cells.len() - 1
+                }
+            };
+            let cell = &mut scope.cells[at].1;
             cell.reserved += c.amount;
             cell.outstanding += 1;
             budgets.push(Reservation {
@@ -479,9 +561,10 @@ impl State {
             });
         }
         let expires_at = now.saturating_add(plan.ttl_ms);
-        self.tickets.insert(
+        self.in_flight += 1;
+        self.requests.insert(
             id.clone(),
-            Ticket {
+            Request::InFlight(Ticket {
                 expires_at,
                 ttl_ms: plan.ttl_ms,
                 leases: plan
@@ -492,9 +575,9 @@ impl State {
                 budgets,
                 price: plan.price,
                 expired_usage: plan.expired_usage,
-            },
+            }),
         );
-        self.expiries.push(Reverse((expires_at, id)));
+        self.expiries.push(Expiry { at: expires_at, id });
         Ok(Decision::Admit(Admitted {
             request_id: plan.request_id.clone(),
             max_output_tokens: plan.max_output_tokens,
