@@ -1,10 +1,13 @@
 //! # tollgate-redis
 //!
-//! The [`Store`] over Redis or Valkey. Every call is **one** Lua script, so any number of
-//! stateless gateway instances sharing one Redis can never overshoot a budget or a concurrency
-//! limit together: the check and the reservation are one atomic step on the server.
+//! The [`Store`] over Redis or Valkey. Every admission is **one** atomic step in a Lua script, so
+//! any number of stateless gateway instances sharing one Redis can never overshoot a budget or a
+//! concurrency limit together: the check and the reservation happen together on the server.
 //!
-//! - Scripts live in `src/lua/*_v1.lua` (versioned names), are embedded with `include_str!`,
+//! - Admissions and settlements that are waiting at the same moment travel in one script call
+//!   (`batch_v1.lua`), each applied as its own atomic transition, in order. One caller alone gets
+//!   a call of its own; under load the fixed cost of a call is shared (see `docs/redis.md`).
+//! - Scripts live in `src/lua/*_vN.lua` (versioned names), are embedded with `include_str!`,
 //!   called by SHA, and reloaded by the client on `NOSCRIPT`.
 //! - Time is Redis `TIME` (never the instance's clock), clamped so that it never goes back.
 //!   Tests may pass a manual clock instead, so that the store conformance suite drives time.
@@ -17,7 +20,7 @@
 //! Key layout (prefix `P`, default `tollgate`), documented in `docs/redis.md`:
 //! `P:r:<scope>` rate window, `P:l:<scope>` leases (sorted set by expiry), `P:b:<scope>`
 //! budget periods, `P:t:<request>` ticket, `P:x` ticket expiry index, `P:f:<request>` finished
-//! marker, `P:clock` the store's last time.
+//! marker, `P:kill` kill switch, `P:clock` the store's last time.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tollgate_core::StoreError> {
@@ -27,8 +30,10 @@
 //! ```
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
@@ -53,10 +58,15 @@ pub struct RedisConfig {
     /// Redis Cluster: the seed nodes (`url` is then unused). Every key of the prefix shares one
     /// hash tag, `{prefix}`, so each script runs atomically on one shard.
     pub cluster: Option<Vec<String>>,
+    /// Most admissions and settlements carried by one script call.
+    pub max_batch: usize,
+    /// Batch calls on their way at once; while they are, new work waits and joins the next one.
+    pub batches_in_flight: usize,
 }
 
 impl RedisConfig {
-    /// Defaults: prefix `tollgate`, 250 ms per call, one hour of retention.
+    /// Defaults: prefix `tollgate`, 250 ms per call, one hour of retention, batches of at most
+    /// 64, two batch calls in flight.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -64,13 +74,14 @@ impl RedisConfig {
             call_timeout: Duration::from_millis(250),
             retention_ms: 3_600_000,
             cluster: None,
+            max_batch: 64,
+            batches_in_flight: 2,
         }
     }
 }
 
 struct Scripts {
-    admit: Script,
-    finish: Script,
+    batch: Script,
     renew: Script,
     usage: Script,
     sweep: Script,
@@ -79,7 +90,7 @@ struct Scripts {
 macro_rules! script {
     ($file:literal) => {
         Script::new(concat!(
-            include_str!("lua/common_v1.lua"),
+            include_str!("lua/common_v2.lua"),
             "\n",
             include_str!($file)
         ))
@@ -89,11 +100,10 @@ macro_rules! script {
 fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
-        admit: script!("lua/admit_v2.lua"),
-        finish: script!("lua/finish_v1.lua"),
-        renew: script!("lua/renew_v1.lua"),
-        usage: script!("lua/usage_v1.lua"),
-        sweep: script!("lua/sweep_v1.lua"),
+        batch: script!("lua/batch_v1.lua"),
+        renew: script!("lua/renew_v2.lua"),
+        usage: script!("lua/usage_v2.lua"),
+        sweep: script!("lua/sweep_v2.lua"),
     })
 }
 
@@ -139,12 +149,131 @@ fn tagged(prefix: &str) -> String {
     }
 }
 
-/// The Redis [`Store`]. Cheap to clone: clones share one multiplexed connection.
+/// The Redis [`Store`]. Cheap to clone: clones share one multiplexed connection and one batch
+/// queue.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
     config: Arc<RedisConfig>,
     clock: Option<Arc<dyn Clock>>,
+    /// Started on first use, inside the caller's runtime.
+    queue: Arc<OnceLock<mpsc::Sender<Job>>>,
+}
+
+/// An admission (`a`) or a settlement (`f`) waiting for a batch call.
+struct Job {
+    op: &'static str,
+    inv: Invocation,
+    reply: oneshot::Sender<Result<Value, StoreError>>,
+}
+
+/// Collects waiting jobs into batch calls: takes the first, waits for a free call slot, then
+/// takes whatever else has arrived meanwhile (up to `max_batch`).
+async fn run_batches(
+    mut rx: mpsc::Receiver<Job>,
+    conn: Conn,
+    config: Arc<RedisConfig>,
+    clock: Option<Arc<dyn Clock>>,
+) {
+    let slots = Arc::new(Semaphore::new(config.batches_in_flight.max(1)));
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut jobs = vec![first];
+        while jobs.len() < config.max_batch.max(1) {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        let (conn, config) = (conn.clone(), config.clone());
+        let now = clock.as_ref().map_or(0, |c| c.now().max(1));
+        tokio::spawn(async move {
+            call_batch(conn, &config, now, jobs).await;
+            drop(permit);
+        });
+    }
+}
+
+/// The KEYS and ARGV of one batch call.
+pub fn batch_invocation<'a>(
+    prefix: &str,
+    now: u64,
+    retention_ms: u64,
+    items: impl IntoIterator<Item = (&'a str, &'a Invocation)>,
+) -> Invocation {
+    let mut keys = vec![
+        format!("{prefix}:x"),
+        format!("{prefix}:clock"),
+        format!("{prefix}:kill"),
+    ];
+    let mut args = vec![prefix.to_owned(), now.to_string(), retention_ms.to_string()];
+    for (op, inv) in items {
+        keys.extend(inv.keys.iter().cloned());
+        args.push(op.to_owned());
+        args.push(inv.args.len().to_string());
+        args.extend(inv.args.iter().cloned());
+    }
+    Invocation { keys, args }
+}
+
+async fn call_batch(mut conn: Conn, config: &RedisConfig, now: u64, jobs: Vec<Job>) {
+    let inv = batch_invocation(
+        &config.prefix,
+        now,
+        config.retention_ms,
+        jobs.iter().map(|j| (j.op, &j.inv)),
+    );
+    let mut call = scripts().batch.prepare_invoke();
+    for k in &inv.keys {
+        call.key(k);
+    }
+    for a in &inv.args {
+        call.arg(a);
+    }
+    // Callers stop waiting at their own timeout; this one only ends calls that never return.
+    let result = tokio::time::timeout(
+        config.call_timeout.saturating_mul(4),
+        call.invoke_async::<Value>(&mut conn),
+    )
+    .await
+    .map_err(|_| StoreError::Unavailable(format!("no answer within {:?}", config.call_timeout)))
+    .and_then(|r| r.map_err(unavailable))
+    .and_then(items);
+    match result {
+        Ok(replies) if replies.len() == jobs.len() => {
+            for (job, reply) in jobs.into_iter().zip(replies) {
+                let _ = job.reply.send(item_reply(reply));
+            }
+        }
+        Ok(replies) => {
+            let e = StoreError::Protocol(format!(
+                "{} replies to a batch of {}",
+                replies.len(),
+                jobs.len()
+            ));
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// One item's reply; `{'error', message}` when its script step failed.
+fn item_reply(v: Value) -> Result<Value, StoreError> {
+    if let Value::Array(a) = &v {
+        if a.len() == 2 && a.first().and_then(|k| text(k).ok()).as_deref() == Some("error") {
+            let msg = a.get(1).and_then(|m| text(m).ok()).unwrap_or_default();
+            return Err(StoreError::Protocol(msg));
+        }
+    }
+    Ok(v)
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -169,11 +298,12 @@ pub struct Invocation {
     pub args: Vec<String>,
 }
 
-fn usage_arg(u: &Usage) -> String {
-    format!(
-        "{},{},{}",
-        u.input_tokens, u.cached_input_tokens, u.output_tokens
-    )
+fn usage_args(u: &Usage) -> [String; 3] {
+    [
+        u.input_tokens.to_string(),
+        u.cached_input_tokens.to_string(),
+        u.output_tokens.to_string(),
+    ]
 }
 
 fn period_arg(p: Period) -> (u64, String) {
@@ -183,22 +313,16 @@ fn period_arg(p: Period) -> (u64, String) {
     }
 }
 
-/// The exact KEYS and ARGV of an admission. `now` 0 means Redis `TIME`.
-pub fn admit_invocation(prefix: &str, plan: &Plan, now: u64, retention_ms: u64) -> Invocation {
+/// The exact KEYS and ARGV of an admission, as one item of a batch call.
+pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocation {
     let mut keys = vec![
         format!("{prefix}:t:{}", plan.request_id),
         format!("{prefix}:f:{}", plan.request_id),
-        format!("{prefix}:x"),
-        format!("{prefix}:clock"),
-        format!("{prefix}:kill"),
     ];
     let price = plan
         .price
-        .map(|p| format!("{},{},{}", p.input, p.cached_input, p.output))
-        .unwrap_or_default();
+        .map_or([0, 0, 0], |p| [p.input, p.cached_input, p.output]);
     let mut args = vec![
-        prefix.to_owned(),
-        now.to_string(),
         plan.request_id.clone(),
         plan.ttl_ms.to_string(),
         retention_ms.to_string(),
@@ -211,10 +335,10 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, now: u64, retention_ms: u64) 
         plan.rate.len().to_string(),
         plan.concurrency.len().to_string(),
         plan.budget.len().to_string(),
-        price,
-        usage_arg(&plan.expired_usage),
-        plan.kill_targets.len().to_string(),
     ];
+    args.extend(price.iter().map(u64::to_string));
+    args.extend(usage_args(&plan.expired_usage));
+    args.push(plan.kill_targets.len().to_string());
     args.extend(plan.kill_targets.iter().cloned());
     for r in &plan.rate {
         let k = format!("{prefix}:r:{}", r.scope.id());
@@ -431,6 +555,7 @@ impl RedisStore {
                 conn: Conn::Cluster(conn),
                 config: Arc::new(config),
                 clock: None,
+                queue: Arc::default(),
             });
         }
         let client = redis::Client::open(config.url.as_str()).map_err(unavailable)?;
@@ -444,6 +569,7 @@ impl RedisStore {
             conn: Conn::Single(conn),
             config: Arc::new(config),
             clock: None,
+            queue: Arc::default(),
         })
     }
 
@@ -452,6 +578,7 @@ impl RedisStore {
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
+        self.queue = Arc::default();
         self
     }
 
@@ -464,6 +591,7 @@ impl RedisStore {
             c.prefix = tagged(&c.prefix);
         }
         self.config = Arc::new(c);
+        self.queue = Arc::default();
         self
     }
 
@@ -475,6 +603,33 @@ impl RedisStore {
     fn now_arg(&self) -> u64 {
         // 0 tells the script to read Redis TIME.
         self.clock.as_ref().map_or(0, |c| c.now().max(1))
+    }
+
+    /// Queues an admission or a settlement for the next batch call and waits for its reply.
+    async fn batched(&self, op: &'static str, inv: Invocation) -> Result<Vec<Value>, StoreError> {
+        let queue = self.queue.get_or_init(|| {
+            let (tx, rx) = mpsc::channel(4 * self.config.max_batch.max(1));
+            let (conn, config, clock) =
+                (self.conn.clone(), self.config.clone(), self.clock.clone());
+            tokio::spawn(run_batches(rx, conn, config, clock));
+            tx
+        });
+        let (reply, answer) = oneshot::channel();
+        let wait = async {
+            queue
+                .send(Job { op, inv, reply })
+                .await
+                .map_err(|_| StoreError::Unavailable("the batch queue has stopped".into()))?;
+            answer
+                .await
+                .map_err(|_| StoreError::Unavailable("the batch call was dropped".into()))?
+        };
+        let reply = tokio::time::timeout(self.config.call_timeout, wait)
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!("no answer within {:?}", self.config.call_timeout))
+            })??;
+        items(reply)
     }
 
     async fn call(&self, script: &Script, inv: Invocation) -> Result<Vec<Value>, StoreError> {
@@ -541,22 +696,17 @@ impl RedisStore {
     ) -> Result<Finish, StoreError> {
         let p = &self.config.prefix;
         let inv = Invocation {
-            keys: vec![
-                format!("{p}:t:{id}"),
-                format!("{p}:f:{id}"),
-                format!("{p}:x"),
-                format!("{p}:clock"),
-            ],
+            keys: vec![format!("{p}:t:{id}"), format!("{p}:f:{id}")],
             args: vec![
-                p.clone(),
-                self.now_arg().to_string(),
                 id.to_owned(),
                 self.config.retention_ms.to_string(),
                 ending.to_owned(),
-                usage.as_ref().map(usage_arg).unwrap_or_default(),
+                if usage.is_some() { "1" } else { "0" }.to_owned(),
             ],
         };
-        finish_reply(self.call(&scripts().finish, inv).await?)
+        let mut inv = inv;
+        inv.args.extend(usage_args(&usage.unwrap_or_default()));
+        finish_reply(self.batched("f", inv).await?)
     }
 }
 
@@ -600,13 +750,8 @@ impl Store for RedisStore {
     }
 
     fn admit(&self, plan: &Plan) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        let inv = admit_invocation(
-            &self.config.prefix,
-            plan,
-            self.now_arg(),
-            self.config.retention_ms,
-        );
-        async move { decision(plan, self.call(&scripts().admit, inv).await?) }
+        let inv = admit_invocation(&self.config.prefix, plan, self.config.retention_ms);
+        async move { decision(plan, self.batched("a", inv).await?) }
     }
 
     fn settle(

@@ -1,7 +1,8 @@
 use super::*;
 use tollgate_core::{Dimension, Identity, Policy, RequestFacts, plan};
 
-/// The exact KEYS and ARGV of a typical admission: one scope with every control.
+/// The exact KEYS and ARGV of a typical admission (one scope with every control), alone in a
+/// batch call and then next to a settlement.
 #[test]
 fn admit_sends_exactly_these_arguments() {
     let policy = Policy::from_toml(
@@ -32,15 +33,16 @@ fn admit_sends_exactly_these_arguments() {
         max_output_tokens: Some(60),
     };
     let p = plan(&policy, &facts).unwrap_or_else(|e| unreachable!("{e}"));
-    let inv = admit_invocation("tg", &p, 0, 3_600_000);
+    let item = admit_invocation("tg", &p, 3_600_000);
+    let inv = batch_invocation("tg", 0, 3_600_000, [("a", &item)]);
     assert_eq!(
         inv.keys,
         [
-            "tg:t:req-1",
-            "tg:f:req-1",
             "tg:x",
             "tg:clock",
             "tg:kill",
+            "tg:t:req-1",
+            "tg:f:req-1",
             "tg:r:user|user:alice",
             "tg:l:user|user:alice",
             "tg:b:user|user:alice",
@@ -52,6 +54,9 @@ fn admit_sends_exactly_these_arguments() {
         [
             "tg",
             "0",
+            "3600000",
+            "a",
+            "35",
             "req-1",
             "30000",
             "3600000",
@@ -59,8 +64,12 @@ fn admit_sends_exactly_these_arguments() {
             "1",
             "1",
             "2",
-            "2500000,2500000,10000000",
-            "40,0,0",
+            "2500000",
+            "2500000",
+            "10000000",
+            "40",
+            "0",
+            "0",
             "4",
             "all",
             "tenant:acme",
@@ -86,4 +95,20 @@ fn admit_sends_exactly_these_arguments() {
             "700",
         ]
     );
+    let settle = Invocation {
+        keys: vec!["tg:t:req-0".into(), "tg:f:req-0".into()],
+        args: ["req-0", "3600000", "settled", "1", "40", "0", "25"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let both = batch_invocation("tg", 0, 3_600_000, [("f", &settle), ("a", &item)]);
+    assert_eq!(both.keys[3..5], ["tg:t:req-0", "tg:f:req-0"]);
+    assert_eq!(both.keys[5..], inv.keys[3..]);
+    assert_eq!(
+        both.args[3..12],
+        [
+            "f", "7", "req-0", "3600000", "settled", "1", "40", "0", "25"
+        ]
+    );
+    assert_eq!(both.args[12..], inv.args[3..]);
 }

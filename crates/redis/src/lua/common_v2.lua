@@ -1,0 +1,337 @@
+-- Tollgate ledger, shared by every script (prepended to each). Integer arithmetic only; every
+-- ledger function mirrors crates/core/src/ledger.rs. Numbers stay below 2^53 by the policy's
+-- bounds. v2: the ticket is one string (one SET, one GET), no per-period reservation counter,
+-- admission and settlement are functions so that one call can carry many of them.
+
+local WEIGHT_SCALE = 10000
+local COUNT_CAP = 2147483648
+local DAY_MS = 86400000
+local PREFIX = ARGV[1]
+
+local function floor_div(a, b) return math.floor(a / b) end
+
+-- The store's time: the caller's (tests drive a manual clock) or Redis TIME, never earlier than
+-- any time this store has used before.
+local function store_now(override)
+  local now = tonumber(override)
+  if now == nil or now == 0 then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + floor_div(tonumber(t[2]), 1000)
+  end
+  local key = PREFIX .. ':clock'
+  -- One round inside Redis: write now and read what was there; put it back if it was later.
+  local last = tonumber(redis.call('SET', key, now, 'PX', 2592000000, 'GET') or '0')
+  if now < last then
+    now = last
+    redis.call('SET', key, now, 'PX', 2592000000)
+  end
+  return now
+end
+
+local function civil_from_days(days)
+  local z = days + 719468
+  local era = floor_div(z, 146097)
+  local doe = z - era * 146097
+  local yoe = floor_div(doe - floor_div(doe, 1460) + floor_div(doe, 36524) - floor_div(doe, 146096), 365)
+  local doy = doe - (365 * yoe + floor_div(yoe, 4) - floor_div(yoe, 100))
+  local mp = floor_div(5 * doy + 2, 153)
+  local d = doy - floor_div(153 * mp + 2, 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m, d
+end
+
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = floor_div(y, 400)
+  local yoe = y - era * 400
+  local mp = m > 2 and m - 3 or m + 9
+  local doy = floor_div(153 * mp + 2, 5) + d - 1
+  local doe = yoe * 365 + floor_div(yoe, 4) - floor_div(yoe, 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+-- (id, start, end) of the period containing now; len 0 means calendar month.
+local function period_at(len, now)
+  if len > 0 then
+    local id = floor_div(now, len)
+    return id, id * len, (id + 1) * len
+  end
+  local y, m = civil_from_days(floor_div(now, DAY_MS))
+  local start = days_from_civil(y, m, 1) * DAY_MS
+  local ny, nm = y, m + 1
+  if m == 12 then ny, nm = y + 1, 1 end
+  return y * 12 + (m - 1), start, days_from_civil(ny, nm, 1) * DAY_MS
+end
+
+-- Sliding window: {start, current, previous} rolled to now.
+local function roll(w, now, window)
+  local start = now - (now % window)
+  if start <= w[1] then return end
+  if start - w[1] == window then w[3] = w[2] else w[3] = 0 end
+  w[2] = 0
+  w[1] = start
+end
+
+local function weight_at(w, t, window)
+  local elapsed = t - w[1]
+  if elapsed < 0 then elapsed = 0 end
+  if elapsed > window then elapsed = window end
+  return floor_div((window - elapsed) * WEIGHT_SCALE, window)
+end
+
+local function scaled(w, t, window)
+  return w[3] * weight_at(w, t, window) + w[2] * WEIGHT_SCALE
+end
+
+local function retry_after(w, now, window, limit)
+  local function admits(t)
+    local c = {w[1], w[2], w[3]}
+    roll(c, t, window)
+    return math.min(c[2] + 1, COUNT_CAP) * WEIGHT_SCALE + c[3] * weight_at(c, t, window) <= limit * WEIGHT_SCALE
+  end
+  if admits(now) then return 0 end
+  local lo, hi = now, math.max(w[1] + 2 * window, now + 1)
+  while lo + 1 < hi do
+    local mid = lo + floor_div(hi - lo, 2)
+    if admits(mid) then hi = mid else lo = mid end
+  end
+  return hi - now
+end
+
+-- Cost in micro-units, rounded up: exact while tokens per request stay under 10^9.
+local function cost(price, input, cached, output)
+  if cached > input then cached = input end
+  local fresh = input - cached
+  local whole, frac = 0, 0
+  for _, p in ipairs({{fresh, price[1]}, {cached, price[2]}, {output, price[3]}}) do
+    local a = floor_div(p[2], 1000000)
+    whole = whole + p[1] * a
+    frac = frac + p[1] * (p[2] - a * 1000000)
+  end
+  return whole + math.ceil(frac / 1000000)
+end
+
+-- A ticket is a list: exp, ttl, price (3), expired usage (3), the number of leases, the lease
+-- keys, then per reservation: key, field, unit, amount, period length, label. Read and written
+-- whole (LRANGE, RPUSH): no string parsing in Lua, which costs more here than the calls do.
+local function write_ticket(tkey, t, keep_ms)
+  local v = {t.exp, t.ttl, t.price[1], t.price[2], t.price[3], t.xu[1], t.xu[2], t.xu[3], #t.leases}
+  for _, k in ipairs(t.leases) do v[#v + 1] = k end
+  for _, b in ipairs(t.budgets) do
+    for j = 1, 6 do v[#v + 1] = b[j] end
+  end
+  redis.call('RPUSH', tkey, unpack(v))
+  redis.call('PEXPIRE', tkey, keep_ms)
+end
+
+-- The ticket at tkey, or nil.
+local function read_ticket(tkey)
+  local v = redis.call('LRANGE', tkey, 0, -1)
+  if #v == 0 then return nil end
+  local t = {exp = tonumber(v[1]), ttl = tonumber(v[2]),
+    price = {tonumber(v[3]), tonumber(v[4]), tonumber(v[5])},
+    xu = {tonumber(v[6]), tonumber(v[7]), tonumber(v[8])}, leases = {}, budgets = {}}
+  local n = tonumber(v[9])
+  for i = 1, n do t.leases[i] = v[9 + i] end
+  for i = 10 + n, #v, 6 do
+    t.budgets[#t.budgets + 1] = {v[i], v[i + 1], v[i + 2], tonumber(v[i + 3]), tonumber(v[i + 4]), v[i + 5]}
+  end
+  return t
+end
+
+-- Ends a ticket: leases back, each reservation replaced by the charge for the usage
+-- {input, cached, output} (nil: the ticket's expired usage). Returns the charges.
+local function end_ticket(tkey, id, t, usage, ending, retention, now)
+  for _, lkey in ipairs(t.leases) do redis.call('ZREM', lkey, id) end
+  local price = t.price
+  if usage == nil then usage = t.xu end
+  local charged = {}
+  for _, b in ipairs(t.budgets) do
+    local bkey, field, unit, amount, len, label = b[1], b[2], b[3], b[4], b[5], b[6]
+    local charge
+    if unit == 't' then charge = usage[1] + usage[3] else charge = cost(price, usage[1], usage[2], usage[3]) end
+    local left = redis.call('HINCRBY', bkey, field .. ':r', -amount)
+    if left <= 0 and field ~= label .. '@' .. period_at(len, now) then
+      -- An old period with nothing outstanding: nothing reads it any more.
+      redis.call('HDEL', bkey, field .. ':r', field .. ':s')
+    else
+      redis.call('HINCRBY', bkey, field .. ':s', charge)
+    end
+    charged[#charged + 1] = charge
+  end
+  redis.call('DEL', tkey)
+  redis.call('ZREM', PREFIX .. ':x', id)
+  redis.call('SET', PREFIX .. ':f:' .. id, ending, 'PX', retention)
+  return charged
+end
+
+-- Expires up to `max` tickets whose time has come.
+local function sweep(now, max, retention)
+  local ids = redis.call('ZRANGEBYSCORE', PREFIX .. ':x', '-inf', now, 'LIMIT', 0, max)
+  for _, id in ipairs(ids) do
+    local tkey = PREFIX .. ':t:' .. id
+    local t = read_ticket(tkey)
+    if t then
+      end_ticket(tkey, id, t, nil, 'expired', retention, now)
+    else
+      redis.call('ZREM', PREFIX .. ':x', id)
+    end
+  end
+end
+
+-- The kill switch's targets and reasons, read once per call.
+local function kill_table()
+  local all = redis.call('HGETALL', PREFIX .. ':kill')
+  local t = {}
+  for i = 1, #all, 2 do t[all[i]] = all[i + 1] end
+  return t
+end
+
+-- One admission: count the attempt in every rate scope, apply the token verdict, take a lease
+-- in every concurrency scope and reserve in every budget scope, all or nothing.
+--
+-- A[a], ...: request id, ttl, retention, token_deny (0/1), n_rate, n_lease, n_budget, price
+--   (input, cached input, output; 0 when none), expired usage (the same three), n_kill, the
+--   kill-switch targets,
+--   then per rate scope: key, limit, window; per lease scope: key, limit; per budget scope: key,
+--   limit, unit (t|m), period length (0 = month), period label, amount.
+-- Returns {'admit', expires_at, quota values...} | {'deny', reason, scope index, remaining,
+--   retry_after (-1 none), reset (-1 none)} | {'token'} | {'dup'} | {'killed', target, reason}.
+local function admit_one(A, a, now, kills)
+  local id, ttl, retention = A[a], tonumber(A[a + 1]), tonumber(A[a + 2])
+  local token_deny = A[a + 3] == '1'
+  local n_rate, n_lease, n_budget = tonumber(A[a + 4]), tonumber(A[a + 5]), tonumber(A[a + 6])
+  local price = {tonumber(A[a + 7]), tonumber(A[a + 8]), tonumber(A[a + 9])}
+  local xu = {tonumber(A[a + 10]), tonumber(A[a + 11]), tonumber(A[a + 12])}
+  local n_kill = tonumber(A[a + 13])
+  a = a + 14
+  -- The kill switch comes before anything is counted.
+  for i = 0, n_kill - 1 do
+    local reason = kills[A[a + i]]
+    if reason then return {'killed', A[a + i], reason} end
+  end
+  a = a + n_kill
+
+  local tkey = PREFIX .. ':t:' .. id
+  if redis.call('EXISTS', tkey, PREFIX .. ':f:' .. id) > 0 then
+    return {'dup'}
+  end
+
+  local quotas = {}
+  -- 1. Rate: every attempt counts in every rate scope.
+  local rate_fail = nil
+  for i = 1, n_rate do
+    local key, limit, window = A[a], tonumber(A[a + 1]), tonumber(A[a + 2])
+    a = a + 3
+    local h = redis.call('HMGET', key, 's', 'c', 'p', 'w')
+    local w = {tonumber(h[1] or '0'), tonumber(h[2] or '0'), tonumber(h[3] or '0')}
+    if tonumber(h[4] or window) ~= window then w = {0, 0, 0} end
+    local old_start = h[1] and tonumber(h[1]) or -1
+    roll(w, now, window)
+    w[2] = math.min(w[2] + 1, COUNT_CAP)
+    local count = scaled(w, now, window)
+    redis.call('HSET', key, 's', w[1], 'c', w[2], 'p', w[3], 'w', window)
+    -- Set when a window starts: it then covers this window and the next, as long as it matters.
+    if w[1] ~= old_start then redis.call('PEXPIRE', key, 2 * window + 1000) end
+    local reset = w[1] + window - now
+    if count > limit * WEIGHT_SCALE and rate_fail == nil then
+      rate_fail = {'deny', 0, i - 1, 0, retry_after(w, now, window, limit), reset}
+    end
+    local used = math.ceil(count / WEIGHT_SCALE)
+    quotas[#quotas + 1] = math.max(limit - used, 0)
+    quotas[#quotas + 1] = reset
+  end
+  if rate_fail ~= nil then return rate_fail end
+  -- 2-4. Token controls, decided by the caller.
+  if token_deny then return {'token'} end
+  -- 5. Concurrency.
+  local leases = {}
+  for i = 1, n_lease do
+    local key, limit = A[a], tonumber(A[a + 1])
+    a = a + 2
+    -- Unexpired leases only; expired members are removed by the sweep and by settlement.
+    local held = redis.call('ZCOUNT', key, '(' .. now, '+inf')
+    if held >= limit then
+      local soonest = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      local wait = 1000
+      if soonest[2] ~= nil then wait = math.max(1, math.min(1000, tonumber(soonest[2]) - now)) end
+      return {'deny', 4, i - 1, 0, wait, -1}
+    end
+    leases[#leases + 1] = key
+    quotas[#quotas + 1] = limit - held - 1
+  end
+  -- 6. Budget: check all, then reserve all.
+  local budgets = {}
+  for i = 1, n_budget do
+    local key, limit, unit, len, label, amount =
+      A[a], tonumber(A[a + 1]), A[a + 2], tonumber(A[a + 3]), A[a + 4], tonumber(A[a + 5])
+    a = a + 6
+    local pid, _, pend = period_at(len, now)
+    local field = label .. '@' .. pid
+    local h = redis.call('HMGET', key, field .. ':s', field .. ':r', 'cur')
+    local committed = tonumber(h[1] or '0') + tonumber(h[2] or '0')
+    if committed + amount > limit then
+      local retry = -1
+      if amount <= limit then retry = pend - now end
+      return {'deny', 5, i - 1, math.max(limit - committed, 0), retry, pend - now}
+    end
+    budgets[#budgets + 1] = {key, field, unit, amount, len, label, pend, h[3]}
+    quotas[#quotas + 1] = limit - committed - amount
+    quotas[#quotas + 1] = pend - now
+  end
+  -- Everything passed: take the leases, make the reservations, record the ticket.
+  local expires = now + ttl
+  for _, key in ipairs(leases) do
+    redis.call('ZADD', key, expires, id)
+    redis.call('PEXPIRE', key, ttl + 60000)
+  end
+  local held = {}
+  for _, b in ipairs(budgets) do
+    local key, field, amount, pend, cur = b[1], b[2], b[4], b[7], b[8]
+    if cur ~= field then
+      -- A new period: drop the previous one unless reservations still settle into it.
+      if cur and tonumber(redis.call('HGET', key, cur .. ':r') or '0') <= 0 then
+        redis.call('HDEL', key, cur .. ':r', cur .. ':s')
+      end
+      redis.call('HSET', key, 'cur', field)
+    end
+    redis.call('HINCRBY', key, field .. ':r', amount)
+    -- Kept through the period, and while any reservation in it may still settle: set when the
+    -- period starts, and again only for a reservation that outlives the period.
+    if cur ~= field or ttl > pend - now then
+      redis.call('PEXPIRE', key, math.max(pend - now, ttl) + retention)
+    end
+    held[#held + 1] = {key, field, b[3], amount, b[5], b[6]}
+  end
+  write_ticket(tkey, {exp = expires, ttl = ttl, price = price, xu = xu, leases = leases,
+    budgets = held}, ttl + retention)
+  redis.call('ZADD', PREFIX .. ':x', expires, id)
+  local out = {'admit', expires}
+  for _, q in ipairs(quotas) do out[#out + 1] = q end
+  return out
+end
+
+-- One settlement or release. Idempotent: a second call answers how the request ended.
+--
+-- A[a], ...: request id, retention, ending (settled|released), whether usage follows (0/1),
+--   usage: input, cached input, output (without usage: the ticket's expired usage).
+-- Returns {'done', charges...} | {'ended', ending} | {'unknown'}.
+local function finish_one(A, a, now)
+  local id, retention, ending = A[a], tonumber(A[a + 1]), A[a + 2]
+  local tkey = PREFIX .. ':t:' .. id
+  local t = read_ticket(tkey)
+  if t then
+    local usage = nil
+    if A[a + 3] == '1' then usage = {tonumber(A[a + 4]), tonumber(A[a + 5]), tonumber(A[a + 6])} end
+    local out = {'done'}
+    for _, c in ipairs(end_ticket(tkey, id, t, usage, ending, retention, now)) do
+      out[#out + 1] = c
+    end
+    return out
+  end
+  local how = redis.call('GET', PREFIX .. ':f:' .. id)
+  if how then return {'ended', how} end
+  return {'unknown'}
+end
