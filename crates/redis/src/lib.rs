@@ -19,7 +19,7 @@
 //!
 //! Key layout (prefix `P`, default `tollgate`), documented in `docs/redis.md`:
 //! `P:r:<scope>` rate window, `P:l:<scope>` leases (sorted set by expiry), `P:b:<scope>`
-//! budget periods, `P:t:<request>` ticket, `P:x` ticket expiry index, `P:f:<request>` finished
+//! budget periods, `P:tl:<request>` ticket (a list), `P:x` ticket expiry index, `P:f:<request>` finished
 //! marker, `P:kill` kill switch, `P:clock` the store's last time.
 //!
 //! ```no_run
@@ -316,7 +316,7 @@ fn period_arg(p: Period) -> (u64, String) {
 /// The exact KEYS and ARGV of an admission, as one item of a batch call.
 pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocation {
     let mut keys = vec![
-        format!("{prefix}:t:{}", plan.request_id),
+        format!("{prefix}:tl:{}", plan.request_id),
         format!("{prefix}:f:{}", plan.request_id),
     ];
     let price = plan
@@ -696,7 +696,7 @@ impl RedisStore {
     ) -> Result<Finish, StoreError> {
         let p = &self.config.prefix;
         let inv = Invocation {
-            keys: vec![format!("{p}:t:{id}"), format!("{p}:f:{id}")],
+            keys: vec![format!("{p}:tl:{id}"), format!("{p}:f:{id}")],
             args: vec![
                 id.to_owned(),
                 self.config.retention_ms.to_string(),
@@ -774,7 +774,7 @@ impl Store for RedisStore {
         let p = self.config.prefix.clone();
         let inv = Invocation {
             keys: vec![
-                format!("{p}:t:{id}"),
+                format!("{p}:tl:{id}"),
                 format!("{p}:x"),
                 format!("{p}:clock"),
             ],

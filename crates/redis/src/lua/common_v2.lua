@@ -171,7 +171,7 @@ end
 local function sweep(now, max, retention)
   local ids = redis.call('ZRANGEBYSCORE', PREFIX .. ':x', '-inf', now, 'LIMIT', 0, max)
   for _, id in ipairs(ids) do
-    local tkey = PREFIX .. ':t:' .. id
+    local tkey = PREFIX .. ':tl:' .. id
     local t = read_ticket(tkey)
     if t then
       end_ticket(tkey, id, t, nil, 'expired', retention, now)
@@ -214,7 +214,7 @@ local function admit_one(A, a, now, kills)
   end
   a = a + n_kill
 
-  local tkey = PREFIX .. ':t:' .. id
+  local tkey = PREFIX .. ':tl:' .. id
   if redis.call('EXISTS', tkey, PREFIX .. ':f:' .. id) > 0 then
     return {'dup'}
   end
@@ -320,7 +320,7 @@ end
 -- Returns {'done', charges...} | {'ended', ending} | {'unknown'}.
 local function finish_one(A, a, now)
   local id, retention, ending = A[a], tonumber(A[a + 1]), A[a + 2]
-  local tkey = PREFIX .. ':t:' .. id
+  local tkey = PREFIX .. ':tl:' .. id
   local t = read_ticket(tkey)
   if t then
     local usage = nil
