@@ -695,17 +695,17 @@ impl RedisStore {
         ending: &str,
     ) -> Result<Finish, StoreError> {
         let p = &self.config.prefix;
+        let mut args = vec![
+            id.to_owned(),
+            self.config.retention_ms.to_string(),
+            ending.to_owned(),
+            if usage.is_some() { "1" } else { "0" }.to_owned(),
+        ];
+        args.extend(usage_args(&usage.unwrap_or_default()));
         let inv = Invocation {
             keys: vec![format!("{p}:tl:{id}"), format!("{p}:f:{id}")],
-            args: vec![
-                id.to_owned(),
-                self.config.retention_ms.to_string(),
-                ending.to_owned(),
-                if usage.is_some() { "1" } else { "0" }.to_owned(),
-            ],
+            args,
         };
-        let mut inv = inv;
-        inv.args.extend(usage_args(&usage.unwrap_or_default()));
         finish_reply(self.batched("f", inv).await?)
     }
 }
