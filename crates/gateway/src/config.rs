@@ -111,6 +111,8 @@ pub struct RawStore {
     pub call_timeout: Option<String>,
     /// Redis Cluster seed nodes (`redis://…` each), instead of `url`.
     pub cluster: Option<Vec<String>>,
+    /// Shards of the Redis key space (default 1; see `docs/redis.md`).
+    pub shards: Option<u16>,
 }
 
 /// `[[upstreams]]`
@@ -215,6 +217,8 @@ pub enum StoreConfig {
         call_timeout: Duration,
         /// Cluster seed nodes, when a cluster.
         cluster: Option<Vec<String>>,
+        /// Shards of the key space (1 to 1024).
+        shards: u16,
     },
 }
 
@@ -295,6 +299,16 @@ impl GatewayConfig {
                     .map_err(|e| err(format!("server.trusted_proxies[{i}]"), format!("{e}")))?,
             );
         }
+        let shards = match raw.store.shards {
+            None => 1,
+            Some(n @ 1..=1024) => n,
+            Some(n) => {
+                return Err(err(
+                    "store.shards",
+                    format!("{n} shards: give 1 to 1024 (every instance the same number)"),
+                ));
+            }
+        };
         let store = match raw.store.url.as_deref() {
             None | Some("memory") if raw.store.cluster.is_some() => StoreConfig::Redis {
                 url: String::new(),
@@ -309,6 +323,7 @@ impl GatewayConfig {
                     "store.call_timeout",
                 )?,
                 cluster: raw.store.cluster.clone(),
+                shards,
             },
             None | Some("memory") => StoreConfig::Memory,
             Some(url) if url.starts_with("redis://") => StoreConfig::Redis {
@@ -324,6 +339,7 @@ impl GatewayConfig {
                     "store.call_timeout",
                 )?,
                 cluster: None,
+                shards,
             },
             Some(other) => {
                 return Err(err(

@@ -33,11 +33,13 @@ pub async fn start_store(config: &GatewayConfig) -> std::io::Result<AnyStore> {
             prefix,
             call_timeout,
             cluster,
+            shards,
         } => {
             let mut c = RedisConfig::new(url.as_str());
             c.prefix = prefix.clone();
             c.call_timeout = *call_timeout;
             c.cluster = cluster.clone();
+            c.shards = *shards;
             AnyStore::Redis(
                 RedisStore::connect(c)
                     .await

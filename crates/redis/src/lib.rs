@@ -17,6 +17,9 @@
 //!   [`StoreError::Unavailable`] (the gateway fails closed on it unless told otherwise), and the
 //!   connection reconnects by itself.
 //!
+//! - With `RedisConfig::shards` > 1, scopes spread over cluster slots and a request spanning
+//!   several shards is admitted shard by shard, with roll-back (`docs/redis.md`).
+//!
 //! Key layout (prefix `P`, default `tollgate`), documented in `docs/redis.md`:
 //! `P:r:<scope>` rate window, `P:l:<scope>` leases (sorted set by expiry), `P:b:<scope>`
 //! budget periods, `P:tl:<request>` ticket (a list), `P:x` ticket expiry index, `P:f:<request>` finished
@@ -55,9 +58,15 @@ pub struct RedisConfig {
     pub call_timeout: Duration,
     /// How long finished request ids are remembered (late duplicates are no-ops).
     pub retention_ms: u64,
-    /// Redis Cluster: the seed nodes (`url` is then unused). Every key of the prefix shares one
-    /// hash tag, `{prefix}`, so each script runs atomically on one shard.
+    /// Redis Cluster: the seed nodes (`url` is then unused). With one shard, every key of the
+    /// prefix shares one hash tag, `{prefix}`, so each script runs atomically on one node.
     pub cluster: Option<Vec<String>>,
+    /// Shards of the key space (default 1). With more, each scope's keys carry the tag
+    /// `{prefix.N}` of the shard its id hashes to, so a cluster spreads the load over its nodes;
+    /// a request whose scopes sit in several shards is admitted shard by shard in shard order,
+    /// with roll-back when one refuses (see `docs/redis.md`). Every instance sharing the store
+    /// must use the same number.
+    pub shards: u16,
     /// Most admissions and settlements carried by one script call.
     pub max_batch: usize,
     /// Batch calls on their way at once; while they are, new work waits and joins the next one.
@@ -74,6 +83,7 @@ impl RedisConfig {
             call_timeout: Duration::from_millis(250),
             retention_ms: 3_600_000,
             cluster: None,
+            shards: 1,
             max_batch: 64,
             batches_in_flight: 2,
         }
@@ -149,15 +159,90 @@ fn tagged(prefix: &str) -> String {
     }
 }
 
-/// The Redis [`Store`]. Cheap to clone: clones share one multiplexed connection and one batch
-/// queue.
+/// The key prefix of each shard: the prefix itself when there is one shard (tagged in a
+/// cluster), else `{prefix.N}` for shard N.
+fn shard_prefixes(prefix: &str, shards: u16) -> Arc<[String]> {
+    if shards <= 1 {
+        return Arc::from(vec![prefix.to_owned()]);
+    }
+    let inner = prefix.trim_start_matches('{').trim_end_matches('}');
+    (0..shards).map(|i| format!("{{{inner}.{i}}}")).collect()
+}
+
+/// The shard of a scope (or request) id: FNV-1a, stable across versions and instances.
+fn shard_of(id: &str, shards: usize) -> usize {
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    usize::try_from(h % shards.max(1) as u64).unwrap_or(0)
+}
+
+/// One shard's share of a request's plan, and where its checks sit in the whole plan.
+struct Part {
+    shard: usize,
+    plan: Plan,
+    rate: Vec<usize>,
+    concurrency: Vec<usize>,
+    budget: Vec<usize>,
+}
+
+impl Part {
+    /// Where a refusal of this part ranks among all the request's: by control, then by the
+    /// scope's place in the plan (the order a single-shard store reports in).
+    fn rank(&self, d: &Deny) -> (Reason, usize) {
+        let at =
+            |ids: &[usize], pos: Option<usize>| pos.and_then(|p| ids.get(p).copied()).unwrap_or(0);
+        let idx = match d.reason {
+            Reason::RequestRateLimit => at(
+                &self.rate,
+                self.plan.rate.iter().position(|r| r.scope == d.scope),
+            ),
+            Reason::ConcurrencyLimit => at(
+                &self.concurrency,
+                self.plan
+                    .concurrency
+                    .iter()
+                    .position(|c| c.scope == d.scope),
+            ),
+            Reason::BudgetLimit => at(
+                &self.budget,
+                self.plan.budget.iter().position(|b| b.scope == d.scope),
+            ),
+            _ => 0,
+        };
+        (d.reason, idx)
+    }
+}
+
+/// What this instance remembers of a request it admitted on a sharded store: the shards
+/// holding its parts, with the plan positions of each part's budgets (for the charges' order).
+#[derive(Debug, Clone)]
+struct Admission {
+    expires_at: u64,
+    parts: Vec<(usize, Vec<usize>)>,
+}
+
+/// Requests admitted here on a sharded store, by id, until they end. A request missing here
+/// (admitted elsewhere, or forgotten) is looked for in every shard.
+#[derive(Debug, Default)]
+struct Admissions {
+    map: std::collections::HashMap<String, Admission>,
+    /// Size after the last pruning; the next one runs at twice that.
+    pruned_at: usize,
+}
+
+/// The Redis [`Store`]. Cheap to clone: clones share one multiplexed connection and the batch
+/// queues.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
     config: Arc<RedisConfig>,
     clock: Option<Arc<dyn Clock>>,
-    /// Started on first use, inside the caller's runtime.
-    queue: Arc<OnceLock<mpsc::Sender<Job>>>,
+    /// The key prefix of each shard.
+    shards: Arc<[String]>,
+    /// One batch queue per shard, each started on first use, inside the caller's runtime.
+    queues: Arc<[OnceLock<mpsc::Sender<Job>>]>,
+    admissions: Arc<std::sync::Mutex<Admissions>>,
 }
 
 /// An admission (`a`) or a settlement (`f`) waiting for a batch call.
@@ -173,6 +258,7 @@ async fn run_batches(
     mut rx: mpsc::Receiver<Job>,
     conn: Conn,
     config: Arc<RedisConfig>,
+    prefix: Arc<str>,
     clock: Option<Arc<dyn Clock>>,
 ) {
     let slots = Arc::new(Semaphore::new(config.batches_in_flight.max(1)));
@@ -187,10 +273,10 @@ async fn run_batches(
                 Err(_) => break,
             }
         }
-        let (conn, config) = (conn.clone(), config.clone());
+        let (conn, config, prefix) = (conn.clone(), config.clone(), prefix.clone());
         let now = clock.as_ref().map_or(0, |c| c.now().max(1));
         tokio::spawn(async move {
-            call_batch(conn, &config, now, jobs).await;
+            call_batch(conn, &config, &prefix, now, jobs).await;
             drop(permit);
         });
     }
@@ -218,9 +304,9 @@ pub fn batch_invocation<'a>(
     Invocation { keys, args }
 }
 
-async fn call_batch(mut conn: Conn, config: &RedisConfig, now: u64, jobs: Vec<Job>) {
+async fn call_batch(mut conn: Conn, config: &RedisConfig, prefix: &str, now: u64, jobs: Vec<Job>) {
     let inv = batch_invocation(
-        &config.prefix,
+        prefix,
         now,
         config.retention_ms,
         jobs.iter().map(|j| (j.op, &j.inv)),
@@ -368,6 +454,27 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocat
         ]);
     }
     Invocation { keys, args }
+}
+
+/// The KEYS and ARGV of a settlement or release, as one item of a batch call.
+fn finish_invocation(
+    prefix: &str,
+    id: &str,
+    retention_ms: u64,
+    usage: Option<Usage>,
+    ending: &str,
+) -> Invocation {
+    let mut args = vec![
+        id.to_owned(),
+        retention_ms.to_string(),
+        ending.to_owned(),
+        if usage.is_some() { "1" } else { "0" }.to_owned(),
+    ];
+    args.extend(usage_args(&usage.unwrap_or_default()));
+    Invocation {
+        keys: vec![format!("{prefix}:tl:{id}"), format!("{prefix}:f:{id}")],
+        args,
+    }
 }
 
 fn int(v: &Value) -> Result<i64, StoreError> {
@@ -551,12 +658,7 @@ impl RedisStore {
                 .map_err(unavailable)?;
             let conn = client.get_async_connection().await.map_err(unavailable)?;
             config.prefix = tagged(&config.prefix);
-            return Ok(Self {
-                conn: Conn::Cluster(conn),
-                config: Arc::new(config),
-                clock: None,
-                queue: Arc::default(),
-            });
+            return Ok(Self::over(Conn::Cluster(conn), config));
         }
         let client = redis::Client::open(config.url.as_str()).map_err(unavailable)?;
         let cm = ConnectionManagerConfig::new()
@@ -565,12 +667,19 @@ impl RedisStore {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client, cm).map_err(unavailable)?;
-        Ok(Self {
-            conn: Conn::Single(conn),
+        Ok(Self::over(Conn::Single(conn), config))
+    }
+
+    fn over(conn: Conn, config: RedisConfig) -> Self {
+        let shards = shard_prefixes(&config.prefix, config.shards);
+        Self {
+            conn,
             config: Arc::new(config),
             clock: None,
-            queue: Arc::default(),
-        })
+            queues: (0..shards.len()).map(|_| OnceLock::new()).collect(),
+            shards,
+            admissions: Arc::default(),
+        }
     }
 
     /// Uses `clock` instead of Redis `TIME` (tests and deterministic replay only: instances
@@ -578,21 +687,21 @@ impl RedisStore {
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
-        self.queue = Arc::default();
+        self.queues = (0..self.shards.len()).map(|_| OnceLock::new()).collect();
         self
     }
 
     /// The same connection under another key prefix (an isolated store on the same Redis).
     #[must_use]
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn with_prefix(self, prefix: impl Into<String>) -> Self {
         let mut c = (*self.config).clone();
         c.prefix = prefix.into();
         if c.cluster.is_some() {
             c.prefix = tagged(&c.prefix);
         }
-        self.config = Arc::new(c);
-        self.queue = Arc::default();
-        self
+        let mut store = Self::over(self.conn, c);
+        store.clock = self.clock;
+        store
     }
 
     /// The key prefix.
@@ -600,18 +709,38 @@ impl RedisStore {
         &self.config.prefix
     }
 
+    /// The key prefix of the shard holding a scope's keys (the prefix itself with one shard).
+    pub fn shard_prefix(&self, scope_id: &str) -> &str {
+        &self.shards[shard_of(scope_id, self.shards.len())]
+    }
+
     fn now_arg(&self) -> u64 {
         // 0 tells the script to read Redis TIME.
         self.clock.as_ref().map_or(0, |c| c.now().max(1))
     }
 
-    /// Queues an admission or a settlement for the next batch call and waits for its reply.
-    async fn batched(&self, op: &'static str, inv: Invocation) -> Result<Vec<Value>, StoreError> {
-        let queue = self.queue.get_or_init(|| {
+    /// Queues an admission or a settlement for the next batch call on `shard` and waits for its
+    /// reply.
+    async fn batched(
+        &self,
+        shard: usize,
+        op: &'static str,
+        inv: Invocation,
+    ) -> Result<Vec<Value>, StoreError> {
+        let (Some(queue), Some(prefix)) = (self.queues.get(shard), self.shards.get(shard)) else {
+            return Err(StoreError::Protocol(format!("no shard {shard}")));
+        };
+        let queue = queue.get_or_init(|| {
             let (tx, rx) = mpsc::channel(4 * self.config.max_batch.max(1));
             let (conn, config, clock) =
                 (self.conn.clone(), self.config.clone(), self.clock.clone());
-            tokio::spawn(run_batches(rx, conn, config, clock));
+            tokio::spawn(run_batches(
+                rx,
+                conn,
+                config,
+                Arc::from(prefix.as_str()),
+                clock,
+            ));
             tx
         });
         let (reply, answer) = oneshot::channel();
@@ -661,18 +790,21 @@ impl RedisStore {
     /// Expires up to `max` tickets whose time has come, and says how many. Every call sweeps a
     /// few on its way; this is for maintenance and tests that need all of them gone now.
     pub async fn sweep_expired(&self, max: u64) -> Result<u64, StoreError> {
-        let p = &self.config.prefix;
-        let inv = Invocation {
-            keys: vec![format!("{p}:x"), format!("{p}:clock")],
-            args: vec![
-                p.clone(),
-                self.now_arg().to_string(),
-                self.config.retention_ms.to_string(),
-                max.to_string(),
-            ],
-        };
-        let n: i64 = self.invoke(&scripts().sweep, inv).await?;
-        Ok(n.max(0) as u64)
+        let mut swept = 0;
+        for p in self.shards.iter() {
+            let inv = Invocation {
+                keys: vec![format!("{p}:x"), format!("{p}:clock")],
+                args: vec![
+                    p.clone(),
+                    self.now_arg().to_string(),
+                    self.config.retention_ms.to_string(),
+                    max.to_string(),
+                ],
+            };
+            let n: i64 = self.invoke(&scripts().sweep, inv).await?;
+            swept += n.max(0) as u64;
+        }
+        Ok(swept)
     }
 
     /// Whether the store answers (for readiness checks).
@@ -688,25 +820,45 @@ impl RedisStore {
         .map_err(unavailable)
     }
 
+    /// Renews a request's leases and reservations on one shard.
+    async fn renew_on(&self, shard: usize, id: &str) -> Result<Renewal, StoreError> {
+        let p = &self.shards[shard];
+        let inv = Invocation {
+            keys: vec![
+                format!("{p}:tl:{id}"),
+                format!("{p}:x"),
+                format!("{p}:clock"),
+            ],
+            args: vec![
+                p.clone(),
+                self.now_arg().to_string(),
+                id.to_owned(),
+                self.config.retention_ms.to_string(),
+            ],
+        };
+        let reply = self.call(&scripts().renew, inv).await?;
+        match reply.first().map(text).transpose()?.as_deref() {
+            Some("renewed") => Ok(Renewal::Renewed {
+                expires_at: reply.get(1).map(int).transpose()?.unwrap_or(0).max(0) as u64,
+            }),
+            Some("gone") => Ok(Renewal::NotInFlight),
+            other => Err(StoreError::Protocol(format!(
+                "unknown renew reply {other:?}"
+            ))),
+        }
+    }
+
     async fn finish(
         &self,
         id: &str,
         usage: Option<Usage>,
         ending: &str,
     ) -> Result<Finish, StoreError> {
-        let p = &self.config.prefix;
-        let mut args = vec![
-            id.to_owned(),
-            self.config.retention_ms.to_string(),
-            ending.to_owned(),
-            if usage.is_some() { "1" } else { "0" }.to_owned(),
-        ];
-        args.extend(usage_args(&usage.unwrap_or_default()));
-        let inv = Invocation {
-            keys: vec![format!("{p}:tl:{id}"), format!("{p}:f:{id}")],
-            args,
-        };
-        finish_reply(self.batched("f", inv).await?)
+        if self.shards.len() > 1 {
+            return self.finish_parts(id, usage, ending).await;
+        }
+        let inv = finish_invocation(&self.shards[0], id, self.config.retention_ms, usage, ending);
+        finish_reply(self.batched(0, "f", inv).await?)
     }
 }
 
@@ -716,25 +868,27 @@ impl Store for RedisStore {
         target: &str,
         reason: Option<&str>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = format!("{}:kill", self.config.prefix);
         let (target, reason) = (target.to_owned(), reason.map(str::to_owned));
         async move {
-            let mut conn = self.conn.clone();
-            let mut cmd = redis::cmd(if reason.is_some() { "HSET" } else { "HDEL" });
-            cmd.arg(&key).arg(&target);
-            if let Some(r) = &reason {
-                cmd.arg(r);
+            // Every shard holds a copy, read inside its admissions.
+            for p in self.shards.iter() {
+                let mut conn = self.conn.clone();
+                let mut cmd = redis::cmd(if reason.is_some() { "HSET" } else { "HDEL" });
+                cmd.arg(format!("{p}:kill")).arg(&target);
+                if let Some(r) = &reason {
+                    cmd.arg(r);
+                }
+                tokio::time::timeout(self.config.call_timeout, cmd.query_async::<i64>(&mut conn))
+                    .await
+                    .map_err(|_| StoreError::Unavailable("kill switch call timed out".into()))?
+                    .map_err(unavailable)?;
             }
-            tokio::time::timeout(self.config.call_timeout, cmd.query_async::<i64>(&mut conn))
-                .await
-                .map_err(|_| StoreError::Unavailable("kill switch call timed out".into()))?
-                .map(|_| ())
-                .map_err(unavailable)
+            Ok(())
         }
     }
 
     fn kills(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
-        let key = format!("{}:kill", self.config.prefix);
+        let key = format!("{}:kill", self.shards[0]);
         async move {
             let mut conn = self.conn.clone();
             let mut cmd = redis::cmd("HGETALL");
@@ -749,9 +903,12 @@ impl Store for RedisStore {
         }
     }
 
-    fn admit(&self, plan: &Plan) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        let inv = admit_invocation(&self.config.prefix, plan, self.config.retention_ms);
-        async move { decision(plan, self.batched("a", inv).await?) }
+    async fn admit(&self, plan: &Plan) -> Result<Decision, StoreError> {
+        if self.shards.len() > 1 {
+            return self.admit_parts(plan).await;
+        }
+        let inv = admit_invocation(&self.shards[0], plan, self.config.retention_ms);
+        decision(plan, self.batched(0, "a", inv).await?)
     }
 
     fn settle(
@@ -771,31 +928,12 @@ impl Store for RedisStore {
     }
 
     fn renew(&self, id: &str) -> impl Future<Output = Result<Renewal, StoreError>> + Send {
-        let p = self.config.prefix.clone();
-        let inv = Invocation {
-            keys: vec![
-                format!("{p}:tl:{id}"),
-                format!("{p}:x"),
-                format!("{p}:clock"),
-            ],
-            args: vec![
-                p.clone(),
-                self.now_arg().to_string(),
-                id.to_owned(),
-                self.config.retention_ms.to_string(),
-            ],
-        };
+        let id = id.to_owned();
         async move {
-            let reply = self.call(&scripts().renew, inv).await?;
-            match reply.first().map(text).transpose()?.as_deref() {
-                Some("renewed") => Ok(Renewal::Renewed {
-                    expires_at: reply.get(1).map(int).transpose()?.unwrap_or(0).max(0) as u64,
-                }),
-                Some("gone") => Ok(Renewal::NotInFlight),
-                other => Err(StoreError::Protocol(format!(
-                    "unknown renew reply {other:?}"
-                ))),
+            if self.shards.len() > 1 {
+                return self.renew_parts(&id).await;
             }
+            self.renew_on(0, &id).await
         }
     }
 
@@ -804,7 +942,7 @@ impl Store for RedisStore {
         scope_id: &str,
         period: Option<Period>,
     ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
-        let p = self.config.prefix.clone();
+        let p = &self.shards[shard_of(scope_id, self.shards.len())];
         let (len, label) = period.map_or((-1i64, String::new()), |per| {
             let (len, label) = period_arg(per);
             (i64::try_from(len).unwrap_or(i64::MAX), label)
@@ -841,6 +979,8 @@ impl Store for RedisStore {
         }
     }
 }
+
+mod sharded;
 
 #[cfg(test)]
 mod tests;

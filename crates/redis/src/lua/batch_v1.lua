@@ -1,8 +1,9 @@
 -- Admissions and settlements of many requests in one call: each item is the same atomic
 -- transition as on its own, applied in order; the call as a whole is atomic too.
 --
--- ARGV: prefix, now (0 = Redis TIME), retention, then per item: op ('a' admit | 'f' finish),
---       the number of its arguments, its arguments (see admit_one and finish_one).
+-- ARGV: prefix, now (0 = Redis TIME), retention, then per item: op ('a' admit | 'f' finish |
+--       'p' probe, an admission that takes nothing | 'u' undo an admission), the number of its
+--       arguments, its arguments (see admit_one, finish_one and undo_one).
 -- KEYS: every key the items touch (for cluster routing; all share the prefix's slot).
 -- Returns one reply per item, in order; an item that fails answers {'error', message} and the
 -- others still run.
@@ -15,10 +16,12 @@ local a, longest = 4, 0
 while a <= #ARGV do
   local op, n = ARGV[a], tonumber(ARGV[a + 1])
   local ok, reply
-  if op == 'a' then
+  if op == 'a' or op == 'p' then
     if kills == nil then kills = kill_table() end
-    ok, reply = pcall(admit_one, ARGV, a + 2, now, kills)
-    if ok and reply[1] == 'admit' then longest = math.max(longest, tonumber(ARGV[a + 3])) end
+    ok, reply = pcall(admit_one, ARGV, a + 2, now, kills, op == 'p')
+    if ok and op == 'a' and reply[1] == 'admit' then longest = math.max(longest, tonumber(ARGV[a + 3])) end
+  elseif op == 'u' then
+    ok, reply = pcall(undo_one, ARGV, a + 2)
   else
     ok, reply = pcall(finish_one, ARGV, a + 2, now)
   end

@@ -199,7 +199,7 @@ end
 --   limit, unit (t|m), period length (0 = month), period label, amount.
 -- Returns {'admit', expires_at, quota values...} | {'deny', reason, scope index, remaining,
 --   retry_after (-1 none), reset (-1 none)} | {'token'} | {'dup'} | {'killed', target, reason}.
-local function admit_one(A, a, now, kills)
+local function admit_one(A, a, now, kills, probe)
   local id, ttl, retention = A[a], tonumber(A[a + 1]), tonumber(A[a + 2])
   local token_deny = A[a + 3] == '1'
   local n_rate, n_lease, n_budget = tonumber(A[a + 4]), tonumber(A[a + 5]), tonumber(A[a + 6])
@@ -281,6 +281,12 @@ local function admit_one(A, a, now, kills)
     quotas[#quotas + 1] = limit - committed - amount
     quotas[#quotas + 1] = pend - now
   end
+  -- A probe (sharded stores, after another shard refused) counts and checks, takes nothing.
+  if probe then
+    local out = {'admit', 0}
+    for _, q in ipairs(quotas) do out[#out + 1] = q end
+    return out
+  end
   -- Everything passed: take the leases, make the reservations, record the ticket.
   local expires = now + ttl
   for _, key in ipairs(leases) do
@@ -311,6 +317,21 @@ local function admit_one(A, a, now, kills)
   local out = {'admit', expires}
   for _, q in ipairs(quotas) do out[#out + 1] = q end
   return out
+end
+
+-- Undoes this shard's part of an admission that another shard refused (sharded stores): leases
+-- and reservations back, no charge, no finished marker (the request never was admitted).
+-- A[a]: request id. Returns {'undone'} | {'unknown'}.
+local function undo_one(A, a)
+  local id = A[a]
+  local tkey = PREFIX .. ':tl:' .. id
+  local t = read_ticket(tkey)
+  if not t then return {'unknown'} end
+  for _, lkey in ipairs(t.leases) do redis.call('ZREM', lkey, id) end
+  for _, b in ipairs(t.budgets) do redis.call('HINCRBY', b[1], b[2] .. ':r', -b[4]) end
+  redis.call('DEL', tkey)
+  redis.call('ZREM', PREFIX .. ':x', id)
+  return {'undone'}
 end
 
 -- One settlement or release. Idempotent: a second call answers how the request ended.

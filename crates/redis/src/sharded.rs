@@ -1,0 +1,281 @@
+//! Sharded stores (`RedisConfig::shards` > 1): each scope's keys live in the shard its id hashes
+//! to, so a Redis Cluster spreads them over its nodes. A request whose scopes sit in several
+//! shards is admitted shard by shard, in shard order; when one refuses, the parts already taken
+//! are undone, and the remaining shards are probed (their attempts counted, nothing taken) so
+//! that the refusal reported is the one a single-shard store would report. No limit can be
+//! exceeded: every part is its own atomic check-and-take. Under contention a request may be
+//! refused because of another's part that is later undone (a spurious refusal, which the
+//! single-shard store would not make).
+
+use std::collections::BTreeMap;
+
+use tollgate_core::pipeline::Plan;
+use tollgate_core::{Admitted, Decision, Finish, Renewal, StoreError, Usage};
+
+use crate::{
+    Admission, Invocation, Part, RedisStore, admit_invocation, decision, finish_invocation,
+    finish_reply, shard_of,
+};
+
+/// Beyond this many remembered admissions, forgotten ones are pruned (they are then looked for in
+/// every shard at settlement).
+const PRUNE_FLOOR: usize = 4096;
+
+impl RedisStore {
+    /// The plan cut into one part per shard, in shard order. A plan without stateful checks
+    /// still gets one part (for its ticket): in the shard of its request id.
+    fn split(&self, plan: &Plan) -> Vec<Part> {
+        let n = self.shards.len();
+        let mut parts: BTreeMap<usize, Part> = BTreeMap::new();
+        fn part<'a>(
+            parts: &'a mut BTreeMap<usize, Part>,
+            plan: &Plan,
+            shard: usize,
+        ) -> &'a mut Part {
+            parts.entry(shard).or_insert_with(|| Part {
+                shard,
+                plan: Plan {
+                    rate: Vec::new(),
+                    concurrency: Vec::new(),
+                    budget: Vec::new(),
+                    ..plan.clone()
+                },
+                rate: Vec::new(),
+                concurrency: Vec::new(),
+                budget: Vec::new(),
+            })
+        }
+        for (i, r) in plan.rate.iter().enumerate() {
+            let p = part(&mut parts, plan, shard_of(r.scope.id(), n));
+            p.plan.rate.push(r.clone());
+            p.rate.push(i);
+        }
+        for (i, c) in plan.concurrency.iter().enumerate() {
+            let p = part(&mut parts, plan, shard_of(c.scope.id(), n));
+            p.plan.concurrency.push(c.clone());
+            p.concurrency.push(i);
+        }
+        for (i, b) in plan.budget.iter().enumerate() {
+            let p = part(&mut parts, plan, shard_of(b.scope.id(), n));
+            p.plan.budget.push(b.clone());
+            p.budget.push(i);
+        }
+        if parts.is_empty() {
+            part(&mut parts, plan, shard_of(&plan.request_id, n));
+        }
+        parts.into_values().collect()
+    }
+
+    async fn admit_part(&self, part: &Part, op: &'static str) -> Result<Decision, StoreError> {
+        let inv = admit_invocation(
+            &self.shards[part.shard],
+            &part.plan,
+            self.config.retention_ms,
+        );
+        decision(&part.plan, self.batched(part.shard, op, inv).await?)
+    }
+
+    /// Gives back the leases and reservations of parts taken for a request that is then
+    /// refused. Best effort: a part that cannot be undone now expires, and is charged, as the
+    /// policy says for an abandoned request.
+    async fn undo(&self, id: &str, shards: impl Iterator<Item = usize>) {
+        for shard in shards {
+            let inv = Invocation {
+                keys: vec![format!("{}:tl:{id}", self.shards[shard])],
+                args: vec![id.to_owned()],
+            };
+            let _ = self.batched(shard, "u", inv).await;
+        }
+    }
+
+    pub(crate) async fn admit_parts(&self, plan: &Plan) -> Result<Decision, StoreError> {
+        let parts = self.split(plan);
+        let mut taken: Vec<Admitted> = Vec::with_capacity(parts.len());
+        for (k, part) in parts.iter().enumerate() {
+            let refusal = match self.admit_part(part, "a").await {
+                Ok(Decision::Admit(a)) => {
+                    taken.push(a);
+                    continue;
+                }
+                Ok(Decision::Deny(d)) => d,
+                Ok(killed @ Decision::Killed(_)) => {
+                    self.undo(&plan.request_id, parts[..k].iter().map(|p| p.shard))
+                        .await;
+                    return Ok(killed);
+                }
+                Err(e @ StoreError::DuplicateRequestId(_)) => {
+                    self.undo(&plan.request_id, parts[..k].iter().map(|p| p.shard))
+                        .await;
+                    return Err(e);
+                }
+                Err(e) => {
+                    // The failed part may have been applied before its answer was lost.
+                    self.undo(&plan.request_id, parts[..=k].iter().map(|p| p.shard))
+                        .await;
+                    return Err(e);
+                }
+            };
+            self.undo(&plan.request_id, parts[..k].iter().map(|p| p.shard))
+                .await;
+            // Every attempt counts in every rate scope, and the refusal reported is the first
+            // control (then the first scope in the plan) that refuses anywhere.
+            let mut first = (part.rank(&refusal), refusal);
+            for later in &parts[k + 1..] {
+                if let Ok(Decision::Deny(d)) = self.admit_part(later, "p").await {
+                    let rank = later.rank(&d);
+                    if rank < first.0 {
+                        first = (rank, d);
+                    }
+                }
+            }
+            return Ok(Decision::Deny(first.1));
+        }
+        Ok(Decision::Admit(self.merge(plan, &parts, taken)))
+    }
+
+    /// One admission out of its parts': quotas in the plan's order, the earliest expiry.
+    fn merge(&self, plan: &Plan, parts: &[Part], taken: Vec<Admitted>) -> Admitted {
+        let mut quotas = Vec::new();
+        let mut expires_at = u64::MAX;
+        for (part, a) in parts.iter().zip(taken) {
+            expires_at = expires_at.min(a.expires_at);
+            let places = part
+                .rate
+                .iter()
+                .chain(&part.concurrency)
+                .chain(&part.budget);
+            quotas.extend(places.copied().zip(a.quotas));
+        }
+        quotas.sort_by_key(|(i, q)| (q.reason, *i));
+        let remembered = Admission {
+            expires_at,
+            parts: parts.iter().map(|p| (p.shard, p.budget.clone())).collect(),
+        };
+        self.remember(&plan.request_id, remembered);
+        Admitted {
+            request_id: plan.request_id.clone(),
+            max_output_tokens: plan.max_output_tokens,
+            expires_at,
+            quotas: quotas.into_iter().map(|(_, q)| q).collect(),
+            fail_open: false,
+        }
+    }
+
+    fn remember(&self, id: &str, a: Admission) {
+        let mut m = self
+            .admissions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if m.map.len() >= PRUNE_FLOOR.max(2 * m.pruned_at) {
+            // Forget requests long past their expiry (settling one later still works: every
+            // shard is asked).
+            let horizon = self
+                .now_arg()
+                .max(wall_ms())
+                .saturating_sub(self.config.retention_ms);
+            m.map.retain(|_, a| a.expires_at >= horizon);
+            m.pruned_at = m.map.len();
+        }
+        m.map.insert(id.to_owned(), a);
+    }
+
+    fn forget(&self, id: &str) -> Option<Admission> {
+        self.admissions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .map
+            .remove(id)
+    }
+
+    /// The shards holding a request's parts (with their budgets' plan positions), or every
+    /// shard when this instance did not admit it.
+    fn parts_of(&self, known: Option<Admission>) -> Vec<(usize, Option<Vec<usize>>)> {
+        match known {
+            Some(a) => a.parts.into_iter().map(|(s, b)| (s, Some(b))).collect(),
+            None => (0..self.shards.len()).map(|s| (s, None)).collect(),
+        }
+    }
+
+    pub(crate) async fn finish_parts(
+        &self,
+        id: &str,
+        usage: Option<Usage>,
+        ending: &str,
+    ) -> Result<Finish, StoreError> {
+        let parts = self.parts_of(self.forget(id));
+        let mut charged: Vec<u64> = Vec::new();
+        let (mut done, mut ended, mut error) = (false, None, None);
+        // Every part is ended even when one fails; a repeat ends what is left.
+        for (shard, places) in parts {
+            let inv = finish_invocation(
+                &self.shards[shard],
+                id,
+                self.config.retention_ms,
+                usage,
+                ending,
+            );
+            match self.batched(shard, "f", inv).await.and_then(finish_reply) {
+                Ok(Finish::Done { charged: c }) => {
+                    done = true;
+                    match places {
+                        Some(places) => {
+                            for (i, amount) in places.into_iter().zip(c) {
+                                if charged.len() <= i {
+                                    charged.resize(i + 1, 0);
+                                }
+                                charged[i] = amount;
+                            }
+                        }
+                        None => charged.extend(c),
+                    }
+                }
+                Ok(Finish::AlreadyEnded(how)) => ended = ended.or(Some(how)),
+                Ok(Finish::Unknown) => {}
+                Err(e) => error = error.or(Some(e)),
+            }
+        }
+        if let Some(e) = error {
+            return Err(e);
+        }
+        Ok(if done {
+            Finish::Done { charged }
+        } else if let Some(how) = ended {
+            Finish::AlreadyEnded(how)
+        } else {
+            Finish::Unknown
+        })
+    }
+
+    pub(crate) async fn renew_parts(&self, id: &str) -> Result<Renewal, StoreError> {
+        let known = self
+            .admissions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .map
+            .get(id)
+            .cloned();
+        let every_part = known.is_some();
+        let mut soonest: Option<u64> = None;
+        for (shard, _) in self.parts_of(known) {
+            match self.renew_on(shard, id).await? {
+                Renewal::Renewed { expires_at } => {
+                    soonest = Some(soonest.map_or(expires_at, |s| s.min(expires_at)));
+                }
+                // A part of a request admitted here has expired: the request has lost its hold.
+                Renewal::NotInFlight if every_part => return Ok(Renewal::NotInFlight),
+                Renewal::NotInFlight => {}
+            }
+        }
+        Ok(
+            soonest.map_or(Renewal::NotInFlight, |expires_at| Renewal::Renewed {
+                expires_at,
+            }),
+        )
+    }
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
