@@ -96,10 +96,14 @@ fn tollgate_admit_settle(bencher: Bencher, scopes: &str) {
     let store = MemoryStore::new().retention_ms(1_000);
     bencher
         .with_inputs(|| facts(NEXT.load(Ordering::Relaxed)))
-        .bench_values(|f| admit_settle(&store, &policy, &f));
+        .bench_values(|f| {
+            admit_settle(&store, &policy, &f);
+            f // dropped after timing: the caller's input, not the work measured
+        });
 }
 
-/// Only the store's atomic transition (admit + settle), with the plan built beforehand.
+/// Only the store's atomic transition (admit + settle), with the plan built beforehand and
+/// dropped after timing; the store's answers are dropped inside it.
 #[divan::bench(args = ["1 scope", "5 scopes"], sample_count = 200, sample_size = 50)]
 fn tollgate_store_only(bencher: Bencher, scopes: &str) {
     let text = if scopes == "1 scope" {
@@ -120,6 +124,7 @@ fn tollgate_store_only(bencher: Bencher, scopes: &str) {
             let d = store.admit_sync(&p).unwrap();
             divan::black_box(&d);
             divan::black_box(store.settle_sync(&p.request_id, u).unwrap());
+            p
         });
 }
 

@@ -4,7 +4,7 @@
 //! Memory is bounded by what is live: rate windows are dropped two windows after their last
 //! attempt, budget periods once they have ended and hold no reservation, leases and
 //! reservations when their request ends or expires, and finished request ids after the
-//! retention time.
+//! retention time or, beyond [`DEFAULT_MAX_REMEMBERED`] of them, oldest first.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -19,6 +19,10 @@ use crate::store::{Ending, Finish, Renewal, ScopeUsage, Store, StoreError};
 
 /// How long finished request ids are remembered, so that a late duplicate settlement is a no-op.
 pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
+/// Most finished request ids remembered at once (about 200 MB at the measured bytes per id);
+/// beyond it the oldest are forgotten early, so memory stays bounded at any request rate. A
+/// settlement of a forgotten id answers `Unknown`: still a no-op.
+pub const DEFAULT_MAX_REMEMBERED: usize = 1_000_000;
 /// The longest hint given for a concurrency retry: a lease usually ends long before it expires.
 pub const CONCURRENCY_RETRY_HINT_MS: u64 = 1_000;
 const FULL_SWEEP_EVERY_MS: u64 = 1_000;
@@ -33,6 +37,7 @@ type Set<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 pub struct MemoryStore<C = SystemClock> {
     clock: C,
     retention_ms: u64,
+    max_remembered: usize,
     state: Mutex<State>,
 }
 
@@ -121,10 +126,16 @@ struct Cell {
 struct Ticket {
     expires_at: Millis,
     ttl_ms: u64,
-    leases: Vec<Arc<str>>,
-    budgets: Vec<Reservation>,
+    /// Leases and reservations in one allocation.
+    holds: Vec<Hold>,
     price: Option<Price>,
     expired_usage: Usage,
+}
+
+#[derive(Debug)]
+enum Hold {
+    Lease(Arc<str>),
+    Budget(Reservation),
 }
 
 #[derive(Debug)]
@@ -155,6 +166,7 @@ impl<C: Clock> MemoryStore<C> {
         Self {
             clock,
             retention_ms: DEFAULT_RETENTION_MS,
+            max_remembered: DEFAULT_MAX_REMEMBERED,
             state: Mutex::new(State::default()),
         }
     }
@@ -166,6 +178,13 @@ impl<C: Clock> MemoryStore<C> {
         self
     }
 
+    /// Sets the most finished request ids remembered at once (oldest forgotten first).
+    #[must_use]
+    pub fn max_remembered(mut self, n: usize) -> Self {
+        self.max_remembered = n;
+        self
+    }
+
     fn lock(&self) -> Result<(MutexGuard<'_, State>, Millis), StoreError> {
         let mut st = self
             .state
@@ -174,7 +193,7 @@ impl<C: Clock> MemoryStore<C> {
         // Time never goes backwards inside the store: no negative windows, no refunds.
         let now = self.clock.now().max(st.last_now);
         st.last_now = now;
-        st.sweep(now, self.retention_ms);
+        st.sweep(now, self.retention_ms, self.max_remembered);
         Ok((st, now))
     }
 
@@ -267,7 +286,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn sweep_all(&self) -> Result<(), StoreError> {
         let (mut st, now) = self.lock()?;
         st.next_full_sweep = now;
-        st.sweep(now, self.retention_ms);
+        st.sweep(now, self.retention_ms, self.max_remembered);
         Ok(())
     }
 }
@@ -288,7 +307,7 @@ pub struct Footprint {
 }
 
 impl State {
-    fn sweep(&mut self, now: Millis, retention: u64) {
+    fn sweep(&mut self, now: Millis, retention: u64, max_remembered: usize) {
         while let Some(next) = self.expiries.peek() {
             if next.at > now {
                 break;
@@ -310,7 +329,7 @@ impl State {
             }
         }
         while let Some((at, _)) = self.forget.front() {
-            if *at > now {
+            if *at > now && self.forget.len() <= max_remembered {
                 break;
             }
             if let Some((_, id)) = self.forget.pop_front() {
@@ -348,16 +367,20 @@ impl State {
     /// Returns leases and replaces reservations with the charge for `usage` (`None`: the
     /// ticket's expired usage).
     fn end_ticket(&mut self, id: &str, t: &Ticket, usage: Option<Usage>) -> Vec<u64> {
-        for scope in &t.leases {
-            // An empty set stays until the periodic sweep: a busy scope would otherwise
-            // free and allocate it on every request.
-            if let Some(s) = self.scopes.get_mut(scope) {
-                s.leases.remove(id);
-            }
-        }
         let usage = usage.unwrap_or(t.expired_usage);
-        let mut charged = Vec::with_capacity(t.budgets.len());
-        for r in &t.budgets {
+        let mut charged = Vec::new();
+        for hold in &t.holds {
+            let r = match hold {
+                Hold::Lease(scope) => {
+                    // An empty set stays until the periodic sweep: a busy scope would otherwise
+                    // free and allocate it on every request.
+                    if let Some(s) = self.scopes.get_mut(scope) {
+                        s.leases.remove(id);
+                    }
+                    continue;
+                }
+                Hold::Budget(r) => r,
+            };
             let amount = charge(r.unit, t.price, &usage);
             if let Some(c) = self
                 .scopes
@@ -488,7 +511,6 @@ impl State {
             });
         }
         // 6. Budget: check all, then reserve all.
-        let mut cells = Vec::with_capacity(plan.budget.len());
         for c in &plan.budget {
             let (pid, _, end) = c.period.at(now);
             let cell = self
@@ -523,19 +545,21 @@ impl State {
                 },
                 reset_after_ms: Some(end - now),
             });
-            cells.push((pid, end));
         }
         // Everything passed: take the leases and make the reservations.
         let id: Arc<str> = Arc::from(plan.request_id.as_str());
+        let mut holds = Vec::with_capacity(plan.concurrency.len() + plan.budget.len());
         for c in &plan.concurrency {
             self.scopes
                 .entry(c.scope.shared_id().clone())
                 .or_default()
                 .leases
                 .insert(id.clone());
+            holds.push(Hold::Lease(c.scope.shared_id().clone()));
         }
-        let mut budgets = Vec::with_capacity(plan.budget.len());
-        for (c, (pid, end)) in plan.budget.iter().zip(cells) {
+        for c in &plan.budget {
+            // The same period as checked above: `now` has not moved.
+            let (pid, _, end) = c.period.at(now);
             let scope = self.scopes.entry(c.scope.shared_id().clone()).or_default();
             let key = (c.period, pid);
             let at = match scope.cells.iter().position(|(k, _)| *k == key) {
@@ -552,13 +576,13 @@ impl State {
             let cell = &mut scope.cells[at].1;
             cell.reserved += c.amount;
             cell.outstanding += 1;
-            budgets.push(Reservation {
+            holds.push(Hold::Budget(Reservation {
                 scope: c.scope.shared_id().clone(),
                 period: c.period,
                 period_id: pid,
                 unit: c.unit,
                 amount: c.amount,
-            });
+            }));
         }
         let expires_at = now.saturating_add(plan.ttl_ms);
         self.in_flight += 1;
@@ -567,12 +591,7 @@ impl State {
             Request::InFlight(Ticket {
                 expires_at,
                 ttl_ms: plan.ttl_ms,
-                leases: plan
-                    .concurrency
-                    .iter()
-                    .map(|c| c.scope.shared_id().clone())
-                    .collect(),
-                budgets,
+                holds,
                 price: plan.price,
                 expired_usage: plan.expired_usage,
             }),

@@ -113,6 +113,9 @@ pub struct RawStore {
     pub cluster: Option<Vec<String>>,
     /// Shards of the Redis key space (default 1; see `docs/redis.md`).
     pub shards: Option<u16>,
+    /// How long finished request ids are remembered, so a late duplicate settlement is a
+    /// no-op (default 1 h; at least 1 s).
+    pub retention: Option<String>,
 }
 
 /// `[[upstreams]]`
@@ -206,7 +209,10 @@ pub struct GatewayConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
     /// In this process.
-    Memory,
+    Memory {
+        /// How long finished request ids are remembered.
+        retention: Duration,
+    },
     /// Redis.
     Redis {
         /// URL.
@@ -219,6 +225,8 @@ pub enum StoreConfig {
         cluster: Option<Vec<String>>,
         /// Shards of the key space (1 to 1024).
         shards: u16,
+        /// How long finished request ids are remembered.
+        retention: Duration,
     },
 }
 
@@ -309,6 +317,17 @@ impl GatewayConfig {
                 ));
             }
         };
+        let retention = duration(
+            &raw.store.retention,
+            Duration::from_secs(3600),
+            "store.retention",
+        )?;
+        if retention < Duration::from_secs(1) {
+            return Err(err(
+                "store.retention",
+                "at least 1s: a settlement may arrive after the request's last byte",
+            ));
+        }
         let store = match raw.store.url.as_deref() {
             None | Some("memory") if raw.store.cluster.is_some() => StoreConfig::Redis {
                 url: String::new(),
@@ -324,8 +343,9 @@ impl GatewayConfig {
                 )?,
                 cluster: raw.store.cluster.clone(),
                 shards,
+                retention,
             },
-            None | Some("memory") => StoreConfig::Memory,
+            None | Some("memory") => StoreConfig::Memory { retention },
             Some(url) if url.starts_with("redis://") => StoreConfig::Redis {
                 url: url.to_owned(),
                 prefix: raw
@@ -340,6 +360,7 @@ impl GatewayConfig {
                 )?,
                 cluster: None,
                 shards,
+                retention,
             },
             Some(other) => {
                 return Err(err(

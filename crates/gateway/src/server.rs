@@ -27,19 +27,24 @@ use crate::store::AnyStore;
 /// Opens the configured store.
 pub async fn start_store(config: &GatewayConfig) -> std::io::Result<AnyStore> {
     Ok(match &config.store {
-        StoreConfig::Memory => AnyStore::Memory(Arc::new(MemoryStore::new())),
+        StoreConfig::Memory { retention } => AnyStore::Memory(Arc::new(
+            MemoryStore::new()
+                .retention_ms(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX)),
+        )),
         StoreConfig::Redis {
             url,
             prefix,
             call_timeout,
             cluster,
             shards,
+            retention,
         } => {
             let mut c = RedisConfig::new(url.as_str());
             c.prefix = prefix.clone();
             c.call_timeout = *call_timeout;
             c.cluster = cluster.clone();
             c.shards = *shards;
+            c.retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
             AnyStore::Redis(
                 RedisStore::connect(c)
                     .await

@@ -209,21 +209,29 @@ async fn tokenizers_are_configured_per_model_with_field_errors() {
 }
 
 #[test]
-fn store_shards_are_checked_and_passed_on() {
+fn store_shards_and_retention_are_checked_and_passed_on() {
     let base = "[[upstreams]]\nname = \"s\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n";
     for bad in ["0", "1025"] {
         let text = format!("{base}[store]\nurl = \"redis://127.0.0.1:1/\"\nshards = {bad}\n");
         let e = GatewayConfig::from_toml(&text).unwrap_err();
         assert_eq!(e.path, "store.shards", "{e}");
     }
-    let text = format!("{base}[store]\ncluster = [\"redis://127.0.0.1:1/\"]\nshards = 16\n");
+    let text = format!(
+        "{base}[store]\ncluster = [\"redis://127.0.0.1:1/\"]\nshards = 16\nretention = \"10m\"\n"
+    );
     let c = GatewayConfig::from_toml(&text).unwrap();
     assert!(
         matches!(
             c.store,
-            tollgate_gateway::config::StoreConfig::Redis { shards: 16, .. }
+            tollgate_gateway::config::StoreConfig::Redis { shards: 16, retention, .. }
+                if retention == std::time::Duration::from_secs(600)
         ),
         "{:?}",
         c.store
     );
+    for bad in ["\"500ms\"", "\"soon\""] {
+        let e =
+            GatewayConfig::from_toml(&format!("{base}[store]\nretention = {bad}\n")).unwrap_err();
+        assert_eq!(e.path, "store.retention", "{e}");
+    }
 }
