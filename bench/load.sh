@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Load benchmark of the gateway, on loopback only, bounded in time.
 #
-#   bench/load.sh [DURATION_SECONDS=10] [CONNECTIONS=64]
+#   bench/load.sh [DURATION_SECONDS=10] [CONNECTIONS=64] [ROUNDS=3]
 #
-# One run, four targets, the same wrk settings: the upstream simulator directly; the gateway
-# with no scopes (parse, count, admit an empty plan, forward: "controls off"); the gateway with
-# all six controls on the memory store; and with all six on Redis (its own redis-server).
-# Prints a Markdown table with req/s, p50, p99 and the ratio to pass-through.
+# Four targets, the same wrk settings: the upstream simulator directly; the gateway with no
+# scopes (parse, count, admit an empty plan, forward: "controls off"); the gateway with all six
+# controls on the memory store; and with all six on Redis (its own redis-server). The targets
+# take turns, round after round, so that a slow moment of a shared machine falls on all of them;
+# each round's ratios are taken within the round. Prints every round, then a Markdown table of
+# medians (req/s, p50, p99 and the median of the rounds' ratios to pass-through).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR="${1:-10}"
 CONN="${2:-64}"
+ROUNDS="${3:-3}"
 command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)"; exit 2; }
 cargo build --release -q -p tollgate -p tollgate-sim
 BIN=target/release
@@ -79,16 +82,36 @@ run() { # label port -> "rps p50 p99"
   p99=$(echo "$out" | awk '$1=="99%" {print $2}')
   echo "$rps $p50 $p99"
 }
-echo "wrk -t2 -c$CONN -d${DUR}s, one small chat completion (16 output tokens), upstream simulator with no latency; $(nproc) cores shared by wrk, gateway, simulator and Redis; $(date -u +%F)"
+echo "wrk -t2 -c$CONN -d${DUR}s, $ROUNDS rounds, one small chat completion (16 output tokens), upstream simulator with no latency; $(nproc) cores shared by wrk, gateway, simulator and Redis; $(date -u +%F)"
 echo
-echo "| target | req/s | p50 | p99 | vs pass-through |"
-echo "|---|---|---|---|---|"
-read -r s_rps s50 s99 <<<"$(run direct "$SIM")"
-read -r p_rps p50 p99 <<<"$(run pass "$PASS")"
-read -r m_rps m50 m99 <<<"$(run memory "$MEM")"
-read -r r_rps r50 r99 <<<"$(run redis "$RED")"
-ratio() { python3 -c "print(f'{$1/$2:.2f}x')"; }
-echo "| simulator direct | $s_rps | $s50 | $s99 | $(ratio "$s_rps" "$p_rps") |"
-echo "| gateway, controls off (pass-through) | $p_rps | $p50 | $p99 | 1.00x |"
-echo "| gateway, six controls, memory store | $m_rps | $m50 | $m99 | $(ratio "$m_rps" "$p_rps") |"
-echo "| gateway, six controls, Redis store | $r_rps | $r50 | $r99 | $(ratio "$r_rps" "$p_rps") |"
+rows="$tmp/rows"
+for r in $(seq "$ROUNDS"); do
+  for t in "direct $SIM" "pass $PASS" "memory $MEM" "redis $RED"; do
+    set -- $t
+    echo "$r $1 $(run "$1" "$2")" | tee -a "$rows"
+  done
+done
+echo
+python3 - "$rows" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+by = {}
+for r, t, rps, p50, p99 in rows:
+    by.setdefault(t, []).append((int(r), float(rps), p50, p99))
+def ms(v):  # wrk latency: 1.23ms, 456.78us, 1.02s
+    for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
+        if v.endswith(unit) and v[: -len(unit)].replace(".", "").isdigit():
+            return float(v[: -len(unit)]) * f
+    return float("nan")
+rps = {t: {r: x for r, x, _, _ in v} for t, v in by.items()}
+names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-through)"),
+         ("memory", "gateway, six controls, memory store"), ("redis", "gateway, six controls, Redis store")]
+print("| target | req/s (median) | p50 | p99 | vs pass-through (median of rounds) | per round |")
+print("|---|---|---|---|---|---|")
+for t, label in names:
+    v = by[t]
+    ratios = [rps[t][r] / rps["pass"][r] for r in rps[t]]
+    print(f"| {label} | {statistics.median(x for _, x, _, _ in v):.0f} | "
+          f"{statistics.median(ms(p) for _, _, p, _ in v):.2f}ms | {statistics.median(ms(p) for _, _, _, p in v):.2f}ms | "
+          f"{statistics.median(ratios):.2f}x | {' '.join(f'{x:.2f}' for x in ratios)} |")
+PY

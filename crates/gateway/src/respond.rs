@@ -93,54 +93,64 @@ fn openai_duration(ms: u64) -> String {
     }
 }
 
-fn policy_name(q_reason: Reason, rule: &str) -> String {
-    let kind = match q_reason {
+/// Appends a limit's name, `"<rule>-<kind>"`, as a structured-field string.
+fn push_policy_name(out: &mut String, reason: Reason, rule: &str) {
+    let kind = match reason {
         Reason::RequestRateLimit => "requests",
         Reason::ConcurrencyLimit => "concurrency",
         _ => "budget",
     };
+    out.push('"');
     // Structured-field strings: keep to safe characters.
-    let rule: String = rule
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{rule}-{kind}")
+    out.extend(rule.chars().map(|c| {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+            c
+        } else {
+            '_'
+        }
+    }));
+    out.push('-');
+    out.push_str(kind);
+    out.push('"');
+}
+
+fn put_number(h: &mut HeaderMap, name: &'static str, n: u64) {
+    h.insert(HeaderName::from_static(name), HeaderValue::from(n));
 }
 
 /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11) and OpenAI's
-/// `x-ratelimit-*` for the limits of an admitted request.
+/// `x-ratelimit-*` for the limits of an admitted request. Written on every admitted response,
+/// so each header is built in one buffer.
 pub fn quota_headers(h: &mut HeaderMap, quotas: &[Quota]) {
-    let mut policies = Vec::new();
-    let mut limits = Vec::new();
-    for q in quotas {
-        let name = policy_name(q.reason, q.scope.rule());
-        let mut p = format!("\"{name}\";q={}", q.limit);
-        if let Some(w) = q.window_ms {
-            p.push_str(&format!(";w={}", w.div_ceil(1000)));
+    use std::fmt::Write as _;
+    if !quotas.is_empty() {
+        let mut policies = String::with_capacity(48 * quotas.len());
+        let mut limits = String::with_capacity(40 * quotas.len());
+        for (i, q) in quotas.iter().enumerate() {
+            if i > 0 {
+                policies.push_str(", ");
+                limits.push_str(", ");
+            }
+            push_policy_name(&mut policies, q.reason, q.scope.rule());
+            let _ = write!(policies, ";q={}", q.limit);
+            if let Some(w) = q.window_ms {
+                let _ = write!(policies, ";w={}", w.div_ceil(1000));
+            }
+            if q.reason == Reason::ConcurrencyLimit {
+                policies.push_str(";qu=\"concurrent-requests\"");
+            }
+            push_policy_name(&mut limits, q.reason, q.scope.rule());
+            let _ = write!(limits, ";r={}", q.remaining);
+            if let Some(t) = q.reset_after_ms {
+                let _ = write!(limits, ";t={}", t.div_ceil(1000));
+            }
         }
-        if q.reason == Reason::ConcurrencyLimit {
-            p.push_str(";qu=\"concurrent-requests\"");
-        }
-        policies.push(p);
-        let mut l = format!("\"{name}\";r={}", q.remaining);
-        if let Some(t) = q.reset_after_ms {
-            l.push_str(&format!(";t={}", t.div_ceil(1000)));
-        }
-        limits.push(l);
-    }
-    if !policies.is_empty() {
-        append(h, "ratelimit-policy", policies.join(", "));
-        append(h, "ratelimit", limits.join(", "));
+        append(h, "ratelimit-policy", policies);
+        append(h, "ratelimit", limits);
     }
     if let Some(q) = quotas.iter().find(|q| q.reason == Reason::RequestRateLimit) {
-        put(h, "x-ratelimit-limit-requests", q.limit);
-        put(h, "x-ratelimit-remaining-requests", q.remaining);
+        put_number(h, "x-ratelimit-limit-requests", q.limit);
+        put_number(h, "x-ratelimit-remaining-requests", q.remaining);
         put(
             h,
             "x-ratelimit-reset-requests",
@@ -148,8 +158,8 @@ pub fn quota_headers(h: &mut HeaderMap, quotas: &[Quota]) {
         );
     }
     if let Some(q) = quotas.iter().find(|q| q.reason == Reason::BudgetLimit) {
-        put(h, "x-ratelimit-limit-tokens", q.limit);
-        put(h, "x-ratelimit-remaining-tokens", q.remaining);
+        put_number(h, "x-ratelimit-limit-tokens", q.limit);
+        put_number(h, "x-ratelimit-remaining-tokens", q.remaining);
         put(
             h,
             "x-ratelimit-reset-tokens",
@@ -255,4 +265,64 @@ pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
     put(&mut e.headers, "x-tollgate-reason", "kill_switch");
     put(&mut e.headers, "x-tollgate-scope", &k.target);
     e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::{Dimension, Identity, ScopeKey};
+
+    /// The header values, exactly, for a rate, a concurrency and a budget limit.
+    #[test]
+    fn quota_headers_follow_the_draft_and_openai() {
+        let id = Identity::default().with(Dimension::User, "u1");
+        let scope =
+            ScopeKey::derive("per user", &[Dimension::User], &id).unwrap_or_else(|| unreachable!());
+        let q = |reason, limit, remaining, window_ms, reset_after_ms| Quota {
+            reason,
+            scope: scope.clone(),
+            limit,
+            remaining,
+            window_ms,
+            reset_after_ms,
+        };
+        let quotas = [
+            q(
+                Reason::RequestRateLimit,
+                100,
+                99,
+                Some(60_000),
+                Some(59_001),
+            ),
+            q(Reason::ConcurrencyLimit, 4, 3, None, None),
+            q(
+                Reason::BudgetLimit,
+                5000,
+                4200,
+                Some(86_400_000),
+                Some(3_723_000),
+            ),
+        ];
+        let mut h = HeaderMap::new();
+        quota_headers(&mut h, &quotas);
+        let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        assert_eq!(
+            get("ratelimit-policy").as_deref(),
+            Some(
+                "\"per_user-requests\";q=100;w=60, \"per_user-concurrency\";q=4;qu=\"concurrent-requests\", \"per_user-budget\";q=5000;w=86400"
+            )
+        );
+        assert_eq!(
+            get("ratelimit").as_deref(),
+            Some(
+                "\"per_user-requests\";r=99;t=60, \"per_user-concurrency\";r=3, \"per_user-budget\";r=4200;t=3723"
+            )
+        );
+        assert_eq!(get("x-ratelimit-limit-requests").as_deref(), Some("100"));
+        assert_eq!(get("x-ratelimit-remaining-requests").as_deref(), Some("99"));
+        assert_eq!(get("x-ratelimit-reset-requests").as_deref(), Some("1m0s"));
+        assert_eq!(get("x-ratelimit-limit-tokens").as_deref(), Some("5000"));
+        assert_eq!(get("x-ratelimit-remaining-tokens").as_deref(), Some("4200"));
+        assert_eq!(get("x-ratelimit-reset-tokens").as_deref(), Some("1h2m3s"));
+    }
 }
