@@ -328,19 +328,21 @@ impl GatewayConfig {
                 "at least 1s: a settlement may arrive after the request's last byte",
             ));
         }
+        let prefix = raw
+            .store
+            .prefix
+            .clone()
+            .unwrap_or_else(|| "tollgate".into());
+        let call_timeout = duration(
+            &raw.store.call_timeout,
+            Duration::from_millis(250),
+            "store.call_timeout",
+        )?;
         let store = match raw.store.url.as_deref() {
             None | Some("memory") if raw.store.cluster.is_some() => StoreConfig::Redis {
                 url: String::new(),
-                prefix: raw
-                    .store
-                    .prefix
-                    .clone()
-                    .unwrap_or_else(|| "tollgate".into()),
-                call_timeout: duration(
-                    &raw.store.call_timeout,
-                    Duration::from_millis(250),
-                    "store.call_timeout",
-                )?,
+                prefix,
+                call_timeout,
                 cluster: raw.store.cluster.clone(),
                 shards,
                 retention,
@@ -348,16 +350,8 @@ impl GatewayConfig {
             None | Some("memory") => StoreConfig::Memory { retention },
             Some(url) if url.starts_with("redis://") => StoreConfig::Redis {
                 url: url.to_owned(),
-                prefix: raw
-                    .store
-                    .prefix
-                    .clone()
-                    .unwrap_or_else(|| "tollgate".into()),
-                call_timeout: duration(
-                    &raw.store.call_timeout,
-                    Duration::from_millis(250),
-                    "store.call_timeout",
-                )?,
+                prefix,
+                call_timeout,
                 cluster: None,
                 shards,
                 retention,
