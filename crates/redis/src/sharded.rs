@@ -161,7 +161,7 @@ impl RedisStore {
         }
     }
 
-    fn remember(&self, id: &str, a: Admission) {
+    pub(crate) fn remember(&self, id: &str, a: Admission) {
         let mut m = self
             .admissions
             .lock()
@@ -169,10 +169,8 @@ impl RedisStore {
         if m.map.len() >= PRUNE_FLOOR.max(2 * m.pruned_at) {
             // Forget requests long past their expiry (settling one later still works: every
             // shard is asked).
-            let horizon = self
-                .now_arg()
-                .max(wall_ms())
-                .saturating_sub(self.config.retention_ms);
+            let now = self.clock.as_ref().map_or_else(wall_ms, |c| c.now());
+            let horizon = now.saturating_sub(self.config.retention_ms);
             m.map.retain(|_, a| a.expires_at >= horizon);
             m.pruned_at = m.map.len();
         }

@@ -112,3 +112,37 @@ fn admit_sends_exactly_these_arguments() {
     );
     assert_eq!(both.args[12..], inv.args[3..]);
 }
+
+/// A sharded store forgets remembered admissions long past their expiry once it holds many:
+/// memory stays bounded when callers never settle (settling a forgotten one asks every shard).
+#[tokio::test]
+async fn remembered_admissions_are_pruned() {
+    let mut cfg = RedisConfig::new("redis://127.0.0.1:1/");
+    cfg.shards = 4;
+    cfg.retention_ms = 1_000;
+    let clock = tollgate_core::ManualClock::new(1_000_000);
+    let store = RedisStore::connect(cfg)
+        .await
+        .unwrap_or_else(|e| unreachable!("{e}"))
+        .with_clock(Arc::new(clock.clone()));
+    let admission = |expires_at| Admission {
+        expires_at,
+        parts: vec![(0, vec![0])],
+    };
+    for i in 0..5_000 {
+        store.remember(&format!("old{i}"), admission(1_000_000));
+    }
+    clock.advance(10_000);
+    for i in 0..5_000 {
+        store.remember(&format!("new{i}"), admission(1_020_000));
+    }
+    let m = store
+        .admissions
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    assert!(
+        m.map.keys().all(|k| k.starts_with("new")),
+        "old ones pruned"
+    );
+    assert_eq!(m.map.len(), 5_000);
+}
