@@ -16,9 +16,15 @@ use tollgate_redis::{RedisConfig, RedisStore};
 /// Arguments of `stress-store`.
 #[derive(Debug, clap::Args)]
 pub struct StressArgs {
-    /// Redis URL.
+    /// Redis URL (unused with `--cluster`).
     #[arg(long)]
     pub redis: String,
+    /// Redis Cluster seed URLs, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub cluster: Vec<String>,
+    /// Shards of the key space (see `RedisConfig::shards`).
+    #[arg(long, default_value_t = 1)]
+    pub shards: u16,
     /// Key prefix shared by all workers of one run.
     #[arg(long)]
     pub prefix: String,
@@ -78,6 +84,10 @@ pub async fn run(args: StressArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut cfg = RedisConfig::new(args.redis.as_str());
     cfg.prefix = args.prefix.clone();
     cfg.call_timeout = Duration::from_secs(2);
+    if !args.cluster.is_empty() {
+        cfg.cluster = Some(args.cluster.clone());
+    }
+    cfg.shards = args.shards;
     let store = RedisStore::connect(cfg).await?;
     let args = Arc::new(args);
     let mut handles = Vec::new();
