@@ -109,8 +109,10 @@ impl RedisStore {
                     return Err(e);
                 }
                 Err(e) => {
-                    // The failed part may have been applied before its answer was lost.
-                    self.undo(&plan.request_id, parts[..=k].iter().map(|p| p.shard))
+                    // The failed part may have been applied before its answer was lost; it is
+                    // not undone, since the ticket under this id might be another admission's
+                    // (a reused id). If it was applied, it expires and is charged as abandoned.
+                    self.undo(&plan.request_id, parts[..k].iter().map(|p| p.shard))
                         .await;
                     return Err(e);
                 }
