@@ -270,3 +270,72 @@ async fn contention_across_shards_never_exceeds_a_limit() {
     assert!(refused > 0, "no contention: the test proves nothing");
     assert_eq!(usage(&a, "tenant|tenant:acme").await.2, 0, "leases left");
 }
+
+/// A node dies: a request with a part on it fails closed (`Unavailable`), the part taken before
+/// it on a live node is given back, and requests whose scopes all sit on live nodes are still
+/// served (with full coverage not required, as an operator would set for this).
+#[tokio::test]
+async fn a_dead_node_fails_its_requests_closed_and_leaks_nothing() {
+    let mut cluster = RedisCluster::start();
+    for n in &cluster.nodes {
+        let out = Command::new("redis-cli")
+            .args(["-p", &n.port().to_string()])
+            .args(["CONFIG", "SET", "cluster-require-full-coverage", "no"])
+            .output()
+            .unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
+    }
+    let both = policy(
+        r#"
+        [[scopes]]
+        key = "user"
+        concurrency = { limit = 5 }
+        budget = { tokens = 1000, period = "day" }
+        [[scopes]]
+        key = "tenant"
+        concurrency = { limit = 5 }
+        "#,
+    );
+    let user_only = policy(
+        "[[scopes]]\nkey = \"user\"\nconcurrency = { limit = 5 }\nbudget = { tokens = 1000, period = \"day\" }\n",
+    );
+    // The user's shard comes first, so its part is taken before the dead node is reached.
+    let (s, u) = apart(&cluster, "dead", true).await;
+    let us = format!("user|user:{u}");
+    assert!(matches!(
+        admit(&s, &both, "warm", &u, 1, 1).await,
+        Decision::Admit(_)
+    ));
+    s.settle("warm", Usage::default()).await.unwrap();
+    let tenant_node = node_of(
+        &cluster,
+        &format!("{}:x", s.shard_prefix("tenant|tenant:acme")),
+    );
+    let dead = cluster
+        .nodes
+        .iter()
+        .position(|n| n.port() == tenant_node)
+        .unwrap();
+    cluster.nodes[dead].kill();
+
+    let r = s
+        .admit(&plan(&both, &facts("a", &u, 10, 10)).unwrap())
+        .await;
+    assert!(
+        matches!(r, Err(tollgate_core::StoreError::Unavailable(_))),
+        "fails closed: {r:?}"
+    );
+    assert_eq!(
+        usage(&s, &us).await,
+        (0, 0, 0),
+        "the user's part was given back"
+    );
+    let r = s
+        .admit(&plan(&user_only, &facts("b", &u, 10, 10)).unwrap())
+        .await;
+    assert!(
+        matches!(r, Ok(Decision::Admit(_))),
+        "live nodes serve: {r:?}"
+    );
+    assert_eq!(usage(&s, &us).await, (0, 20, 1));
+}
