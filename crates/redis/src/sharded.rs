@@ -202,19 +202,28 @@ impl RedisStore {
         usage: Option<Usage>,
         ending: &str,
     ) -> Result<Finish, StoreError> {
-        let parts = self.parts_of(self.forget(id));
+        // The parts end at once, each in its own shard; every part is ended even when one
+        // fails, and a repeat ends what is left.
+        let calls = self
+            .parts_of(self.forget(id))
+            .into_iter()
+            .map(|(shard, places)| {
+                let inv = finish_invocation(
+                    &self.shards[shard],
+                    id,
+                    self.config.retention_ms,
+                    usage,
+                    ending,
+                );
+                async move {
+                    let r = self.batched(shard, "f", inv).await.and_then(finish_reply);
+                    (places, r)
+                }
+            });
         let mut charged: Vec<u64> = Vec::new();
         let (mut done, mut ended, mut error) = (false, None, None);
-        // Every part is ended even when one fails; a repeat ends what is left.
-        for (shard, places) in parts {
-            let inv = finish_invocation(
-                &self.shards[shard],
-                id,
-                self.config.retention_ms,
-                usage,
-                ending,
-            );
-            match self.batched(shard, "f", inv).await.and_then(finish_reply) {
+        for (places, result) in futures_util::future::join_all(calls).await {
+            match result {
                 Ok(Finish::Done { charged: c }) => {
                     done = true;
                     match places {
@@ -255,9 +264,13 @@ impl RedisStore {
             .get(id)
             .cloned();
         let every_part = known.is_some();
+        let calls = self
+            .parts_of(known)
+            .into_iter()
+            .map(|(shard, _)| self.renew_on(shard, id));
         let mut soonest: Option<u64> = None;
-        for (shard, _) in self.parts_of(known) {
-            match self.renew_on(shard, id).await? {
+        for renewal in futures_util::future::join_all(calls).await {
+            match renewal? {
                 Renewal::Renewed { expires_at } => {
                     soonest = Some(soonest.map_or(expires_at, |s| s.min(expires_at)));
                 }
