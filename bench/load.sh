@@ -19,7 +19,11 @@ cargo build --release -q -p tollgate -p tollgate-sim
 BIN=target/release
 tmp=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+# Gateways start inside $(...) subshells, so their pids go to a file, not to the array.
+cleanup() {
+  for p in "${pids[@]}" $(cat "$tmp/gateway-pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -63,7 +67,7 @@ tenant = "bench"
 $3
 TOML
   "$BIN/tollgate" serve --config "$tmp/$1.toml" >/dev/null 2>&1 &
-  pids+=($!)
+  echo $! >> "$tmp/gateway-pids"
   wait_port "$port"
   echo "$port"
 }
