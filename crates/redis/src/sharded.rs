@@ -26,42 +26,53 @@ impl RedisStore {
     /// still gets one part (for its ticket): in the shard of its request id.
     fn split(&self, plan: &Plan) -> Vec<Part> {
         let n = self.shards.len();
+        // Every part shares the plan's request-wide fields; its checks are filled in below.
+        let template = Plan {
+            request_id: plan.request_id.clone(),
+            policy_version: plan.policy_version.clone(),
+            input_tokens: plan.input_tokens,
+            max_output_tokens: plan.max_output_tokens,
+            rate: Vec::new(),
+            token_verdict: plan.token_verdict.clone(),
+            concurrency: Vec::new(),
+            budget: Vec::new(),
+            ttl_ms: plan.ttl_ms,
+            price: plan.price,
+            expired_usage: plan.expired_usage,
+            fail_open: plan.fail_open,
+            kill_targets: plan.kill_targets.clone(),
+        };
         let mut parts: BTreeMap<usize, Part> = BTreeMap::new();
         fn part<'a>(
             parts: &'a mut BTreeMap<usize, Part>,
-            plan: &Plan,
+            template: &Plan,
             shard: usize,
         ) -> &'a mut Part {
             parts.entry(shard).or_insert_with(|| Part {
                 shard,
-                plan: Plan {
-                    rate: Vec::new(),
-                    concurrency: Vec::new(),
-                    budget: Vec::new(),
-                    ..plan.clone()
-                },
+                plan: template.clone(),
                 rate: Vec::new(),
                 concurrency: Vec::new(),
                 budget: Vec::new(),
             })
         }
         for (i, r) in plan.rate.iter().enumerate() {
-            let p = part(&mut parts, plan, shard_of(r.scope.id(), n));
+            let p = part(&mut parts, &template, shard_of(r.scope.id(), n));
             p.plan.rate.push(r.clone());
             p.rate.push(i);
         }
         for (i, c) in plan.concurrency.iter().enumerate() {
-            let p = part(&mut parts, plan, shard_of(c.scope.id(), n));
+            let p = part(&mut parts, &template, shard_of(c.scope.id(), n));
             p.plan.concurrency.push(c.clone());
             p.concurrency.push(i);
         }
         for (i, b) in plan.budget.iter().enumerate() {
-            let p = part(&mut parts, plan, shard_of(b.scope.id(), n));
+            let p = part(&mut parts, &template, shard_of(b.scope.id(), n));
             p.plan.budget.push(b.clone());
             p.budget.push(i);
         }
         if parts.is_empty() {
-            part(&mut parts, plan, shard_of(&plan.request_id, n));
+            part(&mut parts, &template, shard_of(&plan.request_id, n));
         }
         parts.into_values().collect()
     }
@@ -79,13 +90,14 @@ impl RedisStore {
     /// refused. Best effort: a part that cannot be undone now expires, and is charged, as the
     /// policy says for an abandoned request.
     async fn undo(&self, id: &str, shards: impl Iterator<Item = usize>) {
-        for shard in shards {
+        let calls = shards.map(|shard| {
             let inv = Invocation {
                 keys: vec![format!("{}:tl:{id}", self.shards[shard])],
                 args: vec![id.to_owned()],
             };
-            let _ = self.batched(shard, "u", inv).await;
-        }
+            self.batched(shard, "u", inv)
+        });
+        futures_util::future::join_all(calls).await;
     }
 
     pub(crate) async fn admit_parts(&self, plan: &Plan) -> Result<Decision, StoreError> {
@@ -121,9 +133,14 @@ impl RedisStore {
                 .await;
             // Every attempt counts in every rate scope, and the refusal reported is the first
             // control (then the first scope in the plan) that refuses anywhere.
+            // The probes take nothing, so they go out at once.
+            let probes = parts[k + 1..]
+                .iter()
+                .map(|later| self.admit_part(later, "p"));
+            let answers = futures_util::future::join_all(probes).await;
             let mut first = (part.rank(&refusal), refusal);
-            for later in &parts[k + 1..] {
-                if let Ok(Decision::Deny(d)) = self.admit_part(later, "p").await {
+            for (later, answer) in parts[k + 1..].iter().zip(answers) {
+                if let Ok(Decision::Deny(d)) = answer {
                     let rank = later.rank(&d);
                     if rank < first.0 {
                         first = (rank, d);
