@@ -15,6 +15,7 @@ use crate::decision::{Admitted, Decision, Deny, Quota, Reason};
 use crate::ledger::{Period, RateWindow, Usage};
 use crate::pipeline::{Plan, charge};
 use crate::policy::{Price, Unit};
+use crate::scope::ScopeKey;
 use crate::store::{Ending, Finish, Renewal, ScopeUsage, Store, StoreError};
 
 /// How long finished request ids are remembered, so that a late duplicate settlement is a no-op.
@@ -45,8 +46,12 @@ pub struct MemoryStore<C = SystemClock> {
 struct State {
     last_now: Millis,
     next_full_sweep: Millis,
-    /// Every control's state of a scope in one entry: one lookup per scope and call.
-    scopes: Map<Arc<str>, ScopeState>,
+    /// Scope id -> its slot in `slots`. A plan names each scope in several checks and a ticket
+    /// keeps slots, so an admission hashes each scope id once and a settlement not at all.
+    scopes: Map<Arc<str>, usize>,
+    /// Every control's state of a scope in one entry; slots of dropped scopes are in `free`.
+    slots: Vec<ScopeState>,
+    free: Vec<usize>,
     /// In-flight requests and, for the retention time, how finished ones ended: one map, so an
     /// admission checks for a duplicate id with one lookup.
     requests: Map<Arc<str>, Request>,
@@ -134,13 +139,15 @@ struct Ticket {
 
 #[derive(Debug)]
 enum Hold {
-    Lease(Arc<str>),
+    /// A lease in the scope at this slot.
+    Lease(usize),
     Budget(Reservation),
 }
 
 #[derive(Debug)]
 struct Reservation {
-    scope: Arc<str>,
+    /// The scope's slot: live tickets keep their scopes from being dropped, so it stays valid.
+    slot: usize,
     period: Period,
     period_id: u64,
     unit: Unit,
@@ -258,7 +265,7 @@ impl<C: Clock> MemoryStore<C> {
         period: Option<Period>,
     ) -> Result<ScopeUsage, StoreError> {
         let (st, now) = self.lock()?;
-        let scope = st.scopes.get(scope_id);
+        let scope = st.scopes.get(scope_id).and_then(|&i| st.slots.get(i));
         let leases = scope.map_or(0, |s| s.leases.len() as u64);
         let cell = period
             .and_then(|p| scope?.cell((p, p.at(now).0)).copied())
@@ -274,9 +281,9 @@ impl<C: Clock> MemoryStore<C> {
     pub fn footprint(&self) -> Result<Footprint, StoreError> {
         let (st, _) = self.lock()?;
         Ok(Footprint {
-            rate_scopes: st.scopes.values().filter(|s| s.rate.is_some()).count(),
-            lease_scopes: st.scopes.values().filter(|s| !s.leases.is_empty()).count(),
-            budget_cells: st.scopes.values().map(|s| s.cells.len()).sum(),
+            rate_scopes: st.live_scopes().filter(|s| s.rate.is_some()).count(),
+            lease_scopes: st.live_scopes().filter(|s| !s.leases.is_empty()).count(),
+            budget_cells: st.live_scopes().map(|s| s.cells.len()).sum(),
             in_flight: st.in_flight,
             remembered: st.requests.len() - st.in_flight,
         })
@@ -306,7 +313,73 @@ pub struct Footprint {
     pub remembered: usize,
 }
 
+/// The slots of a plan's scopes found so far in one admission. A plan's checks share their
+/// scope's key, so comparing pointers finds a repeat without hashing the id again.
+#[derive(Default)]
+struct Resolved {
+    seen: [(usize, usize); 8],
+    n: usize,
+}
+
+impl Resolved {
+    fn addr(key: &ScopeKey) -> usize {
+        Arc::as_ptr(key.shared_id()).cast::<u8>().addr()
+    }
+
+    fn get(&self, key: &ScopeKey) -> Option<usize> {
+        let a = Self::addr(key);
+        self.seen
+            .iter()
+            .take(self.n)
+            .find(|(k, _)| *k == a)
+            .map(|(_, slot)| *slot)
+    }
+
+    fn put(&mut self, key: &ScopeKey, slot: usize) {
+        // Beyond eight scopes the rest are hashed each time: still correct.
+        if let Some(e) = self.seen.get_mut(self.n) {
+            *e = (Self::addr(key), slot);
+            self.n += 1;
+        }
+    }
+}
+
+fn lost_slot() -> StoreError {
+    StoreError::Protocol("memory store: a scope slot is missing".into())
+}
+
 impl State {
+    fn live_scopes(&self) -> impl Iterator<Item = &ScopeState> {
+        self.scopes.values().filter_map(|&i| self.slots.get(i))
+    }
+
+    /// The slot of a scope that has one.
+    fn find(&self, key: &ScopeKey, seen: &mut Resolved) -> Option<usize> {
+        if let Some(slot) = seen.get(key) {
+            return Some(slot);
+        }
+        let slot = *self.scopes.get(key.id())?;
+        seen.put(key, slot);
+        Some(slot)
+    }
+
+    /// The slot of a scope, given one if it has none.
+    fn slot(&mut self, key: &ScopeKey, seen: &mut Resolved) -> usize {
+        if let Some(slot) = self.find(key, seen) {
+            return slot;
+        }
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(ScopeState::default());
+                self.slots.len() - 1
+            }
+        };
+        self.scopes.insert(key.shared_id().clone(), slot);
+        seen.put(key, slot);
+        slot
+    }
+
     fn sweep(&mut self, now: Millis, retention: u64, max_remembered: usize) {
         while let Some(next) = self.expiries.peek() {
             if next.at > now {
@@ -340,12 +413,21 @@ impl State {
         }
         if now >= self.next_full_sweep {
             self.next_full_sweep = now + FULL_SWEEP_EVERY_MS;
-            self.scopes.retain(|_, s| {
+            let (slots, free) = (&mut self.slots, &mut self.free);
+            self.scopes.retain(|_, &mut i| {
+                let Some(s) = slots.get_mut(i) else {
+                    return false;
+                };
                 if s.rate.is_some_and(|(w, r)| r.is_stale(now, w)) {
                     s.rate = None;
                 }
                 s.cells.retain(|(_, c)| c.end > now || c.outstanding > 0);
-                s.rate.is_some() || !s.leases.is_empty() || !s.cells.is_empty()
+                let keep = s.rate.is_some() || !s.leases.is_empty() || !s.cells.is_empty();
+                if !keep {
+                    *s = ScopeState::default();
+                    free.push(i);
+                }
+                keep
             });
             // Settled tickets leave their heap entries behind; rebuild before they dominate.
             if self.expiries.len() > 2 * self.in_flight + 1024 {
@@ -371,10 +453,10 @@ impl State {
         let mut charged = Vec::new();
         for hold in &t.holds {
             let r = match hold {
-                Hold::Lease(scope) => {
+                Hold::Lease(slot) => {
                     // An empty set stays until the periodic sweep: a busy scope would otherwise
                     // free and allocate it on every request.
-                    if let Some(s) = self.scopes.get_mut(scope) {
+                    if let Some(s) = self.slots.get_mut(*slot) {
                         s.leases.remove(id);
                     }
                     continue;
@@ -383,8 +465,8 @@ impl State {
             };
             let amount = charge(r.unit, t.price, &usage);
             if let Some(c) = self
-                .scopes
-                .get_mut(&r.scope)
+                .slots
+                .get_mut(r.slot)
                 .and_then(|s| s.cell_mut((r.period, r.period_id)))
             {
                 c.reserved = c.reserved.saturating_sub(r.amount);
@@ -437,10 +519,14 @@ impl State {
         }
         let mut quotas =
             Vec::with_capacity(plan.rate.len() + plan.concurrency.len() + plan.budget.len());
+        let mut seen = Resolved::default();
         // 1. Every attempt counts in every rate scope, admitted or not.
         let mut rate_deny: Option<Deny> = None;
         for c in &plan.rate {
-            let scope = self.scopes.entry(c.scope.shared_id().clone()).or_default();
+            let slot = self.slot(&c.scope, &mut seen);
+            let Some(scope) = self.slots.get_mut(slot) else {
+                return Err(lost_slot());
+            };
             let entry = scope
                 .rate
                 .get_or_insert((c.window_ms, RateWindow::default()));
@@ -479,7 +565,10 @@ impl State {
         }
         // 5. Concurrency.
         for c in &plan.concurrency {
-            let leases = self.scopes.get(c.scope.id()).map(|s| &s.leases);
+            let leases = self
+                .find(&c.scope, &mut seen)
+                .and_then(|i| self.slots.get(i))
+                .map(|s| &s.leases);
             let held = leases.map_or(0, |s| s.len() as u64);
             if held >= c.limit {
                 let soonest = leases
@@ -514,8 +603,8 @@ impl State {
         for c in &plan.budget {
             let (pid, _, end) = c.period.at(now);
             let cell = self
-                .scopes
-                .get(c.scope.id())
+                .find(&c.scope, &mut seen)
+                .and_then(|i| self.slots.get(i))
                 .and_then(|s| s.cell((c.period, pid)))
                 .copied()
                 .unwrap_or(Cell {
@@ -550,17 +639,20 @@ impl State {
         let id: Arc<str> = Arc::from(plan.request_id.as_str());
         let mut holds = Vec::with_capacity(plan.concurrency.len() + plan.budget.len());
         for c in &plan.concurrency {
-            self.scopes
-                .entry(c.scope.shared_id().clone())
-                .or_default()
-                .leases
-                .insert(id.clone());
-            holds.push(Hold::Lease(c.scope.shared_id().clone()));
+            let slot = self.slot(&c.scope, &mut seen);
+            let Some(scope) = self.slots.get_mut(slot) else {
+                return Err(lost_slot());
+            };
+            scope.leases.insert(id.clone());
+            holds.push(Hold::Lease(slot));
         }
         for c in &plan.budget {
             // The same period as checked above: `now` has not moved.
             let (pid, _, end) = c.period.at(now);
-            let scope = self.scopes.entry(c.scope.shared_id().clone()).or_default();
+            let slot = self.slot(&c.scope, &mut seen);
+            let Some(scope) = self.slots.get_mut(slot) else {
+                return Err(lost_slot());
+            };
             let key = (c.period, pid);
             let at = match scope.cells.iter().position(|(k, _)| *k == key) {
                 Some(at) => at,
@@ -577,7 +669,7 @@ impl State {
             cell.reserved += c.amount;
             cell.outstanding += 1;
             holds.push(Hold::Budget(Reservation {
-                scope: c.scope.shared_id().clone(),
+                slot,
                 period: c.period,
                 period_id: pid,
                 unit: c.unit,

@@ -54,3 +54,64 @@ fn remembered_ids_are_capped_oldest_first() {
         .unwrap();
     assert_eq!((used.settled, used.reserved), (10, 0));
 }
+
+/// A scope the sweep drops gives up its slot, and a later scope takes it: neither the new
+/// scope nor the dropped one, when it comes back, sees the other's leases or budget.
+#[test]
+fn slots_of_dropped_scopes_are_reused_without_mixing_scopes() {
+    use tollgate_core::{Decision, Finish, Period, Usage, plan};
+    use tollgate_testkit::{T0, facts, policy};
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone()).retention_ms(1_000);
+    let p = policy(
+        "[[scopes]]\nkey = \"user\"\nrequests = { limit = 100, window = \"1s\" }\n\
+         concurrency = { limit = 1, lease_ttl = \"1m\" }\n\
+         budget = { tokens = 1000, period = \"1s\" }\n",
+    );
+    let admit = |id: &str, user: &str| {
+        let d = store.admit_sync(&plan(&p, &facts(id, user, 10, 10)).unwrap());
+        assert!(matches!(d, Ok(Decision::Admit(_))), "{id} by {user}: {d:?}");
+    };
+    let u = Usage {
+        input_tokens: 10,
+        cached_input_tokens: 0,
+        output_tokens: 5,
+    };
+    admit("a1", "a");
+    assert!(matches!(
+        store.settle_sync("a1", u),
+        Ok(Finish::Done { .. })
+    ));
+    // Two rate windows and the budget period later, user a's scope holds nothing.
+    clock.advance(5_000);
+    store.sweep_all().unwrap();
+    let fp = store.footprint().unwrap();
+    assert_eq!(
+        (fp.rate_scopes, fp.lease_scopes, fp.budget_cells),
+        (0, 0, 0)
+    );
+    admit("b1", "b"); // takes the freed slot
+    admit("a2", "a"); // a again: a scope of its own, not b's lease
+    admit("c1", "c");
+    let period = Some(Period::Fixed(1_000));
+    for user in ["a", "b", "c"] {
+        let used = store
+            .usage_sync(&format!("user|user:{user}"), period)
+            .unwrap();
+        assert_eq!(
+            (used.leases, used.reserved, used.settled),
+            (1, 20, 0),
+            "{user}"
+        );
+    }
+    assert!(matches!(
+        store.settle_sync("b1", u),
+        Ok(Finish::Done { .. })
+    ));
+    let b = store.usage_sync("user|user:b", period).unwrap();
+    let a = store.usage_sync("user|user:a", period).unwrap();
+    assert_eq!((b.leases, b.reserved, b.settled), (0, 0, 15));
+    assert_eq!((a.leases, a.reserved, a.settled), (1, 20, 0));
+    let fp = store.footprint().unwrap();
+    assert_eq!((fp.rate_scopes, fp.lease_scopes, fp.in_flight), (3, 2, 2));
+}
