@@ -10,15 +10,17 @@ sweep(now, 16, retention)
 local tkey = PREFIX .. ':tl:' .. id
 local t = read_ticket(tkey)
 if not t then return {'gone'} end
-local expires = now + t.ttl
-redis.call('LSET', tkey, 0, expires)
-redis.call('PEXPIRE', tkey, t.ttl + retention)
-redis.call('ZADD', PREFIX .. ':x', expires, id)
-if redis.call('PTTL', PREFIX .. ':x') < t.ttl + retention then
-  redis.call('PEXPIRE', PREFIX .. ':x', t.ttl + retention)
+local ttl = tonumber(t.ttl)
+local expires = now + ttl
+local expires_arg = int(expires)
+redis.call('LSET', tkey, '0', expires_arg)
+redis.call('PEXPIRE', tkey, int(ttl + retention))
+redis.call('ZADD', PREFIX .. ':x', expires_arg, id)
+if redis.call('PTTL', PREFIX .. ':x') < ttl + retention then
+  redis.call('PEXPIRE', PREFIX .. ':x', int(ttl + retention))
 end
 for _, lkey in ipairs(t.leases) do
-  redis.call('ZADD', lkey, 'XX', expires, id)
-  if redis.call('PTTL', lkey) < t.ttl + 60000 then redis.call('PEXPIRE', lkey, t.ttl + 60000) end
+  redis.call('ZADD', lkey, 'XX', expires_arg, id)
+  if redis.call('PTTL', lkey) < ttl + 60000 then redis.call('PEXPIRE', lkey, int(ttl + 60000)) end
 end
 return {'renewed', expires}
