@@ -128,6 +128,37 @@ fn tollgate_store_only(bencher: Bencher, scopes: &str) {
         });
 }
 
+/// The store-only loop in the steady state of a busy store: 1,000,000 finished ids remembered
+/// (the default cap, `DEFAULT_MAX_REMEMBERED`), so every settlement also forgets the oldest one.
+/// The store is filled before timing.
+#[divan::bench(sample_count = 200, sample_size = 50)]
+fn tollgate_store_only_at_the_cap(bencher: Bencher) {
+    let policy = Policy::from_toml(ONE_SCOPE).unwrap();
+    let store = MemoryStore::new();
+    let u = Usage {
+        input_tokens: 500,
+        cached_input_tokens: 0,
+        output_tokens: 100,
+    };
+    for _ in 0..tollgate_core::memory::DEFAULT_MAX_REMEMBERED {
+        let p = plan(&policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap();
+        assert!(matches!(store.admit_sync(&p), Ok(Decision::Admit(_))));
+        store.settle_sync(&p.request_id, u).unwrap();
+    }
+    assert_eq!(
+        store.footprint().unwrap().remembered,
+        tollgate_core::memory::DEFAULT_MAX_REMEMBERED
+    );
+    bencher
+        .with_inputs(|| plan(&policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap())
+        .bench_local_values(|p| {
+            let d = store.admit_sync(&p).unwrap();
+            divan::black_box(&d);
+            divan::black_box(store.settle_sync(&p.request_id, u).unwrap());
+            p
+        });
+}
+
 /// Baseline: governor's keyed GCRA `check_key` on 64 keys, and its direct `check`.
 #[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 50)]
 fn governor_check_key(bencher: Bencher) {

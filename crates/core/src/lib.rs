@@ -54,7 +54,7 @@ pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use decision::{Admitted, Decision, Deny, Quota, Reason};
 pub use ledger::{Period, Usage};
 pub use memory::MemoryStore;
-pub use pipeline::{Plan, PlanError, RequestFacts, plan};
+pub use pipeline::{KillTargets, Plan, PlanError, RequestFacts, plan};
 pub use policy::{Policy, PolicyError, Unit};
 pub use scope::{Dimension, Identity, ScopeKey};
 pub use store::{Ending, Finish, Renewal, ScopeUsage, Store, StoreError};

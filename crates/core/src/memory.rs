@@ -509,7 +509,7 @@ impl State {
             if let Some((target, reason)) = plan
                 .kill_targets
                 .iter()
-                .find_map(|t| self.kills.get(t).map(|r| (t.clone(), r.clone())))
+                .find_map(|t| self.kills.get(t).map(|r| (t.to_owned(), r.clone())))
             {
                 return Ok(Decision::Killed(crate::decision::Killed { target, reason }));
             }

@@ -87,7 +87,77 @@ pub struct Plan {
     pub fail_open: bool,
     /// Kill-switch targets this request falls under: `all`, then `tenant:`, `key:`, `model:`,
     /// `user:` where known.
-    pub kill_targets: Vec<String>,
+    pub kill_targets: KillTargets,
+}
+
+/// The kill-switch targets of a request, held in one string: one allocation per request
+/// instead of one per target.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KillTargets {
+    text: String,
+    /// Where each target ends in `text`.
+    ends: [usize; KillTargets::MAX],
+    n: usize,
+}
+
+impl KillTargets {
+    /// `all` and one per dimension a request may be stopped by.
+    const MAX: usize = 5;
+
+    /// The targets of a request with `identity`.
+    pub fn of(identity: &Identity) -> Self {
+        const DIMS: [Dimension; 4] = [
+            Dimension::Tenant,
+            Dimension::Key,
+            Dimension::Model,
+            Dimension::User,
+        ];
+        let len = DIMS
+            .iter()
+            .filter_map(|d| identity.get(*d).map(|v| d.as_str().len() + 1 + v.len()))
+            .sum::<usize>();
+        let mut t = Self {
+            text: String::with_capacity(3 + len),
+            ..Self::default()
+        };
+        t.push(&["all"]);
+        for d in DIMS {
+            if let Some(v) = identity.get(d) {
+                t.push(&[d.as_str(), ":", v]);
+            }
+        }
+        t
+    }
+
+    fn push(&mut self, parts: &[&str]) {
+        if let Some(end) = self.ends.get_mut(self.n) {
+            for p in parts {
+                self.text.push_str(p);
+            }
+            *end = self.text.len();
+            self.n += 1;
+        }
+    }
+
+    /// The targets, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        let mut start = 0;
+        self.ends.iter().take(self.n).map(move |&end| {
+            let target = self.text.get(start..end).unwrap_or_default();
+            start = end;
+            target
+        })
+    }
+
+    /// How many targets.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
 }
 
 impl Plan {
@@ -248,17 +318,7 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
     };
 
     let rate_empty = rate.is_empty();
-    let mut kill_targets = vec!["all".to_owned()];
-    for d in [
-        Dimension::Tenant,
-        Dimension::Key,
-        Dimension::Model,
-        Dimension::User,
-    ] {
-        if let Some(v) = facts.identity.get(d) {
-            kill_targets.push(format!("{d}:{v}"));
-        }
-    }
+    let kill_targets = KillTargets::of(&facts.identity);
     let open = |r: Reason| policy.fail_open.contains(&r);
     let fail_open = (rate_empty || open(Reason::RequestRateLimit))
         && (concurrency.is_empty() || open(Reason::ConcurrencyLimit))

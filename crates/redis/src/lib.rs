@@ -425,7 +425,7 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocat
     args.extend(price.iter().map(u64::to_string));
     args.extend(usage_args(&plan.expired_usage));
     args.push(plan.kill_targets.len().to_string());
-    args.extend(plan.kill_targets.iter().cloned());
+    args.extend(plan.kill_targets.iter().map(str::to_owned));
     for r in &plan.rate {
         let k = format!("{prefix}:r:{}", r.scope.id());
         keys.push(k.clone());

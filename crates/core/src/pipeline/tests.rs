@@ -113,3 +113,21 @@ fn money_budgets_reserve_the_estimated_cost() {
     f.identity.model = Some("unpriced".into());
     assert!(matches!(plan(&p, &f), Err(PlanError::UnpricedModel { .. })));
 }
+
+#[test]
+fn kill_targets_are_all_then_each_known_dimension_in_order() {
+    let id = Identity::default()
+        .with(Dimension::User, "u\n1:x")
+        .with(Dimension::Ip, "10.0.0.1")
+        .with(Dimension::Model, "gpt-4o")
+        .with(Dimension::Tenant, "acme");
+    let t = KillTargets::of(&id);
+    assert_eq!(
+        t.iter().collect::<Vec<_>>(),
+        ["all", "tenant:acme", "model:gpt-4o", "user:u\n1:x"]
+    );
+    assert_eq!(t.len(), 4);
+    let none = KillTargets::of(&Identity::default());
+    assert_eq!(none.iter().collect::<Vec<_>>(), ["all"]);
+    assert!(!none.is_empty() && KillTargets::default().is_empty());
+}
