@@ -115,3 +115,46 @@ fn slots_of_dropped_scopes_are_reused_without_mixing_scopes() {
     let fp = store.footprint().unwrap();
     assert_eq!((fp.rate_scopes, fp.lease_scopes, fp.in_flight), (3, 2, 2));
 }
+
+/// The pass that drops scope state nothing needs is spread over calls (at most 1,024 slots
+/// each): no single call pays for a million scopes. It still drops every stale scope, and
+/// nothing that is still needed.
+#[test]
+fn stale_scopes_are_dropped_a_little_per_call() {
+    use tollgate_core::{Decision, Finish, Usage, plan};
+    use tollgate_testkit::{T0, facts, policy};
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone()).retention_ms(1_000);
+    let p = policy(
+        "[[scopes]]\nkey = \"user\"\nrequests = { limit = 100, window = \"1s\" }\n\
+         concurrency = { limit = 1, lease_ttl = \"1m\" }\n",
+    );
+    let u = Usage::default();
+    let n = 3_000;
+    for i in 0..n {
+        let id = format!("r{i}");
+        let d = store.admit_sync(&plan(&p, &facts(&id, &format!("u{i}"), 1, 1)).unwrap());
+        assert!(matches!(d, Ok(Decision::Admit(_))), "{d:?}");
+        assert!(matches!(store.settle_sync(&id, u), Ok(Finish::Done { .. })));
+    }
+    // One request stays in flight: its scope holds a lease and must survive every pass.
+    let d = store.admit_sync(&plan(&p, &facts("held", "keeper", 1, 1)).unwrap());
+    assert!(matches!(d, Ok(Decision::Admit(_))), "{d:?}");
+    clock.advance(5_000);
+    // The first call after the rate windows went stale starts a pass and takes one step.
+    let first = store.footprint().unwrap().rate_scopes;
+    assert!(
+        first > n - 2 * 1_024,
+        "one call dropped {} scopes",
+        n + 1 - first
+    );
+    let mut calls = 1;
+    while store.footprint().unwrap().lease_scopes + store.footprint().unwrap().rate_scopes > 1 {
+        calls += 2;
+        assert!(calls < 20, "the pass never finished");
+    }
+    let fp = store.footprint().unwrap();
+    assert_eq!((fp.rate_scopes, fp.lease_scopes, fp.in_flight), (0, 1, 1));
+    let keeper = store.usage_sync("user|user:keeper", None).unwrap();
+    assert_eq!(keeper.leases, 1);
+}
