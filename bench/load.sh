@@ -8,7 +8,8 @@
 # controls on the memory store; and with all six on Redis (its own redis-server). The targets
 # take turns, round after round, so that a slow moment of a shared machine falls on all of them;
 # each round's ratios are taken within the round. Prints every round, then a Markdown table of
-# medians (req/s, p50, p99 and the median of the rounds' ratios to pass-through).
+# medians (req/s, p50, p99, the median of the rounds' ratios to pass-through, and the CPU time
+# per request of the gateway and of Redis, read from /proc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR="${1:-10}"
@@ -68,6 +69,7 @@ $3
 TOML
   "$BIN/tollgate" serve --config "$tmp/$1.toml" >/dev/null 2>&1 &
   echo $! >> "$tmp/gateway-pids"
+  echo $! > "$tmp/pid-$1"
   wait_port "$port"
   echo "$port"
 }
@@ -77,14 +79,26 @@ RED=$(gateway redis "[store]
 url = \"redis://127.0.0.1:$REDIS/\"
 call_timeout = \"2s\"" "$ALL_SIX")
 
-run() { # label port -> "rps p50 p99"
+# CPU time (user + system, in clock ticks) a process has used so far; 0 when there is none.
+ticks() { if [ -n "$1" ] && [ -r "/proc/$1/stat" ]; then awk '{print $14 + $15}' "/proc/$1/stat"; else echo 0; fi; }
+HZ=$(getconf CLK_TCK)
+REDIS_PID=${pids[1]}
+run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per-request"
+  # CPU per request is steadier than req/s on a shared machine: it does not depend on how much
+  # of the cores the other processes took during the run.
+  local gw; gw=$(cat "$tmp/pid-$1" 2>/dev/null || true)
+  local rd=""; [ "$1" = redis ] && rd=$REDIS_PID
+  local g0 r0 g1 r1; g0=$(ticks "$gw"); r0=$(ticks "$rd")
   local out; out=$(wrk -t2 -c"$CONN" -d"${DUR}s" --latency -s bench/post.lua "http://127.0.0.1:$2/v1/chat/completions" 2>&1)
+  g1=$(ticks "$gw"); r1=$(ticks "$rd")
   if echo "$out" | grep -q "Non-2xx"; then echo "$out" >&2; echo "non-2xx responses for $1" >&2; exit 1; fi
-  local rps p50 p99
+  local rps p50 p99 n
+  n=$(echo "$out" | awk '/requests in/ {print $1}')
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   p50=$(echo "$out" | awk '$1=="50%" {print $2}')
   p99=$(echo "$out" | awk '$1=="99%" {print $2}')
-  echo "$rps $p50 $p99"
+  local per="1000000 / $HZ / $n"
+  echo "$rps $p50 $p99 $(python3 -c "print(round(($g1 - $g0) * $per, 1))") $(python3 -c "print(round(($r1 - $r0) * $per, 1))")"
 }
 echo "wrk -t2 -c$CONN -d${DUR}s, $ROUNDS rounds, one small chat completion (16 output tokens), upstream simulator with no latency; $(nproc) cores shared by wrk, gateway, simulator and Redis; $(date -u +%F)"
 echo
@@ -100,8 +114,10 @@ python3 - "$rows" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 by = {}
-for r, t, rps, p50, p99 in rows:
+cpu = {}
+for r, t, rps, p50, p99, gw, rd in rows:
     by.setdefault(t, []).append((int(r), float(rps), p50, p99))
+    cpu.setdefault(t, []).append((float(gw), float(rd)))
 def ms(v):  # wrk latency: 1.23ms, 456.78us, 1.02s
     for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
         if v.endswith(unit) and v[: -len(unit)].replace(".", "").isdigit():
@@ -110,12 +126,13 @@ def ms(v):  # wrk latency: 1.23ms, 456.78us, 1.02s
 rps = {t: {r: x for r, x, _, _ in v} for t, v in by.items()}
 names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-through)"),
          ("memory", "gateway, six controls, memory store"), ("redis", "gateway, six controls, Redis store")]
-print("| target | req/s (median) | p50 | p99 | vs pass-through (median of rounds) | per round |")
-print("|---|---|---|---|---|---|")
+print("| target | req/s (median) | p50 | p99 | vs pass-through (median of rounds) | per round | gateway CPU per request | Redis CPU per request |")
+print("|---|---|---|---|---|---|---|---|")
 for t, label in names:
     v = by[t]
     ratios = [rps[t][r] / rps["pass"][r] for r in rps[t]]
     print(f"| {label} | {statistics.median(x for _, x, _, _ in v):.0f} | "
           f"{statistics.median(ms(p) for _, _, p, _ in v):.2f}ms | {statistics.median(ms(p) for _, _, _, p in v):.2f}ms | "
-          f"{statistics.median(ratios):.2f}x | {' '.join(f'{x:.2f}' for x in ratios)} |")
+          f"{statistics.median(ratios):.2f}x | {' '.join(f'{x:.2f}' for x in ratios)} | "
+          f"{statistics.median(g for g, _ in cpu[t]):.1f} µs | {statistics.median(r for _, r in cpu[t]):.1f} µs |")
 PY
