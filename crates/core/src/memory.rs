@@ -2,9 +2,11 @@
 //! applied atomically across all of its scopes.
 //!
 //! Memory is bounded by what is live: rate windows are dropped two windows after their last
-//! attempt, budget periods once they have ended and hold no reservation, leases and
-//! reservations when their request ends or expires, and finished request ids after the
-//! retention time or, beyond [`DEFAULT_MAX_REMEMBERED`] of them, oldest first.
+//! attempt, budget periods once they have ended and hold no reservation (both by a pass over
+//! the scopes that starts once a second and goes a little per call, so that no call pays for a
+//! million scopes), leases and reservations when their request ends or expires, and finished
+//! request ids after the retention time or, beyond [`DEFAULT_MAX_REMEMBERED`] of them, oldest
+//! first.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
