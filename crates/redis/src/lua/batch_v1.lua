@@ -9,7 +9,7 @@
 -- others still run.
 
 local now = store_now(ARGV[2])
-sweep(now, 16, tonumber(ARGV[3]))
+sweep(now, 16, ARGV[3])
 local kills = nil
 local out = {}
 local a, longest = 4, 0

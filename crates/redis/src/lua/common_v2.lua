@@ -175,11 +175,13 @@ local function end_ticket(tkey, id, t, usage, ending, retention, now)
   end
   redis.call('DEL', tkey)
   redis.call('ZREM', PREFIX .. ':x', id)
-  redis.call('SET', PREFIX .. ':f:' .. id, ending, 'PX', int(retention))
+  -- `retention` is the ARGV string, passed through unparsed.
+  redis.call('SET', PREFIX .. ':f:' .. id, ending, 'PX', retention)
   return charged
 end
 
 -- Expires up to `max` tickets whose time has come.
+-- `retention`: the ARGV string (see end_ticket).
 local function sweep(now, max, retention)
   local ids = redis.call('ZRANGEBYSCORE', PREFIX .. ':x', '-inf', int(now), 'LIMIT', '0', int(max))
   for _, id in ipairs(ids) do
@@ -367,7 +369,7 @@ end
 --   usage: input, cached input, output (without usage: the ticket's expired usage).
 -- Returns {'done', charges...} | {'ended', ending} | {'unknown'}.
 local function finish_one(A, a, now)
-  local id, retention, ending = A[a], tonumber(A[a + 1]), A[a + 2]
+  local id, retention, ending = A[a], A[a + 1], A[a + 2]
   local tkey = PREFIX .. ':tl:' .. id
   local t = read_ticket(tkey)
   if t then

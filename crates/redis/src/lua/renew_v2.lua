@@ -6,7 +6,7 @@
 
 local now = store_now(ARGV[2])
 local id, retention = ARGV[3], tonumber(ARGV[4])
-sweep(now, 16, retention)
+sweep(now, 16, ARGV[4])
 local tkey = PREFIX .. ':tl:' .. id
 local t = read_ticket(tkey)
 if not t then return {'gone'} end

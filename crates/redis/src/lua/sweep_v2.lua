@@ -6,5 +6,5 @@
 
 local now = store_now(ARGV[2])
 local before = redis.call('ZCOUNT', PREFIX .. ':x', '-inf', now)
-sweep(now, tonumber(ARGV[4]), tonumber(ARGV[3]))
+sweep(now, tonumber(ARGV[4]), ARGV[3])
 return before - redis.call('ZCOUNT', PREFIX .. ':x', '-inf', now)

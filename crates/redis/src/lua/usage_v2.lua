@@ -6,7 +6,7 @@
 -- Returns {settled, reserved, leases}.
 
 local now = store_now(ARGV[2])
-sweep(now, 16, tonumber(ARGV[5]))
+sweep(now, 16, ARGV[5])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local leases = redis.call('ZCARD', KEYS[1])
 local len = tonumber(ARGV[3])
