@@ -89,6 +89,33 @@ async fn tollgate(store: &RedisStore, policy: &Arc<Policy>, clients: u64, settle
     (per * clients) as f64 / start.elapsed().as_secs_f64()
 }
 
+/// Redis's own CPU time so far, in µs: the whole server (`INFO cpu`, its network I/O included)
+/// and inside `EVALSHA` alone (`INFO commandstats`).
+fn redis_cpu_us(port: u16) -> (f64, f64) {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "all"])
+        .output()
+        .expect("redis-cli runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut server = 0.0;
+    let mut evalsha = 0.0;
+    for line in text.lines() {
+        let line = line.trim_end();
+        for name in ["used_cpu_sys:", "used_cpu_user:"] {
+            if let Some(secs) = line.strip_prefix(name).and_then(|v| v.parse::<f64>().ok()) {
+                server += secs * 1e6;
+            }
+        }
+        if let Some(stats) = line.strip_prefix("cmdstat_evalsha:") {
+            evalsha = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("usec=")?.parse().ok())
+                .unwrap_or(0.0);
+        }
+    }
+    (server, evalsha)
+}
+
 fn main() {
     let server = RedisServer::start();
     let sha = {
@@ -120,13 +147,19 @@ fn main() {
         "N = {N} calls per row; one redis-server on 127.0.0.1, 2 cores shared by client and server\n"
     );
     println!(
-        "{:<10} {:>22} {:>16} {:>8} {:>20} {:>8}",
+        "Redis CPU: µs of Redis's CPU per admission (admit run) and per pair (admit + settle run),\n\
+         the whole server, then inside EVALSHA alone.\n"
+    );
+    println!(
+        "{:<10} {:>22} {:>16} {:>8} {:>20} {:>8}   {:>11}   {:>11}",
         "clients",
         "redis-benchmark EVALSHA",
         "tollgate admit",
         "ratio",
         "admit + settle (2 calls)",
-        "ratio"
+        "ratio",
+        "CPU: admit",
+        "pair"
     );
     for (flavour, rt) in [
         (
@@ -148,21 +181,30 @@ fn main() {
         println!("tokio {flavour} runtime:");
         for clients in [1u64, 8, 64] {
             let baseline = redis_benchmark(server.port(), clients, &sha);
-            let (admit, pair) = rt.block_on(async {
+            let port = server.port();
+            let (admit, pair, cpu) = rt.block_on(async {
                 let mut cfg = RedisConfig::new(server.url());
                 cfg.prefix = format!("bench-{flavour}-{clients}");
                 cfg.call_timeout = Duration::from_secs(5);
                 let store = RedisStore::connect(cfg).await.unwrap();
                 tollgate(&store, &policy, clients, false).await; // warm up, load the script
-                (
-                    tollgate(&store, &policy, clients, false).await,
-                    tollgate(&store, &policy, clients, true).await,
-                )
+                let before = redis_cpu_us(port);
+                let admit = tollgate(&store, &policy, clients, false).await;
+                let mid = redis_cpu_us(port);
+                let pair = tollgate(&store, &policy, clients, true).await;
+                let after = redis_cpu_us(port);
+                let n = ((N / clients) * clients) as f64;
+                let per = |a: (f64, f64), b: (f64, f64)| ((b.0 - a.0) / n, (b.1 - a.1) / n);
+                (admit, pair, [per(before, mid), per(mid, after)])
             });
             println!(
-                "{clients:<10} {baseline:>20.0}/s {admit:>14.0}/s {:>7.2}x {pair:>18.0}/s {:>7.2}x",
+                "{clients:<10} {baseline:>20.0}/s {admit:>14.0}/s {:>7.2}x {pair:>18.0}/s {:>7.2}x   {:>5.1} {:>5.1}   {:>5.1} {:>5.1}",
                 admit / baseline,
-                pair / baseline
+                pair / baseline,
+                cpu[0].0,
+                cpu[0].1,
+                cpu[1].0,
+                cpu[1].1
             );
         }
     }

@@ -22,8 +22,9 @@
 //!
 //! Key layout (prefix `P`, default `tollgate`), documented in `docs/redis.md`:
 //! `P:r:<scope>` rate window, `P:l:<scope>` leases (sorted set by expiry), `P:b:<scope>`
-//! budget periods, `P:tl:<request>` ticket (a list), `P:x` ticket expiry index, `P:f:<request>` finished
-//! marker, `P:kill` kill switch, `P:clock` the store's last time.
+//! budget periods, `P:ts:<request>` the ticket (a msgpack string) and, once the request has
+//! ended, how it ended; `P:x` ticket expiry index, `P:kill` kill switch, `P:clock` the store's
+//! last time.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tollgate_core::StoreError> {
@@ -100,7 +101,7 @@ struct Scripts {
 macro_rules! script {
     ($file:literal) => {
         Script::new(concat!(
-            include_str!("lua/common_v2.lua"),
+            include_str!("lua/common_v3.lua"),
             "\n",
             include_str!($file)
         ))
@@ -111,7 +112,7 @@ fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
         batch: script!("lua/batch_v1.lua"),
-        renew: script!("lua/renew_v2.lua"),
+        renew: script!("lua/renew_v3.lua"),
         usage: script!("lua/usage_v2.lua"),
         sweep: script!("lua/sweep_v2.lua"),
     })
@@ -401,10 +402,7 @@ fn period_arg(p: Period) -> (u64, String) {
 
 /// The exact KEYS and ARGV of an admission, as one item of a batch call.
 pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocation {
-    let mut keys = vec![
-        format!("{prefix}:tl:{}", plan.request_id),
-        format!("{prefix}:f:{}", plan.request_id),
-    ];
+    let mut keys = vec![format!("{prefix}:ts:{}", plan.request_id)];
     let price = plan
         .price
         .map_or([0, 0, 0], |p| [p.input, p.cached_input, p.output]);
@@ -472,7 +470,7 @@ fn finish_invocation(
     ];
     args.extend(usage_args(&usage.unwrap_or_default()));
     Invocation {
-        keys: vec![format!("{prefix}:tl:{id}"), format!("{prefix}:f:{id}")],
+        keys: vec![format!("{prefix}:ts:{id}")],
         args,
     }
 }
@@ -825,7 +823,7 @@ impl RedisStore {
         let p = &self.shards[shard];
         let inv = Invocation {
             keys: vec![
-                format!("{p}:tl:{id}"),
+                format!("{p}:ts:{id}"),
                 format!("{p}:x"),
                 format!("{p}:clock"),
             ],

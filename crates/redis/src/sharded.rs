@@ -92,7 +92,7 @@ impl RedisStore {
     async fn undo(&self, id: &str, shards: impl Iterator<Item = usize>) {
         let calls = shards.map(|shard| {
             let inv = Invocation {
-                keys: vec![format!("{}:tl:{id}", self.shards[shard])],
+                keys: vec![format!("{}:ts:{id}", self.shards[shard])],
                 args: vec![id.to_owned()],
             };
             self.batched(shard, "u", inv)

@@ -41,8 +41,7 @@ fn admit_sends_exactly_these_arguments() {
             "tg:x",
             "tg:clock",
             "tg:kill",
-            "tg:tl:req-1",
-            "tg:f:req-1",
+            "tg:ts:req-1",
             "tg:r:user|user:alice",
             "tg:l:user|user:alice",
             "tg:b:user|user:alice",
@@ -96,14 +95,14 @@ fn admit_sends_exactly_these_arguments() {
         ]
     );
     let settle = Invocation {
-        keys: vec!["tg:tl:req-0".into(), "tg:f:req-0".into()],
+        keys: vec!["tg:ts:req-0".into()],
         args: ["req-0", "3600000", "settled", "1", "40", "0", "25"]
             .map(String::from)
             .to_vec(),
     };
     let both = batch_invocation("tg", 0, 3_600_000, [("f", &settle), ("a", &item)]);
-    assert_eq!(both.keys[3..5], ["tg:tl:req-0", "tg:f:req-0"]);
-    assert_eq!(both.keys[5..], inv.keys[3..]);
+    assert_eq!(both.keys[3..4], ["tg:ts:req-0"]);
+    assert_eq!(both.keys[4..], inv.keys[3..]);
     assert_eq!(
         both.args[3..12],
         [

@@ -1,7 +1,9 @@
 -- Tollgate ledger, shared by every script (prepended to each). Integer arithmetic only; every
 -- ledger function mirrors crates/core/src/ledger.rs. Numbers stay below 2^53 by the policy's
--- bounds. v2: the ticket is one string (one SET, one GET), no per-period reservation counter,
--- admission and settlement are functions so that one call can carry many of them.
+-- bounds. Admission and settlement are functions so that one call can carry many of them.
+-- v3: the ticket is one msgpack string under P:ts:<request>, which becomes the request's
+-- finished marker when it ends (one SET ... GET at settlement; v2 read a list, deleted it and
+-- created a separate marker key).
 
 local WEIGHT_SCALE = 10000
 local COUNT_CAP = 2147483648
@@ -118,10 +120,10 @@ local function cost(price, input, cached, output)
   return whole + math.ceil(frac / 1000000)
 end
 
--- A ticket is a list: exp, ttl, price (3), expired usage (3), the number of leases, the lease
--- keys, then per reservation: key, field, unit, amount, period length, label. Read and written
--- whole (LRANGE, RPUSH): no string parsing in Lua, which costs more here than the calls do.
--- Written from strings only (see int).
+-- A ticket is a msgpack array of strings: exp, ttl, price (3), expired usage (3), the number of
+-- leases, the lease keys, then per reservation: key, field, unit, amount, period length, label.
+-- Written from strings only (see int). cmsgpack is C: packing and unpacking cost less than
+-- RPUSH and LRANGE of the same fields did.
 local function write_ticket(tkey, t, keep_ms)
   local v = {t.exp, t.ttl, t.price[1], t.price[2], t.price[3], t.xu[1], t.xu[2], t.xu[3],
     int(#t.leases)}
@@ -129,17 +131,18 @@ local function write_ticket(tkey, t, keep_ms)
   for _, b in ipairs(t.budgets) do
     for j = 1, 6 do v[#v + 1] = b[j] end
   end
-  redis.call('RPUSH', tkey, unpack(v))
-  redis.call('PEXPIRE', tkey, keep_ms)
+  redis.call('SET', tkey, cmsgpack.pack(v), 'PX', keep_ms)
 end
 
--- The ticket at tkey, or nil. Its fields stay strings until used (tonumber is strtod, about
+-- How a request ended, as its ticket key holds it afterwards.
+local ENDINGS = {settled = true, released = true, expired = true}
+
+-- The ticket packed in `packed`. Its fields stay strings until used (tonumber is strtod, about
 -- 0.2 µs each): a settlement of a token budget needs none of them as numbers.
-local function read_ticket(tkey)
-  local v = redis.call('LRANGE', tkey, '0', '-1')
-  if #v == 0 then return nil end
+local function ticket_of(packed)
+  local v = cmsgpack.unpack(packed)
   local t = {exp = v[1], ttl = v[2], price = {v[3], v[4], v[5]}, xu = {v[6], v[7], v[8]},
-    leases = {}, budgets = {}}
+    leases = {}, budgets = {}, raw = v}
   local n = tonumber(v[9])
   for i = 1, n do t.leases[i] = v[9 + i] end
   for i = 10 + n, #v, 6 do
@@ -148,9 +151,34 @@ local function read_ticket(tkey)
   return t
 end
 
--- Ends a ticket: leases back, each reservation replaced by the charge for the usage
--- {input, cached, output} (nil: the ticket's expired usage). Returns the charges.
-local function end_ticket(tkey, id, t, usage, ending, retention, now)
+-- The ticket of an unfinished request at tkey, or nil.
+local function peek_ticket(tkey)
+  local packed = redis.call('GET', tkey)
+  if not packed or ENDINGS[packed] then return nil end
+  return ticket_of(packed)
+end
+
+-- Marks the request at tkey as ended (`ending`, kept for `retention` ms: the ARGV string) and
+-- returns its ticket; or nil and how it had ended ('unknown': it never was admitted, or it was
+-- forgotten).
+local function take_ticket(tkey, ending, retention)
+  local old = redis.call('SET', tkey, ending, 'PX', retention, 'GET')
+  if not old then
+    redis.call('DEL', tkey)
+    return nil, 'unknown'
+  end
+  if ENDINGS[old] then
+    -- Ended before: its ending goes back (the marker's retention restarts, which is harmless).
+    redis.call('SET', tkey, old, 'KEEPTTL')
+    return nil, old
+  end
+  return ticket_of(old), nil
+end
+
+-- Ends a ticket that take_ticket took: leases back, each reservation replaced by the charge for
+-- the usage {input, cached, output} (nil: the ticket's expired usage), out of the expiry index.
+-- Returns the charges.
+local function end_ticket(id, t, usage, now)
   for _, lkey in ipairs(t.leases) do redis.call('ZREM', lkey, id) end
   local price = nil
   if usage == nil then usage = {tonumber(t.xu[1]), tonumber(t.xu[2]), tonumber(t.xu[3])} end
@@ -173,22 +201,18 @@ local function end_ticket(tkey, id, t, usage, ending, retention, now)
     end
     charged[#charged + 1] = charge
   end
-  redis.call('DEL', tkey)
   redis.call('ZREM', PREFIX .. ':x', id)
-  -- `retention` is the ARGV string, passed through unparsed.
-  redis.call('SET', PREFIX .. ':f:' .. id, ending, 'PX', retention)
   return charged
 end
 
 -- Expires up to `max` tickets whose time has come.
--- `retention`: the ARGV string (see end_ticket).
+-- `retention`: the ARGV string (see take_ticket).
 local function sweep(now, max, retention)
   local ids = redis.call('ZRANGEBYSCORE', PREFIX .. ':x', '-inf', int(now), 'LIMIT', '0', int(max))
   for _, id in ipairs(ids) do
-    local tkey = PREFIX .. ':tl:' .. id
-    local t = read_ticket(tkey)
+    local t = take_ticket(PREFIX .. ':ts:' .. id, 'expired', retention)
     if t then
-      end_ticket(tkey, id, t, nil, 'expired', retention, now)
+      end_ticket(id, t, nil, now)
     else
       redis.call('ZREM', PREFIX .. ':x', id)
     end
@@ -230,8 +254,8 @@ local function admit_one(A, a, now, kills, probe)
   end
   a = a + n_kill
 
-  local tkey = PREFIX .. ':tl:' .. id
-  if redis.call('EXISTS', tkey, PREFIX .. ':f:' .. id) > 0 then
+  local tkey = PREFIX .. ':ts:' .. id
+  if redis.call('EXISTS', tkey) > 0 then
     return {'dup'}
   end
 
@@ -353,8 +377,8 @@ end
 -- A[a]: request id. Returns {'undone'} | {'unknown'}.
 local function undo_one(A, a)
   local id = A[a]
-  local tkey = PREFIX .. ':tl:' .. id
-  local t = read_ticket(tkey)
+  local tkey = PREFIX .. ':ts:' .. id
+  local t = peek_ticket(tkey)
   if not t then return {'unknown'} end
   for _, lkey in ipairs(t.leases) do redis.call('ZREM', lkey, id) end
   for _, b in ipairs(t.budgets) do redis.call('HINCRBY', b[1], b[2] .. ':r', '-' .. b[4]) end
@@ -370,18 +394,16 @@ end
 -- Returns {'done', charges...} | {'ended', ending} | {'unknown'}.
 local function finish_one(A, a, now)
   local id, retention, ending = A[a], A[a + 1], A[a + 2]
-  local tkey = PREFIX .. ':tl:' .. id
-  local t = read_ticket(tkey)
-  if t then
-    local usage = nil
-    if A[a + 3] == '1' then usage = {tonumber(A[a + 4]), tonumber(A[a + 5]), tonumber(A[a + 6])} end
-    local out = {'done'}
-    for _, c in ipairs(end_ticket(tkey, id, t, usage, ending, retention, now)) do
-      out[#out + 1] = c
-    end
-    return out
+  local t, how = take_ticket(PREFIX .. ':ts:' .. id, ending, retention)
+  if not t then
+    if how == 'unknown' then return {'unknown'} end
+    return {'ended', how}
   end
-  local how = redis.call('GET', PREFIX .. ':f:' .. id)
-  if how then return {'ended', how} end
-  return {'unknown'}
+  local usage = nil
+  if A[a + 3] == '1' then usage = {tonumber(A[a + 4]), tonumber(A[a + 5]), tonumber(A[a + 6])} end
+  local out = {'done'}
+  for _, c in ipairs(end_ticket(id, t, usage, now)) do
+    out[#out + 1] = c
+  end
+  return out
 end

@@ -7,14 +7,14 @@
 local now = store_now(ARGV[2])
 local id, retention = ARGV[3], tonumber(ARGV[4])
 sweep(now, 16, ARGV[4])
-local tkey = PREFIX .. ':tl:' .. id
-local t = read_ticket(tkey)
+local tkey = PREFIX .. ':ts:' .. id
+local t = peek_ticket(tkey)
 if not t then return {'gone'} end
 local ttl = tonumber(t.ttl)
 local expires = now + ttl
 local expires_arg = int(expires)
-redis.call('LSET', tkey, '0', expires_arg)
-redis.call('PEXPIRE', tkey, int(ttl + retention))
+t.raw[1] = expires_arg
+redis.call('SET', tkey, cmsgpack.pack(t.raw), 'PX', int(ttl + retention))
 redis.call('ZADD', PREFIX .. ':x', expires_arg, id)
 if redis.call('PTTL', PREFIX .. ':x') < ttl + retention then
   redis.call('PEXPIRE', PREFIX .. ':x', int(ttl + retention))
