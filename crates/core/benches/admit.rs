@@ -159,6 +159,32 @@ fn tollgate_store_only_at_the_cap(bencher: Bencher) {
         });
 }
 
+/// The store-only loop while 10,000 other requests are in flight (a gateway's state: requests
+/// wait seconds for their upstream), each holding a lease and a reservation until the end.
+#[divan::bench(sample_count = 200, sample_size = 50)]
+fn tollgate_store_only_10k_in_flight(bencher: Bencher) {
+    let policy = Policy::from_toml(ONE_SCOPE).unwrap();
+    let store = MemoryStore::new().retention_ms(1_000);
+    let u = Usage {
+        input_tokens: 500,
+        cached_input_tokens: 0,
+        output_tokens: 100,
+    };
+    for _ in 0..10_000 {
+        let p = plan(&policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap();
+        assert!(matches!(store.admit_sync(&p), Ok(Decision::Admit(_))));
+    }
+    assert_eq!(store.footprint().unwrap().in_flight, 10_000);
+    bencher
+        .with_inputs(|| plan(&policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap())
+        .bench_local_values(|p| {
+            let d = store.admit_sync(&p).unwrap();
+            divan::black_box(&d);
+            divan::black_box(store.settle_sync(&p.request_id, u).unwrap());
+            p
+        });
+}
+
 /// Baseline: governor's keyed GCRA `check_key` on 64 keys, and its direct `check`.
 #[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 50)]
 fn governor_check_key(bencher: Bencher) {
