@@ -102,6 +102,21 @@ fn tollgate_admit_settle(bencher: Bencher, scopes: &str) {
         });
 }
 
+/// Only `plan()`: the pure pipeline (scope keys, token verdicts, kill-switch targets), with the
+/// plan dropped after timing.
+#[divan::bench(args = ["1 scope", "5 scopes"], sample_count = 200, sample_size = 50)]
+fn tollgate_plan_only(bencher: Bencher, scopes: &str) {
+    let text = if scopes == "1 scope" {
+        ONE_SCOPE
+    } else {
+        FIVE_SCOPES
+    };
+    let policy = Policy::from_toml(text).unwrap();
+    bencher
+        .with_inputs(|| facts(NEXT.load(Ordering::Relaxed)))
+        .bench_local_values(|f| (plan(&policy, &f).unwrap(), f));
+}
+
 /// Only the store's atomic transition (admit + settle), with the plan built beforehand and
 /// dropped after timing; the store's answers are dropped inside it.
 #[divan::bench(args = ["1 scope", "5 scopes"], sample_count = 200, sample_size = 50)]

@@ -283,46 +283,98 @@ async fn run_batches(
     }
 }
 
-/// The KEYS and ARGV of one batch call.
+/// The parts of a batch call that are not its items'.
+struct BatchHead {
+    keys: [String; 3],
+    args: [String; 3],
+}
+
+impl BatchHead {
+    fn new(prefix: &str, now: u64, retention_ms: u64) -> Self {
+        Self {
+            keys: [
+                format!("{prefix}:x"),
+                format!("{prefix}:clock"),
+                format!("{prefix}:kill"),
+            ],
+            args: [prefix.to_owned(), now.to_string(), retention_ms.to_string()],
+        }
+    }
+
+    /// KEYS and ARGV of the call, borrowed from the head, the items and their argument counts.
+    fn layout<'a>(
+        &'a self,
+        items: &[(&'a str, &'a Invocation)],
+        counts: &'a [String],
+    ) -> (Vec<&'a str>, Vec<&'a str>) {
+        let mut keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        for (&(op, inv), n) in items.iter().zip(counts) {
+            keys.extend(inv.keys.iter().map(String::as_str));
+            args.push(op);
+            args.push(n);
+            args.extend(inv.args.iter().map(String::as_str));
+        }
+        (keys, args)
+    }
+}
+
+fn arg_counts(items: &[(&str, &Invocation)]) -> Vec<String> {
+    items
+        .iter()
+        .map(|(_, inv)| inv.args.len().to_string())
+        .collect()
+}
+
+/// The KEYS and ARGV of one batch call: what `call_batch` sends.
 pub fn batch_invocation<'a>(
     prefix: &str,
     now: u64,
     retention_ms: u64,
     items: impl IntoIterator<Item = (&'a str, &'a Invocation)>,
 ) -> Invocation {
-    let mut keys = vec![
-        format!("{prefix}:x"),
-        format!("{prefix}:clock"),
-        format!("{prefix}:kill"),
-    ];
-    let mut args = vec![prefix.to_owned(), now.to_string(), retention_ms.to_string()];
-    for (op, inv) in items {
-        keys.extend(inv.keys.iter().cloned());
-        args.push(op.to_owned());
-        args.push(inv.args.len().to_string());
-        args.extend(inv.args.iter().cloned());
+    let items: Vec<_> = items.into_iter().collect();
+    let counts = arg_counts(&items);
+    let head = BatchHead::new(prefix, now, retention_ms);
+    let (keys, args) = head.layout(&items, &counts);
+    Invocation {
+        keys: keys.into_iter().map(str::to_owned).collect(),
+        args: args.into_iter().map(str::to_owned).collect(),
     }
-    Invocation { keys, args }
+}
+
+/// Calls `script` by its SHA with these KEYS and ARGV, written straight into one command buffer
+/// (`ScriptInvocation` copies each argument into a vector of its own first); on `NOSCRIPT`
+/// loads the script and calls again.
+async fn evalsha<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    script: &Script,
+    keys: &[&str],
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
 }
 
 async fn call_batch(mut conn: Conn, config: &RedisConfig, prefix: &str, now: u64, jobs: Vec<Job>) {
-    let inv = batch_invocation(
-        prefix,
-        now,
-        config.retention_ms,
-        jobs.iter().map(|j| (j.op, &j.inv)),
-    );
-    let mut call = scripts().batch.prepare_invoke();
-    for k in &inv.keys {
-        call.key(k);
-    }
-    for a in &inv.args {
-        call.arg(a);
-    }
+    let parts: Vec<(&str, &Invocation)> = jobs.iter().map(|j| (j.op, &j.inv)).collect();
+    let counts = arg_counts(&parts);
+    let head = BatchHead::new(prefix, now, config.retention_ms);
+    let (keys, args) = head.layout(&parts, &counts);
     // Callers stop waiting at their own timeout; this one only ends calls that never return.
     let result = tokio::time::timeout(
         config.call_timeout.saturating_mul(4),
-        call.invoke_async::<Value>(&mut conn),
+        evalsha::<Value>(&mut conn, &scripts().batch, &keys, &args),
     )
     .await
     .map_err(|_| StoreError::Unavailable(format!("no answer within {:?}", config.call_timeout)))
@@ -770,19 +822,17 @@ impl RedisStore {
         inv: Invocation,
     ) -> Result<T, StoreError> {
         let mut conn = self.conn.clone();
-        let mut call = script.prepare_invoke();
-        for k in &inv.keys {
-            call.key(k);
-        }
-        for a in &inv.args {
-            call.arg(a);
-        }
-        tokio::time::timeout(self.config.call_timeout, call.invoke_async::<T>(&mut conn))
-            .await
-            .map_err(|_| {
-                StoreError::Unavailable(format!("no answer within {:?}", self.config.call_timeout))
-            })?
-            .map_err(unavailable)
+        let keys: Vec<&str> = inv.keys.iter().map(String::as_str).collect();
+        let args: Vec<&str> = inv.args.iter().map(String::as_str).collect();
+        tokio::time::timeout(
+            self.config.call_timeout,
+            evalsha::<T>(&mut conn, script, &keys, &args),
+        )
+        .await
+        .map_err(|_| {
+            StoreError::Unavailable(format!("no answer within {:?}", self.config.call_timeout))
+        })?
+        .map_err(unavailable)
     }
 
     /// Expires up to `max` tickets whose time has come, and says how many. Every call sweeps a
