@@ -379,12 +379,14 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn lock(&self) -> Result<(MutexGuard<'_, State>, Millis), StoreError> {
+        // Read before locking: the lock is held for as short a time as can be.
+        let clock = self.clock.now();
         let mut st = self
             .state
             .lock()
             .map_err(|_| StoreError::Unavailable("memory store lock poisoned".into()))?;
         // Time never goes backwards inside the store: no negative windows, no refunds.
-        let now = self.clock.now().max(st.last_now);
+        let now = clock.max(st.last_now);
         st.last_now = now;
         st.sweep(now, self.retention_ms, self.max_remembered, false);
         Ok((st, now))
@@ -392,20 +394,35 @@ impl<C: Clock> MemoryStore<C> {
 
     /// [`Store::admit`], synchronously.
     pub fn admit_sync(&self, plan: &Plan) -> Result<Decision, StoreError> {
+        // Allocated before locking (wasted on a refusal, which is the rarer case).
+        let fresh = Fresh {
+            id: Arc::from(plan.request_id.as_str()),
+            quotas: Vec::with_capacity(
+                plan.rate.len() + plan.concurrency.len() + plan.budget.len(),
+            ),
+            holds: Vec::with_capacity(plan.concurrency.len() + plan.budget.len()),
+        };
         let (mut st, now) = self.lock()?;
-        st.admit(plan, now)
+        st.admit(plan, now, fresh)
     }
 
     /// [`Store::settle`], synchronously.
     pub fn settle_sync(&self, request_id: &str, usage: Usage) -> Result<Finish, StoreError> {
+        self.finish_sync(request_id, Some(usage), Ending::Settled)
+    }
+
+    fn finish_sync(
+        &self,
+        request_id: &str,
+        usage: Option<Usage>,
+        how: Ending,
+    ) -> Result<Finish, StoreError> {
         let (mut st, now) = self.lock()?;
-        Ok(st.finish(
-            request_id,
-            Some(usage),
-            Ending::Settled,
-            now,
-            self.retention_ms,
-        ))
+        let (finish, ticket) = st.finish(request_id, usage, how, now, self.retention_ms);
+        // The ended ticket is freed after the lock is let go.
+        drop(st);
+        drop(ticket);
+        Ok(finish)
     }
 
     /// [`Store::release`], synchronously.
@@ -414,8 +431,7 @@ impl<C: Clock> MemoryStore<C> {
         request_id: &str,
         usage: Option<Usage>,
     ) -> Result<Finish, StoreError> {
-        let (mut st, now) = self.lock()?;
-        Ok(st.finish(request_id, usage, Ending::Released, now, self.retention_ms))
+        self.finish_sync(request_id, usage, Ending::Released)
     }
 
     /// [`Store::renew`], synchronously.
@@ -495,6 +511,13 @@ pub struct Footprint {
     pub in_flight: usize,
     /// Finished request ids remembered for idempotency.
     pub remembered: usize,
+}
+
+/// What an admission allocates, made before the store is locked.
+struct Fresh {
+    id: Arc<str>,
+    quotas: Vec<Quota>,
+    holds: Vec<Hold>,
 }
 
 /// The slots of a plan's scopes found so far in one admission. A plan's checks share their
@@ -686,23 +709,28 @@ impl State {
         how: Ending,
         now: Millis,
         retention: u64,
-    ) -> Finish {
+    ) -> (Finish, Option<Box<Ticket>>) {
         let (id, slot) = match self.requests.get_entry_mut(request_id) {
-            None => return Finish::Unknown,
-            Some((_, Request::Ended(e))) => return Finish::AlreadyEnded(*e),
+            None => return (Finish::Unknown, None),
+            Some((_, Request::Ended(e))) => return (Finish::AlreadyEnded(*e), None),
             Some((id, slot)) => (id.clone(), slot),
         };
         let Request::InFlight(t) = std::mem::replace(slot, Request::Ended(how)) else {
-            return Finish::Unknown;
+            return (Finish::Unknown, None);
         };
         self.in_flight -= 1;
         self.expiries.remove(&(t.expires_at, id.clone()));
         let charged = self.end_ticket(&id, &t, usage);
         self.forget.push_back((now.saturating_add(retention), id));
-        Finish::Done { charged }
+        (Finish::Done { charged }, Some(t))
     }
 
-    fn admit(&mut self, plan: &Plan, now: Millis) -> Result<Decision, StoreError> {
+    fn admit(&mut self, plan: &Plan, now: Millis, fresh: Fresh) -> Result<Decision, StoreError> {
+        let Fresh {
+            id,
+            mut quotas,
+            mut holds,
+        } = fresh;
         // The kill switch comes before everything, attempt counting included.
         if !self.kills.is_empty() {
             if let Some((target, reason)) = plan
@@ -716,8 +744,6 @@ impl State {
         if self.requests.contains_key(plan.request_id.as_str()) {
             return Err(StoreError::DuplicateRequestId(plan.request_id.clone()));
         }
-        let mut quotas =
-            Vec::with_capacity(plan.rate.len() + plan.concurrency.len() + plan.budget.len());
         let mut seen = Resolved::default();
         // 1. Every attempt counts in every rate scope, admitted or not.
         let mut rate_deny: Option<Deny> = None;
@@ -835,8 +861,6 @@ impl State {
             });
         }
         // Everything passed: take the leases and make the reservations.
-        let id: Arc<str> = Arc::from(plan.request_id.as_str());
-        let mut holds = Vec::with_capacity(plan.concurrency.len() + plan.budget.len());
         for c in &plan.concurrency {
             let slot = self.slot(&c.scope, &mut seen);
             let Some(scope) = self.slots.get_mut(slot) else {
