@@ -46,9 +46,10 @@ type Set<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 /// Entries per block of a [`BlockQueue`].
 const BLOCK: usize = 4096;
 
-/// A first-in, first-out queue kept in blocks of fixed size, so that growing never moves what
-/// is queued: a `VecDeque` of a million remembered ids (24 MB) copied its wrapped part when it
-/// doubled, under the store's lock.
+/// A first-in, first-out queue kept in blocks of at most [`BLOCK`] entries, so that growing
+/// moves at most half a block: a `VecDeque` of a million remembered ids (24 MB) copied its
+/// wrapped part when it doubled, under the store's lock. A block grows like any vector up to
+/// [`BLOCK`], so a small store holds no more than it needs.
 #[derive(Debug)]
 struct BlockQueue<T> {
     blocks: VecDeque<VecDeque<T>>,
@@ -69,7 +70,7 @@ impl<T> BlockQueue<T> {
         match self.blocks.back_mut() {
             Some(b) if b.len() < BLOCK => b.push_back(v),
             _ => {
-                let mut b = VecDeque::with_capacity(BLOCK);
+                let mut b = VecDeque::new();
                 b.push_back(v);
                 self.blocks.push_back(b);
             }
@@ -98,8 +99,8 @@ impl<T> BlockQueue<T> {
     }
 }
 
-/// Scope slots in blocks of [`BLOCK`], for the same reason as [`BlockQueue`]: a vector of a
-/// million scopes (about 140 MB) moved when it doubled.
+/// Scope slots in blocks of at most [`BLOCK`], for the same reasons as [`BlockQueue`]: a vector
+/// of a million scopes (about 140 MB) moved when it doubled.
 #[derive(Debug, Default)]
 struct Slots {
     blocks: Vec<Vec<ScopeState>>,
@@ -124,9 +125,7 @@ impl Slots {
         match self.blocks.last_mut() {
             Some(b) if b.len() < BLOCK => b.push(s),
             _ => {
-                let mut b = Vec::with_capacity(BLOCK);
-                b.push(s);
-                self.blocks.push(b);
+                self.blocks.push(vec![s]);
             }
         }
         self.len += 1;
