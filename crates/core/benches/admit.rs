@@ -26,6 +26,13 @@ const ONE_SCOPE: &str = r#"
     budget = { tokens = 1000000000000, period = "day" }
 "#;
 
+/// What every settled request in these benchmarks used.
+const USAGE: Usage = Usage {
+    input_tokens: 500,
+    cached_input_tokens: 0,
+    output_tokens: 100,
+};
+
 const FIVE_SCOPES: &str = r#"
     [[scopes]]
     name = "all"
@@ -72,12 +79,7 @@ fn admit_settle(store: &MemoryStore<SystemClock>, policy: &Policy, f: &RequestFa
     let p = plan(policy, f).unwrap();
     match store.admit_sync(&p).unwrap() {
         Decision::Admit(a) => {
-            let u = Usage {
-                input_tokens: 500,
-                cached_input_tokens: 0,
-                output_tokens: 100,
-            };
-            divan::black_box(store.settle_sync(&a.request_id, u).unwrap());
+            divan::black_box(store.settle_sync(&a.request_id, USAGE).unwrap());
         }
         other => panic!("benchmark policy refused: {other:?}"),
     }
@@ -117,6 +119,19 @@ fn tollgate_plan_only(bencher: Bencher, scopes: &str) {
         .bench_local_values(|f| (plan(&policy, &f).unwrap(), f));
 }
 
+/// The timed loop of the store-only rows: admit + settle of a plan built beforehand and dropped
+/// after timing; the store's answers are dropped inside it.
+fn store_loop(bencher: Bencher, policy: &Policy, store: &MemoryStore<SystemClock>) {
+    bencher
+        .with_inputs(|| plan(policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap())
+        .bench_local_values(|p| {
+            let d = store.admit_sync(&p).unwrap();
+            divan::black_box(&d);
+            divan::black_box(store.settle_sync(&p.request_id, USAGE).unwrap());
+            p
+        });
+}
+
 /// Only the store's atomic transition (admit + settle), with the plan built beforehand and
 /// dropped after timing; the store's answers are dropped inside it.
 #[divan::bench(args = ["1 scope", "5 scopes"], sample_count = 200, sample_size = 50)]
@@ -128,19 +143,7 @@ fn tollgate_store_only(bencher: Bencher, scopes: &str) {
     };
     let policy = Policy::from_toml(text).unwrap();
     let store = MemoryStore::new().retention_ms(1_000);
-    let u = Usage {
-        input_tokens: 500,
-        cached_input_tokens: 0,
-        output_tokens: 100,
-    };
-    bencher
-        .with_inputs(|| plan(&policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap())
-        .bench_local_values(|p| {
-            let d = store.admit_sync(&p).unwrap();
-            divan::black_box(&d);
-            divan::black_box(store.settle_sync(&p.request_id, u).unwrap());
-            p
-        });
+    store_loop(bencher, &policy, &store);
 }
 
 /// The store-only loop in the steady state of a busy store: 1,000,000 finished ids remembered
@@ -150,28 +153,16 @@ fn tollgate_store_only(bencher: Bencher, scopes: &str) {
 fn tollgate_store_only_at_the_cap(bencher: Bencher) {
     let policy = Policy::from_toml(ONE_SCOPE).unwrap();
     let store = MemoryStore::new();
-    let u = Usage {
-        input_tokens: 500,
-        cached_input_tokens: 0,
-        output_tokens: 100,
-    };
     for _ in 0..tollgate_core::memory::DEFAULT_MAX_REMEMBERED {
         let p = plan(&policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap();
         assert!(matches!(store.admit_sync(&p), Ok(Decision::Admit(_))));
-        store.settle_sync(&p.request_id, u).unwrap();
+        store.settle_sync(&p.request_id, USAGE).unwrap();
     }
     assert_eq!(
         store.footprint().unwrap().remembered,
         tollgate_core::memory::DEFAULT_MAX_REMEMBERED
     );
-    bencher
-        .with_inputs(|| plan(&policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap())
-        .bench_local_values(|p| {
-            let d = store.admit_sync(&p).unwrap();
-            divan::black_box(&d);
-            divan::black_box(store.settle_sync(&p.request_id, u).unwrap());
-            p
-        });
+    store_loop(bencher, &policy, &store);
 }
 
 /// The store-only loop while 10,000 other requests are in flight (a gateway's state: requests
@@ -180,24 +171,12 @@ fn tollgate_store_only_at_the_cap(bencher: Bencher) {
 fn tollgate_store_only_10k_in_flight(bencher: Bencher) {
     let policy = Policy::from_toml(ONE_SCOPE).unwrap();
     let store = MemoryStore::new().retention_ms(1_000);
-    let u = Usage {
-        input_tokens: 500,
-        cached_input_tokens: 0,
-        output_tokens: 100,
-    };
     for _ in 0..10_000 {
         let p = plan(&policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap();
         assert!(matches!(store.admit_sync(&p), Ok(Decision::Admit(_))));
     }
     assert_eq!(store.footprint().unwrap().in_flight, 10_000);
-    bencher
-        .with_inputs(|| plan(&policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap())
-        .bench_local_values(|p| {
-            let d = store.admit_sync(&p).unwrap();
-            divan::black_box(&d);
-            divan::black_box(store.settle_sync(&p.request_id, u).unwrap());
-            p
-        });
+    store_loop(bencher, &policy, &store);
 }
 
 /// Baseline: governor's keyed GCRA `check_key` on 64 keys, and its direct `check`.
