@@ -5,7 +5,8 @@
 //! Each of N distinct users makes one admitted request that is then settled: the user's scope
 //! holds a rate window and a budget cell (one per rule with a budget), and the finished request
 //! id is remembered for idempotency until the retention time. Reported: RSS growth divided by N,
-//! for the scope state alone and with the remembered ids.
+//! for the scope state alone and with the remembered ids: ids like the gateway's own (up to 23
+//! bytes, kept inline) and 36-byte ids (a client's UUID, kept in a shared allocation).
 
 #![allow(
     clippy::unwrap_used,
@@ -32,15 +33,24 @@ fn main() {
     // Each configuration runs in a fresh process: freed memory is not returned to the OS, so a
     // second run in the same process would measure reuse, not growth.
     let configs = [
-        ("scope state, finished ids forgotten", 0u64),
-        ("scope state + finished ids remembered 1h", 3_600_000),
+        ("scope state, finished ids forgotten", 0u64, false),
+        (
+            "scope state + finished ids remembered 1h (gateway ids, 19-21 bytes)",
+            3_600_000,
+            false,
+        ),
+        (
+            "scope state + finished ids remembered 1h (36-byte ids)",
+            3_600_000,
+            true,
+        ),
     ];
     if let Some(i) = std::env::var("FOOTPRINT_CONFIG")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        let (label, retention) = configs[i];
-        measure(label, retention);
+        let (label, retention, long_ids) = configs[i];
+        measure(label, retention, long_ids);
         return;
     }
     let exe = std::env::current_exe().unwrap();
@@ -53,7 +63,7 @@ fn main() {
     }
 }
 
-fn measure(label: &str, retention: u64) {
+fn measure(label: &str, retention: u64, long_ids: bool) {
     const N: u64 = 200_000;
     let policy = Policy::from_toml(
         r#"
@@ -71,7 +81,11 @@ fn measure(label: &str, retention: u64) {
         let before = rss_bytes();
         for i in 0..N {
             let f = RequestFacts {
-                request_id: format!("request-{i:016}"),
+                request_id: if long_ids {
+                    format!("{i:08x}-0000-4000-8000-{i:012x}")
+                } else {
+                    format!("tg-0123456789ab-{i:x}")
+                },
                 identity: Identity::default().with(Dimension::User, format!("user-{i:012}")),
                 input_tokens: 10,
                 max_output_tokens: Some(10),

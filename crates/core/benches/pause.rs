@@ -56,7 +56,7 @@ fn run(label: &str, users: u64) {
     for i in 0..FILL + TIMED {
         let f = RequestFacts {
             // The gateway's id shape: a per-process nonce and a sequence number.
-            request_id: format!("tg-0123456789abcdef-{i:x}"),
+            request_id: format!("tg-0123456789ab-{i:x}"),
             identity: Identity::default()
                 .with(Dimension::User, format!("u{}", i % users))
                 .with(Dimension::Tenant, "acme"),

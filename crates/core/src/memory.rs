@@ -8,11 +8,13 @@
 //! request ids after the retention time or, beyond [`DEFAULT_MAX_REMEMBERED`] of them, oldest
 //! first.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::HashTable;
+use smol_str::SmolStr;
 
 use crate::clock::{Clock, Millis, SystemClock};
 use crate::decision::{Admitted, Decision, Deny, Quota, Reason};
@@ -24,9 +26,9 @@ use crate::store::{Ending, Finish, Renewal, ScopeUsage, Store, StoreError};
 
 /// How long finished request ids are remembered, so that a late duplicate settlement is a no-op.
 pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
-/// Most finished request ids remembered at once (about 115 MB at the 115 bytes per id that the
-/// footprint bench measures); beyond it the oldest are forgotten early, so memory stays bounded
-/// at any request rate. A settlement of a forgotten id answers `Unknown`: still a no-op.
+/// Most finished request ids remembered at once (about 87 MB at the 87 bytes per id of up to 23
+/// bytes, such as the gateway's, that the footprint bench measures; 151 MB for 36-byte ids);
+/// beyond it the oldest are forgotten early, so memory stays bounded at any request rate. A settlement of a forgotten id answers `Unknown`: still a no-op.
 pub const DEFAULT_MAX_REMEMBERED: usize = 1_000_000;
 /// The longest hint given for a concurrency retry: a lease usually ends long before it expires.
 pub const CONCURRENCY_RETRY_HINT_MS: u64 = 1_000;
@@ -38,6 +40,11 @@ const PASS_SLOTS_PER_CALL: usize = 1024;
 /// Most remembered ids forgotten in one call (a call remembers at most one more), so a clock
 /// jump does not make one call forget them all at once.
 const FORGET_PER_CALL: usize = 1024;
+
+/// A request id as the store keeps it: inline up to 23 bytes (the gateway's ids fit), so that
+/// a remembered id needs no allocation of its own and a lookup compares it where it reads the
+/// entry; a longer id is one `Arc<str>` shared by the structures that hold it.
+type Id = SmolStr;
 
 // Keys are scope ids and request ids, partly chosen by clients: the hash is keyed with a
 // per-process random seed (foldhash), several times faster than SipHash on these short strings.
@@ -134,7 +141,7 @@ impl Slots {
 }
 
 /// One shard of a [`ShardedMap`]: (id, value) entries.
-type Table<V> = HashTable<(Arc<str>, V)>;
+type Table<K, V> = HashTable<(K, V)>;
 
 /// Maps of [`ShardedMap`].
 const SHARDS: usize = 128;
@@ -146,13 +153,13 @@ const SHARDS: usize = 128;
 /// cost about 50 ns per admission and settlement in the same-run benchmark; 128 cost none
 /// measurable). Each operation hashes the id once.
 #[derive(Debug)]
-struct ShardedMap<V> {
+struct ShardedMap<K, V> {
     hasher: foldhash::fast::RandomState,
-    tables: Box<[Table<V>]>,
+    tables: Box<[Table<K, V>]>,
     len: usize,
 }
 
-impl<V> Default for ShardedMap<V> {
+impl<K, V> Default for ShardedMap<K, V> {
     fn default() -> Self {
         Self {
             hasher: foldhash::fast::RandomState::default(),
@@ -162,7 +169,7 @@ impl<V> Default for ShardedMap<V> {
     }
 }
 
-impl<V> ShardedMap<V> {
+impl<K: Borrow<str>, V> ShardedMap<K, V> {
     fn hash(&self, id: &str) -> u64 {
         self.hasher.hash_one(id)
     }
@@ -177,17 +184,17 @@ impl<V> ShardedMap<V> {
         let (_, v) = self
             .tables
             .get(Self::shard(h))?
-            .find(h, |(k, _)| **k == *id)?;
+            .find(h, |(k, _)| k.borrow() == id)?;
         Some(v)
     }
 
     /// The entry's own key (to share it) and its value.
-    fn get_entry_mut(&mut self, id: &str) -> Option<(&Arc<str>, &mut V)> {
+    fn get_entry_mut(&mut self, id: &str) -> Option<(&K, &mut V)> {
         let h = self.hash(id);
         let (k, v) = self
             .tables
             .get_mut(Self::shard(h))?
-            .find_mut(h, |(k, _)| **k == *id)?;
+            .find_mut(h, |(k, _)| k.borrow() == id)?;
         Some((&*k, v))
     }
 
@@ -200,11 +207,11 @@ impl<V> ShardedMap<V> {
     }
 
     /// Inserts an id that the caller has just found absent (under the same lock).
-    fn insert_new(&mut self, id: Arc<str>, v: V) {
-        let h = self.hash(&id);
+    fn insert_new(&mut self, id: K, v: V) {
+        let h = self.hash(id.borrow());
         let hasher = &self.hasher;
         if let Some(t) = self.tables.get_mut(Self::shard(h)) {
-            t.insert_unique(h, (id, v), |(k, _)| hasher.hash_one(&**k));
+            t.insert_unique(h, (id, v), |(k, _)| hasher.hash_one::<&str>(k.borrow()));
             self.len += 1;
         }
     }
@@ -213,7 +220,7 @@ impl<V> ShardedMap<V> {
     fn remove_if(&mut self, id: &str, pred: impl FnOnce(&V) -> bool) -> Option<V> {
         let h = self.hash(id);
         let t = self.tables.get_mut(Self::shard(h))?;
-        let entry = t.find_entry(h, |(k, _)| **k == *id).ok()?;
+        let entry = t.find_entry(h, |(k, _)| k.borrow() == id).ok()?;
         if !pred(&entry.get().1) {
             return None;
         }
@@ -252,23 +259,23 @@ struct State {
     pass: Option<usize>,
     /// Scope id -> its slot in `slots`. A plan names each scope in several checks and a ticket
     /// keeps slots, so an admission hashes each scope id once and a settlement not at all.
-    scopes: ShardedMap<usize>,
+    scopes: ShardedMap<Arc<str>, usize>,
     /// Every control's state of a scope in one entry; slots of dropped scopes are in `free`.
     slots: Slots,
     free: Vec<usize>,
     /// In-flight requests and, for the retention time, how finished ones ended: one map, so an
     /// admission checks for a duplicate id with one lookup.
-    requests: ShardedMap<Request>,
+    requests: ShardedMap<Id, Request>,
     in_flight: usize,
     /// In-flight tickets by expiry (the id breaks ties). A ticket's entry leaves when it ends,
     /// so the sweep never meets a stale one and nothing needs rebuilding: a heap with entries
     /// left behind had to be rebuilt from every remembered request, a pause of about 16 ms at
     /// 1,000,000 of them.
-    expiries: BTreeSet<(Millis, Arc<str>)>,
+    expiries: BTreeSet<(Millis, Id)>,
     kills: BTreeMap<String, String>,
     /// Finished ids in the order they may be forgotten (times only grow: the clock is monotonic
     /// inside the store and the retention is fixed).
-    forget: BlockQueue<(Millis, Arc<str>)>,
+    forget: BlockQueue<(Millis, Id)>,
 }
 
 #[derive(Debug, Default)]
@@ -278,7 +285,7 @@ struct ScopeState {
     /// (window length, window) of the rate control.
     rate: Option<(u64, RateWindow)>,
     /// Requests holding a lease.
-    leases: Set<Arc<str>>,
+    leases: Set<Id>,
     /// Budget cells by (period, period id): the current one and older ones still settling.
     cells: Vec<((Period, u64), Cell)>,
 }
@@ -395,7 +402,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn admit_sync(&self, plan: &Plan) -> Result<Decision, StoreError> {
         // Allocated before locking (wasted on a refusal, which is the rarer case).
         let fresh = Fresh {
-            id: Arc::from(plan.request_id.as_str()),
+            id: Id::new(&plan.request_id),
             quotas: Vec::with_capacity(
                 plan.rate.len() + plan.concurrency.len() + plan.budget.len(),
             ),
@@ -514,7 +521,7 @@ pub struct Footprint {
 
 /// What an admission allocates, made before the store is locked.
 struct Fresh {
-    id: Arc<str>,
+    id: Id,
     quotas: Vec<Quota>,
     holds: Vec<Hold>,
 }
@@ -660,6 +667,12 @@ impl State {
             s.rate = None;
         }
         s.cells.retain(|(_, c)| c.end > now || c.outstanding > 0);
+        if s.leases.is_empty() {
+            // An empty set keeps its table (128 bytes) until freed: a settlement leaves it, so
+            // a busy scope does not free and allocate it on every request, and the pass frees
+            // it about a second after the scope's last lease ended.
+            s.leases.shrink_to_fit();
+        }
         if s.rate.is_none() && s.leases.is_empty() && s.cells.is_empty() {
             if let Some(id) = s.id.take() {
                 self.scopes.remove(&id);
@@ -970,8 +983,63 @@ impl<C: Clock> Store for MemoryStore<C> {
 use std::future::Future;
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    /// A scope's lease set keeps its table while the scope is busy and loses it to the pass
+    /// once the scope holds no lease; the scope itself stays while its budget period runs.
+    #[test]
+    fn the_pass_frees_an_idle_lease_set() {
+        use crate::{Dimension, Identity, ManualClock, Policy, RequestFacts, plan};
+        let policy = Policy::from_toml(
+            r#"
+            [[scopes]]
+            key = "user"
+            concurrency = { limit = 4 }
+            budget = { tokens = 1000, period = "day" }
+            "#,
+        )
+        .unwrap();
+        let clock = ManualClock::new(1_767_225_600_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let facts = |id: &str| RequestFacts {
+            request_id: id.into(),
+            identity: Identity::default().with(Dimension::User, "u"),
+            input_tokens: 10,
+            max_output_tokens: Some(10),
+        };
+        let capacity = |store: &MemoryStore<ManualClock>| {
+            let st = store.state.lock().unwrap();
+            let slot = *st.scopes.get("user|user:u").unwrap();
+            st.slots.get(slot).unwrap().leases.capacity()
+        };
+        let Decision::Admit(_) = store
+            .admit_sync(&plan(&policy, &facts("a")).unwrap())
+            .unwrap()
+        else {
+            panic!("denied");
+        };
+        store.settle_sync("a", Usage::default()).unwrap();
+        assert!(capacity(&store) > 0, "kept for the next request");
+        clock.advance(FULL_SWEEP_EVERY_MS);
+        let Decision::Admit(_) = store
+            .admit_sync(&plan(&policy, &facts("b")).unwrap())
+            .unwrap()
+        else {
+            panic!("denied");
+        };
+        assert!(capacity(&store) > 0, "a lease is held");
+        store.settle_sync("b", Usage::default()).unwrap();
+        clock.advance(FULL_SWEEP_EVERY_MS);
+        store.sweep_all().unwrap();
+        assert_eq!(capacity(&store), 0);
+        assert_eq!(
+            store.footprint().unwrap().budget_cells,
+            1,
+            "the scope stays"
+        );
+    }
 
     /// Order is kept across block boundaries, with pushes and pops interleaved.
     #[test]

@@ -43,6 +43,10 @@ pub struct Gateway {
     pub store: AnyStore,
     counter: TokenCounter,
     client: Client<HttpConnector, Full<Bytes>>,
+    /// 48 random bits per gateway process: ids stay unique across the instances that share a
+    /// store, and `tg-` + 12 hex digits + `-` + the sequence number in hex fits in the 23 bytes
+    /// the memory store keeps inline (up to 268 million requests per process; beyond, an id
+    /// is one allocation longer, nothing else changes).
     nonce: u64,
     seq: AtomicU64,
     queue: QueueState,
@@ -87,7 +91,7 @@ impl Gateway {
         let client = Client::builder(TokioExecutor::new()).build(http);
         let nonce = {
             use std::hash::{BuildHasher, RandomState};
-            RandomState::new().hash_one((std::process::id(), Instant::now()))
+            RandomState::new().hash_one((std::process::id(), Instant::now())) & 0xffff_ffff_ffff
         };
         Self {
             config: std::sync::RwLock::new(Arc::new(config)),
@@ -144,7 +148,7 @@ impl Gateway {
 
     fn next_id(&self) -> String {
         format!(
-            "tg-{:016x}-{:x}",
+            "tg-{:012x}-{:x}",
             self.nonce,
             self.seq.fetch_add(1, Ordering::Relaxed)
         )
