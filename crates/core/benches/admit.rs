@@ -9,70 +9,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use divan::Bencher;
 use governor::{Quota, RateLimiter};
-use tollgate_core::{
-    Decision, Dimension, Identity, MemoryStore, Policy, RequestFacts, SystemClock, Usage, plan,
-};
+use tollgate_core::{Decision, MemoryStore, Policy, RequestFacts, SystemClock, plan};
+
+mod common;
+use common::{FIVE_SCOPES, ONE_SCOPE, USAGE};
 
 fn main() {
     divan::main();
 }
 
-const ONE_SCOPE: &str = r#"
-    [[scopes]]
-    key = "user"
-    requests = { limit = 1000000000, window = "1s" }
-    input_tokens = 100000
-    concurrency = { limit = 1000000 }
-    budget = { tokens = 1000000000000, period = "day" }
-"#;
-
-/// What every settled request in these benchmarks used.
-const USAGE: Usage = Usage {
-    input_tokens: 500,
-    cached_input_tokens: 0,
-    output_tokens: 100,
-};
-
-const FIVE_SCOPES: &str = r#"
-    [[scopes]]
-    name = "all"
-    key = "global"
-    requests = { limit = 1000000000, window = "1s" }
-    concurrency = { limit = 1000000 }
-    budget = { tokens = 1000000000000, period = "day" }
-    [[scopes]]
-    key = "tenant"
-    requests = { limit = 1000000000, window = "1s" }
-    budget = { tokens = 1000000000000, period = "month" }
-    [[scopes]]
-    key = "key"
-    requests = { limit = 1000000000, window = "1m" }
-    concurrency = { limit = 1000000 }
-    [[scopes]]
-    key = "user"
-    requests = { limit = 1000000000, window = "1s" }
-    input_tokens = 100000
-    total_tokens = 1000000
-    concurrency = { limit = 1000000 }
-    budget = { tokens = 1000000000000, period = "day" }
-    [[scopes]]
-    key = "tenant/model"
-    budget = { tokens = 1000000000000, period = "1h" }
-"#;
-
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 fn facts(user: u64) -> RequestFacts {
-    RequestFacts {
-        request_id: format!("req-{}", NEXT.fetch_add(1, Ordering::Relaxed)),
-        identity: Identity::default()
-            .with(Dimension::Tenant, "acme")
-            .with(Dimension::Key, "k1")
-            .with(Dimension::User, format!("user-{}", user % 64))
-            .with(Dimension::Model, "gpt-4o"),
-        input_tokens: 500,
-        max_output_tokens: Some(200),
-    }
+    common::facts(
+        format!("req-{}", NEXT.fetch_add(1, Ordering::Relaxed)),
+        user,
+    )
 }
 
 fn admit_settle(store: &MemoryStore<SystemClock>, policy: &Policy, f: &RequestFacts) {

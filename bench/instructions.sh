@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Instructions per operation of the memory store and of plan(), next to governor's check(), counted
+# by Valgrind (callgrind, only inside the bench's `measured` function): unlike timings, the
+# counts do not move with a shared machine's load, so two builds compare exactly.
+#
+#   bench/instructions.sh [N=20000]
+#
+# Needs valgrind (apt-get install valgrind; installed here when missing and run as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N="${1:-20000}"
+if ! command -v valgrind >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q valgrind >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q valgrind >/dev/null; }
+  else
+    echo "valgrind is needed (apt-get install valgrind)"; exit 2
+  fi
+fi
+EXE=$(cargo bench -q -p tollgate-core --bench instructions --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "instructions"][0])')
+count() { # op -> instructions per operation
+  local out
+  out=$(valgrind --tool=callgrind --toggle-collect='instructions::measured' --callgrind-out-file=/dev/null "$EXE" "$1" "$N" 2>&1)
+  echo "$out" | awk '/Collected :/ {gsub(",", "", $4); print $4}' | python3 -c "import sys; print(round(int(sys.stdin.read()) / $N))"
+}
+gov=$(count governor)
+echo "N = $N operations each; instructions per operation (ratio to governor's check())"
+echo
+echo "| operation | instructions | ratio |"
+echo "|---|---|---|"
+echo "| governor \`check()\` (direct limiter) | $gov | 1x |"
+for op in "plan1 plan(), 1 scope" "plan5 plan(), 5 scopes" "store1 admit + settle, 1 scope" "store5 admit + settle, 5 scopes"; do
+  set -- $op
+  c=$(count "$1")
+  shift
+  echo "| $* | $c | $(python3 -c "print(f'{$c / $gov:.0f}x')") |"
+done

@@ -1,0 +1,98 @@
+//! Work per operation counted in instructions, for machines whose timings are too noisy to
+//! compare two builds: `bench/instructions.sh` runs this under Valgrind's callgrind, counting
+//! only inside `measured`, and divides by the number of operations.
+//!
+//! `instructions OP N`: OP is `governor` (a direct limiter's `check()`), `plan1` / `plan5`
+//! (`plan()` for one scope / five, its plan dropped), `store1` / `store5` (admit + settle on the
+//! memory store of a plan built beforehand); N operations.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
+
+use std::num::NonZeroU32;
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use tollgate_core::{Decision, MemoryStore, Plan, Policy, RequestFacts, SystemClock, plan};
+
+mod common;
+use common::{FIVE_SCOPES, ONE_SCOPE, USAGE};
+
+/// Request facts like the admit bench's, with ids shaped like the gateway's.
+fn facts(n: u64) -> RequestFacts {
+    common::facts(format!("tg-0123456789ab-{n:x}"), n)
+}
+
+enum Work<'a> {
+    Governor(&'a DefaultDirectRateLimiter, u64),
+    Plan(&'a Policy, &'a [RequestFacts]),
+    Store(&'a MemoryStore<SystemClock>, &'a [Plan]),
+}
+
+/// The only function whose instructions are counted.
+#[inline(never)]
+fn measured(work: &Work<'_>) {
+    match work {
+        Work::Governor(limiter, n) => {
+            for _ in 0..*n {
+                std::hint::black_box(limiter.check().is_ok());
+            }
+        }
+        Work::Plan(policy, facts) => {
+            for f in *facts {
+                drop(std::hint::black_box(plan(policy, f).unwrap()));
+            }
+        }
+        Work::Store(store, plans) => {
+            for p in *plans {
+                let Decision::Admit(a) = store.admit_sync(p).unwrap() else {
+                    panic!("benchmark policy refused");
+                };
+                std::hint::black_box(store.settle_sync(&a.request_id, USAGE).unwrap());
+            }
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    // `cargo bench` runs every bench target with `--bench`: nothing to do without an OP.
+    let (Some(op), Some(n)) = (args.get(1), args.get(2).and_then(|n| n.parse::<u64>().ok())) else {
+        println!(
+            "usage: instructions governor|plan1|plan5|store1|store5 N (see bench/instructions.sh)"
+        );
+        return;
+    };
+    let policy = |op: &str| {
+        Policy::from_toml(if op.ends_with('1') {
+            ONE_SCOPE
+        } else {
+            FIVE_SCOPES
+        })
+        .unwrap()
+    };
+    match op.as_str() {
+        "governor" => {
+            let limiter =
+                RateLimiter::direct(Quota::per_second(NonZeroU32::new(u32::MAX).unwrap()));
+            // The first check calibrates the clock (quanta): not part of a check's work.
+            assert!(limiter.check().is_ok());
+            measured(&Work::Governor(&limiter, n));
+        }
+        "plan1" | "plan5" => {
+            let policy = policy(op);
+            let facts: Vec<_> = (0..n).map(facts).collect();
+            measured(&Work::Plan(&policy, &facts));
+        }
+        "store1" | "store5" => {
+            let policy = policy(op);
+            let store = MemoryStore::new().retention_ms(1_000);
+            let plans: Vec<_> = (0..n).map(|i| plan(&policy, &facts(i)).unwrap()).collect();
+            measured(&Work::Store(&store, &plans));
+        }
+        other => panic!("unknown operation {other}"),
+    }
+}
