@@ -112,7 +112,7 @@ fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
         batch: script!("lua/batch_v1.lua"),
-        renew: script!("lua/renew_v3.lua"),
+        renew: script!("lua/renew_v4.lua"),
         usage: script!("lua/usage_v2.lua"),
         sweep: script!("lua/sweep_v2.lua"),
     })

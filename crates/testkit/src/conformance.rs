@@ -317,6 +317,53 @@ pub async fn leases_expire_and_renew<H: Harness>(h: &H) {
     assert_eq!(budget_of(&s, "user|user:u", DAY).await, (20, 20));
 }
 
+/// Expired leases free their slots, and an expired request cannot be renewed back to life, even
+/// when more requests expire together than one call of a store may sweep (the Redis store
+/// sweeps 16 per call, so some expired tickets wait for later calls).
+pub async fn expiry_holds_when_many_expire_at_once<H: Harness>(h: &H) {
+    let p = policy(
+        r#"
+        [[scopes]]
+        key = "user"
+        concurrency = { limit = 17, lease_ttl = "10s" }
+        budget = { tokens = 100000, period = "day" }
+        "#,
+    );
+    let (s, clock) = setup(h).await;
+    for i in 0..17 {
+        let id = format!("a{i:02}");
+        assert_eq!(reason(&s, &p, facts(&id, "u1", 10, 10)).await, None, "{id}");
+    }
+    clock.advance(1_000);
+    for i in 0..17 {
+        let id = format!("b{i:02}");
+        assert_eq!(reason(&s, &p, facts(&id, "u2", 10, 10)).await, None, "{id}");
+    }
+    assert_eq!(
+        reason(&s, &p, facts("full", "u2", 10, 10)).await,
+        Some(Reason::ConcurrencyLimit)
+    );
+    // Every lease above has expired: u2's slots are back at once.
+    clock.advance(10_500);
+    assert_eq!(reason(&s, &p, facts("c", "u2", 10, 10)).await, None);
+    let r = s.renew("b16").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r, Renewal::NotInFlight, "renewed after it expired");
+    assert_eq!(
+        settle(&s, "b16", usage(10, 1)).await,
+        Finish::AlreadyEnded(Ending::Expired)
+    );
+    // 16 more can start next to "c": nothing that expired holds a slot.
+    for i in 0..16 {
+        let id = format!("d{i:02}");
+        assert_eq!(reason(&s, &p, facts(&id, "u2", 10, 10)).await, None, "{id}");
+    }
+    assert_eq!(
+        reason(&s, &p, facts("e", "u2", 10, 10)).await,
+        Some(Reason::ConcurrencyLimit)
+    );
+    assert_eq!(leases_of(&s, "user|user:u2").await, 17);
+}
+
 /// What an expired reservation costs is the policy's choice.
 pub async fn expired_reservation_charge_follows_policy<H: Harness>(h: &H) {
     for (charge, expected) in [("full", 110), ("input", 10), ("none", 0)] {

@@ -52,7 +52,8 @@ macro_rules! conformance_tests {
             each_control_alone, reasons_follow_the_fixed_order, every_attempt_counts,
             all_or_nothing_across_scopes, settle_replaces_the_reservation,
             settle_is_idempotent, release_charges_partial_or_policy_usage,
-            leases_expire_and_renew, expired_reservation_charge_follows_policy,
+            leases_expire_and_renew, expiry_holds_when_many_expire_at_once,
+            expired_reservation_charge_follows_policy,
             period_rollover, clock_going_backwards, duplicate_request_id_is_refused,
             money_budget, retry_hints, calendar_month_budget, kill_switch);
     };

@@ -295,14 +295,20 @@ local function admit_one(A, a, now, kills, probe)
   if token_deny then return {'token'} end
   -- 5. Concurrency.
   local leases = {}
-  local after_now = n_lease > 0 and '(' .. int(now)
   for i = 1, n_lease do
     local key, limit = A[a], tonumber(A[a + 1])
     a = a + 2
-    -- Unexpired leases only; expired members are removed by the sweep and by settlement.
-    local held = redis.call('ZCOUNT', key, after_now, '+inf')
+    -- A lease leaves its set when its request ends or expires (the sweep), so the set's size
+    -- is the number held unless the sweep is behind; only at the limit are expired members
+    -- taken out here and the set counted again. (Counting the unexpired members with ZCOUNT
+    -- walks the set: about 20,000 instructions at 50 members, against 3,000 for ZCARD.)
+    local held = redis.call('ZCARD', key)
     if held >= limit then
-      local soonest = redis.call('ZRANGEBYSCORE', key, after_now, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+      held = redis.call('ZCARD', key)
+    end
+    if held >= limit then
+      local soonest = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
       local wait = 1000
       if soonest[2] ~= nil then wait = math.max(1, math.min(1000, tonumber(soonest[2]) - now)) end
       return {'deny', 4, i - 1, 0, wait, -1}

@@ -1,4 +1,6 @@
 -- Renewal: pushes a request's expiry (ticket, leases, index) out by its TTL.
+-- v4: a request already past its expiry is not renewed but expired here (v3 renewed it when the
+-- sweep, 16 tickets per call, had not reached it yet: its lease, no longer counted, came back).
 --
 -- ARGV: prefix, now (0 = Redis TIME), request id, retention.
 -- KEYS: ticket.
@@ -10,6 +12,11 @@ sweep(now, 16, ARGV[4])
 local tkey = PREFIX .. ':ts:' .. id
 local t = peek_ticket(tkey)
 if not t then return {'gone'} end
+if tonumber(t.exp) <= now then
+  t = take_ticket(tkey, 'expired', ARGV[4])
+  if t then end_ticket(id, t, nil, now) end
+  return {'gone'}
+end
 local ttl = tonumber(t.ttl)
 local expires = now + ttl
 local expires_arg = int(expires)
