@@ -28,7 +28,8 @@ use crate::store::{Ending, Finish, Renewal, ScopeUsage, Store, StoreError};
 pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
 /// Most finished request ids remembered at once (about 87 MB at the 87 bytes per id of up to 23
 /// bytes, such as the gateway's, that the footprint bench measures; 151 MB for 36-byte ids);
-/// beyond it the oldest are forgotten early, so memory stays bounded at any request rate. A settlement of a forgotten id answers `Unknown`: still a no-op.
+/// beyond it the oldest are forgotten early, so memory stays bounded at any request rate. A
+/// settlement of a forgotten id answers `Unknown`: still a no-op.
 pub const DEFAULT_MAX_REMEMBERED: usize = 1_000_000;
 /// The longest hint given for a concurrency retry: a lease usually ends long before it expires.
 pub const CONCURRENCY_RETRY_HINT_MS: u64 = 1_000;
