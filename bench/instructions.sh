@@ -9,13 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-20000}"
-if ! command -v valgrind >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get install -y -q valgrind >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q valgrind >/dev/null; }
-  else
-    echo "valgrind is needed (apt-get install valgrind)"; exit 2
-  fi
-fi
+. bench/need-valgrind.sh
+cargo bench -q -p tollgate-core --bench instructions --no-run  # fails loudly on a build error
 EXE=$(cargo bench -q -p tollgate-core --bench instructions --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "instructions"][0])')
 count() { # op -> instructions per operation

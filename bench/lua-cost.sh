@@ -11,13 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COMMON="${1:-crates/redis/src/lua/common_v3.lua}"
-if ! command -v valgrind >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get install -y -q valgrind >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q valgrind >/dev/null; }
-  else
-    echo "valgrind is needed (apt-get install valgrind)"; exit 2
-  fi
-fi
+. bench/need-valgrind.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cat "$COMMON" bench/lua-cost.lua > "$tmp/script.lua"

@@ -12,7 +12,7 @@ use governor::{Quota, RateLimiter};
 use tollgate_core::{Decision, MemoryStore, Policy, RequestFacts, SystemClock, plan};
 
 mod common;
-use common::{FIVE_SCOPES, ONE_SCOPE, USAGE};
+use common::{ONE_SCOPE, USAGE};
 
 fn main() {
     divan::main();
@@ -41,12 +41,7 @@ fn admit_settle(store: &MemoryStore<SystemClock>, policy: &Policy, f: &RequestFa
 /// built beforehand; `threads` = 1 and 2 share one store.
 #[divan::bench(args = ["1 scope", "5 scopes"], threads = [1, 2], sample_count = 200, sample_size = 50)]
 fn tollgate_admit_settle(bencher: Bencher, scopes: &str) {
-    let text = if scopes == "1 scope" {
-        ONE_SCOPE
-    } else {
-        FIVE_SCOPES
-    };
-    let policy = Policy::from_toml(text).unwrap();
+    let policy = common::policy(scopes);
     let store = MemoryStore::new().retention_ms(1_000);
     bencher
         .with_inputs(|| facts(NEXT.load(Ordering::Relaxed)))
@@ -60,12 +55,7 @@ fn tollgate_admit_settle(bencher: Bencher, scopes: &str) {
 /// plan dropped after timing.
 #[divan::bench(args = ["1 scope", "5 scopes"], sample_count = 200, sample_size = 50)]
 fn tollgate_plan_only(bencher: Bencher, scopes: &str) {
-    let text = if scopes == "1 scope" {
-        ONE_SCOPE
-    } else {
-        FIVE_SCOPES
-    };
-    let policy = Policy::from_toml(text).unwrap();
+    let policy = common::policy(scopes);
     bencher
         .with_inputs(|| facts(NEXT.load(Ordering::Relaxed)))
         .bench_local_values(|f| (plan(&policy, &f).unwrap(), f));
@@ -88,12 +78,7 @@ fn store_loop(bencher: Bencher, policy: &Policy, store: &MemoryStore<SystemClock
 /// dropped after timing; the store's answers are dropped inside it.
 #[divan::bench(args = ["1 scope", "5 scopes"], sample_count = 200, sample_size = 50)]
 fn tollgate_store_only(bencher: Bencher, scopes: &str) {
-    let text = if scopes == "1 scope" {
-        ONE_SCOPE
-    } else {
-        FIVE_SCOPES
-    };
-    let policy = Policy::from_toml(text).unwrap();
+    let policy = common::policy(scopes);
     let store = MemoryStore::new().retention_ms(1_000);
     store_loop(bencher, &policy, &store);
 }

@@ -19,7 +19,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tollgate_core::{Decision, MemoryStore, Plan, Policy, RequestFacts, SystemClock, plan};
 
 mod common;
-use common::{FIVE_SCOPES, ONE_SCOPE, USAGE};
+use common::USAGE;
 
 /// Request facts like the admit bench's, with ids shaped like the gateway's.
 fn facts(n: u64) -> RequestFacts {
@@ -66,14 +66,6 @@ fn main() {
         );
         return;
     };
-    let policy = |op: &str| {
-        Policy::from_toml(if op.ends_with('1') {
-            ONE_SCOPE
-        } else {
-            FIVE_SCOPES
-        })
-        .unwrap()
-    };
     match op.as_str() {
         "governor" => {
             let limiter =
@@ -83,12 +75,12 @@ fn main() {
             measured(&Work::Governor(&limiter, n));
         }
         "plan1" | "plan5" => {
-            let policy = policy(op);
+            let policy = common::policy(op);
             let facts: Vec<_> = (0..n).map(facts).collect();
             measured(&Work::Plan(&policy, &facts));
         }
         "store1" | "store5" => {
-            let policy = policy(op);
+            let policy = common::policy(op);
             let store = MemoryStore::new().retention_ms(1_000);
             let plans: Vec<_> = (0..n).map(|i| plan(&policy, &facts(i)).unwrap()).collect();
             measured(&Work::Store(&store, &plans));

@@ -1,6 +1,6 @@
 //! Policies and usage shared by the admit bench and the instruction-count bench.
 
-use tollgate_core::{Dimension, Identity, RequestFacts, Usage};
+use tollgate_core::{Dimension, Identity, Policy, RequestFacts, Usage};
 
 pub const ONE_SCOPE: &str = r#"
     [[scopes]]
@@ -58,4 +58,14 @@ pub fn facts(request_id: String, user: u64) -> RequestFacts {
         input_tokens: 500,
         max_output_tokens: Some(200),
     }
+}
+
+/// The one-scope policy, or the five-scope one when `scopes` names five (`"5 scopes"`, `"plan5"`).
+pub fn policy(scopes: &str) -> Policy {
+    let text = if scopes.contains('5') {
+        FIVE_SCOPES
+    } else {
+        ONE_SCOPE
+    };
+    Policy::from_toml(text).unwrap()
 }
