@@ -4,17 +4,26 @@
 # shared machine, the counts compare two script versions exactly. Each figure is the difference
 # between a run of 1,500 and one of 500 iterations, divided by 1,000 (the script's setup cancels).
 #
-#   bench/lua-cost.sh [SCRIPT=crates/redis/src/lua/common_v3.lua]
+#   bench/lua-cost.sh [SCRIPT=crates/redis/src/lua/common_v3.lua] [B=1]
+#
+# B: items per script call. A call remembers the conversions of its items (a batch repeats the
+# same limits and TTLs); B=1 is one admission per call, as with a single caller.
 #
 # Needs valgrind and redis-server (apt-get install valgrind redis-server; valgrind is installed
 # here when missing and run as root). Servers listen on free loopback ports and are shut down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COMMON="${1:-crates/redis/src/lua/common_v3.lua}"
+B="${2:-1}"
 . bench/need-valgrind.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cat "$COMMON" bench/lua-cost.lua > "$tmp/script.lua"
+{
+  cat "$COMMON"
+  # Scripts from before the per-call memos: the same tables, unused.
+  grep -q '^local NUMS, STRS, PERIODS, ITEMS' "$COMMON" || echo 'local NUMS, STRS, PERIODS, ITEMS'
+  cat bench/lua-cost.lua
+} > "$tmp/script.lua"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 run() { # n rates leases budgets mode -> instructions inside EVAL
   local port; port=$(free_port)
@@ -22,7 +31,7 @@ run() { # n rates leases budgets mode -> instructions inside EVAL
     redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$tmp/vg.log" 2>&1 &
   local pid=$!
   for _ in $(seq 600); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-  local reply; reply=$(redis-cli -p "$port" --eval "$tmp/script.lua" , P "$1" q "$2" "$3" "$4" "$5")
+  local reply; reply=$(redis-cli -p "$port" --eval "$tmp/script.lua" , P "$1" q "$2" "$3" "$4" "$5" "$B")
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$pid" || true
   [ "$reply" = ok ] || { echo "script answered: $reply" >&2; exit 1; }
@@ -32,7 +41,7 @@ per() { # rates leases budgets mode -> instructions per iteration
   local a b; a=$(run 500 "$@"); b=$(run 1500 "$@")
   echo $(( (b - a) / 1000 ))
 }
-echo "$COMMON, $(redis-server --version | awk '{print $3}'); instructions per iteration"
+echo "$COMMON, $(redis-server --version | awk '{print $3}'), $B items per call; instructions per iteration"
 echo
 echo "| controls | admissions only | admit + settle, 64 in flight |"
 echo "|---|---|---|"

@@ -83,6 +83,16 @@ fn tollgate_store_only(bencher: Bencher, scopes: &str) {
     store_loop(bencher, &policy, &store);
 }
 
+/// The store-only loop with finished ids forgotten at the next call (retention 0): the store's
+/// maps stay small enough for the CPU caches. The difference from `tollgate_store_only` is what
+/// remembering a second of ids (a million entries at these rates) costs in cache misses.
+#[divan::bench(args = ["1 scope", "5 scopes"], sample_count = 200, sample_size = 50)]
+fn tollgate_store_only_forget_at_once(bencher: Bencher, scopes: &str) {
+    let policy = common::policy(scopes);
+    let store = MemoryStore::new().retention_ms(0);
+    store_loop(bencher, &policy, &store);
+}
+
 /// The store-only loop in the steady state of a busy store: 1,000,000 finished ids remembered
 /// (the default cap, `DEFAULT_MAX_REMEMBERED`), so every settlement also forgets the oldest one.
 /// The store is filled before timing.

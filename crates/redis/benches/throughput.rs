@@ -90,8 +90,8 @@ async fn tollgate(store: &RedisStore, policy: &Arc<Policy>, clients: u64, settle
 }
 
 /// Redis's own CPU time so far, in µs: the whole server (`INFO cpu`, its network I/O included)
-/// and inside `EVALSHA` alone (`INFO commandstats`).
-fn redis_cpu_us(port: u16) -> (f64, f64) {
+/// and inside `EVALSHA` alone (`INFO commandstats`); and the number of `EVALSHA` calls.
+fn redis_cpu_us(port: u16) -> (f64, f64, f64) {
     let out = Command::new("redis-cli")
         .args(["-p", &port.to_string(), "INFO", "all"])
         .output()
@@ -99,6 +99,7 @@ fn redis_cpu_us(port: u16) -> (f64, f64) {
     let text = String::from_utf8_lossy(&out.stdout);
     let mut server = 0.0;
     let mut evalsha = 0.0;
+    let mut calls = 0.0;
     for line in text.lines() {
         let line = line.trim_end();
         for name in ["used_cpu_sys:", "used_cpu_user:"] {
@@ -107,13 +108,17 @@ fn redis_cpu_us(port: u16) -> (f64, f64) {
             }
         }
         if let Some(stats) = line.strip_prefix("cmdstat_evalsha:") {
-            evalsha = stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("usec=")?.parse().ok())
-                .unwrap_or(0.0);
+            let field = |name: &str| {
+                stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(name)?.parse().ok())
+                    .unwrap_or(0.0)
+            };
+            evalsha = field("usec=");
+            calls = field("calls=");
         }
     }
-    (server, evalsha)
+    (server, evalsha, calls)
 }
 
 /// This process's CPU time so far (all threads, user + system), in µs, from `/proc/self/stat`
@@ -163,10 +168,12 @@ fn main() {
     println!(
         "Redis CPU: µs of Redis's CPU per admission (admit run) and per pair (admit + settle run),\n\
          the whole server, then inside EVALSHA alone. Client CPU: this process's, the same way\n\
-         (plan, the store's client, the tokio runtime).\n"
+         (plan, the store's client, the tokio runtime). Per call: admissions (admit run) and\n\
+         admissions and settlements (pair run) per EVALSHA, as callers waiting at the same moment\n\
+         share one call.\n"
     );
     println!(
-        "{:<10} {:>22} {:>16} {:>8} {:>20} {:>8}   {:>11}   {:>11}   {:>11}",
+        "{:<10} {:>22} {:>16} {:>8} {:>20} {:>8}   {:>11}   {:>11}   {:>11}   {:>9}",
         "clients",
         "redis-benchmark EVALSHA",
         "tollgate admit",
@@ -175,7 +182,8 @@ fn main() {
         "ratio",
         "CPU: admit",
         "pair",
-        "client"
+        "client",
+        "per call"
     );
     for (flavour, rt) in [
         (
@@ -210,12 +218,21 @@ fn main() {
                 let pair = tollgate(&store, &policy, clients, true).await;
                 let (after, own2) = (redis_cpu_us(port), own_cpu_us());
                 let n = ((N / clients) * clients) as f64;
-                let per = |a: (f64, f64), b: (f64, f64)| ((b.0 - a.0) / n, (b.1 - a.1) / n);
+                let per =
+                    |a: (f64, f64, f64), b: (f64, f64, f64)| ((b.0 - a.0) / n, (b.1 - a.1) / n);
                 let client = [(own1 - own0) / n, (own2 - own1) / n];
-                (admit, pair, [per(before, mid), per(mid, after)], client)
+                // Items per EVALSHA: the pair run has two items per request.
+                let batch = [n / (mid.2 - before.2), 2.0 * n / (after.2 - mid.2)];
+                (
+                    admit,
+                    pair,
+                    [per(before, mid), per(mid, after)],
+                    (client, batch),
+                )
             });
+            let (client, batch) = client;
             println!(
-                "{clients:<10} {baseline:>20.0}/s {admit:>14.0}/s {:>7.2}x {pair:>18.0}/s {:>7.2}x   {:>5.1} {:>5.1}   {:>5.1} {:>5.1}   {:>5.1} {:>5.1}",
+                "{clients:<10} {baseline:>20.0}/s {admit:>14.0}/s {:>7.2}x {pair:>18.0}/s {:>7.2}x   {:>5.1} {:>5.1}   {:>5.1} {:>5.1}   {:>5.1} {:>5.1}   {:>4.1} {:>4.1}",
                 admit / baseline,
                 pair / baseline,
                 cpu[0].0,
@@ -223,7 +240,9 @@ fn main() {
                 cpu[1].0,
                 cpu[1].1,
                 client[0],
-                client[1]
+                client[1],
+                batch[0],
+                batch[1]
             );
         }
     }
