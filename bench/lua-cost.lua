@@ -5,7 +5,7 @@
 -- ARGV: prefix, N, id tag, then the admission's controls: rates (0|1), leases (0|1), budgets
 --       (0|1), the mode: 'a' admissions only (leases and tickets pile up, as in the
 --       throughput bench's admit rows), 'p' admit + settle with 64 requests in flight, and the
---       items per call B: what a call remembers of its conversions (common's NUMS, STRS,
+--       items per call B: what a call remembers of its conversions (common's MEMO,
 --       PERIODS, ITEMS) is forgotten every B items, as if each B items were one batch call.
 -- 16 users; every admission is admitted (limits far away) or the script stops with the reply.
 local N = tonumber(ARGV[2])
@@ -23,7 +23,7 @@ for u = 0, 15 do
 end
 local count = {[0] = '0', '1'}
 for i = 1, N do
-  if (i - 1) % B == 0 then NUMS, STRS, PERIODS, ITEMS = {}, {}, {}, 0 end
+  if (i - 1) % B == 0 then MEMO, PERIODS, ITEMS = nil, nil, 0 end
   local u = i % 16
   local A = {ids[i], '60000', '3600000', '0', count[nr], count[nl], count[nb],
     '0', '0', '0', '0', '0', '0', '0'}

@@ -21,7 +21,7 @@ trap 'rm -rf "$tmp"' EXIT
 {
   cat "$COMMON"
   # Scripts from before the per-call memos: the same tables, unused.
-  grep -q '^local NUMS, STRS, PERIODS, ITEMS' "$COMMON" || echo 'local NUMS, STRS, PERIODS, ITEMS'
+  grep -q '^local MEMO, PERIODS, ITEMS' "$COMMON" || echo 'local MEMO, PERIODS, ITEMS'
   cat bench/lua-cost.lua
 } > "$tmp/script.lua"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -8,8 +8,8 @@
 -- Returns one reply per item, in order; an item that fails answers {'error', message} and the
 -- others still run.
 
-local now = store_now(ARGV[2])
-sweep(now, 16, ARGV[3])
+local now, now_str = store_now(ARGV[2])
+sweep(now, now_str, '16', ARGV[3])
 local kills = nil
 local out = {}
 local a, longest = 4, 0

@@ -14,18 +14,19 @@ local function floor_div(a, b) return math.floor(a / b) end
 
 -- Conversions of one call, remembered for the rest of it: a batch's items repeat the same
 -- limits, windows, lengths and TTLs, and a conversion (strtod, printf) costs about ten times a
--- table lookup. The tables start empty on every call (the script runs from the top each time).
--- The first item converts without them: filling a table costs more than it saves when no item
--- follows (a single caller's call holds one).
-local NUMS, STRS, PERIODS, ITEMS = {}, {}, {}, 0
+-- table lookup. MEMO maps strings to numbers and numbers to strings, PERIODS a period length to
+-- the period containing now. A call's first item converts without them and the second makes
+-- them: when no item follows (a single caller's call holds one), filling tables costs more than
+-- it saves. ITEMS counts the items begun (the script runs from the top on every call).
+local MEMO, PERIODS, ITEMS = nil, nil, 0
 
 -- A policy number from its ARGV string (tonumber is strtod: about 1,900 instructions).
 local function num(s)
   if ITEMS < 2 then return tonumber(s) end
-  local n = NUMS[s]
+  local n = MEMO[s]
   if n == nil and s ~= nil then
     n = tonumber(s)
-    NUMS[s] = n
+    MEMO[s] = n
   end
   return n
 end
@@ -35,30 +36,36 @@ end
 -- instead: formatted once with '%d' (about 0.3 µs), or passed on as the ARGV string they came in.
 local function int(n)
   if ITEMS < 2 then return string.format('%d', n) end
-  local s = STRS[n]
+  local s = MEMO[n]
   if s == nil then
     s = string.format('%d', n)
-    STRS[n] = s
+    MEMO[n] = s
   end
   return s
 end
 
 -- The store's time: the caller's (tests drive a manual clock) or Redis TIME, never earlier than
--- any time this store has used before.
+-- any time this store has used before. Returns it as a number and as the string that Redis
+-- commands take.
 local function store_now(override)
-  local now = tonumber(override)
-  if now == nil or now == 0 then
+  local now
+  if override == nil or override == '0' then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + floor_div(tonumber(t[2]), 1000)
+  else
+    now = tonumber(override)
   end
   local key = PREFIX .. ':clock'
+  local now_str = int(now)
   -- One round inside Redis: write now and read what was there; put it back if it was later.
-  local last = tonumber(redis.call('SET', key, int(now), 'PX', '2592000000', 'GET') or '0')
-  if now < last then
-    now = last
-    redis.call('SET', key, int(now), 'PX', '2592000000')
+  -- Both are '%d' strings, so the longer one, or at equal length the greater, is later (no
+  -- strtod on every call).
+  local last = redis.call('SET', key, now_str, 'PX', '2592000000', 'GET')
+  if last and (#last > #now_str or (#last == #now_str and last > now_str)) then
+    now, now_str = tonumber(last), last
+    redis.call('SET', key, now_str, 'PX', '2592000000')
   end
-  return now
+  return now, now_str
 end
 
 local function civil_from_days(days)
@@ -85,29 +92,24 @@ local function days_from_civil(y, m, d)
   return era * 146097 + doe - 719468
 end
 
--- (id, start, end) of the period containing now; len 0 means calendar month.
-local function compute_period(len, now)
-  if len > 0 then
-    local id = floor_div(now, len)
-    return id, id * len, (id + 1) * len
-  end
-  local y, m = civil_from_days(floor_div(now, DAY_MS))
-  local start = days_from_civil(y, m, 1) * DAY_MS
-  local ny, nm = y, m + 1
-  if m == 12 then ny, nm = y + 1, 1 end
-  return y * 12 + (m - 1), start, days_from_civil(ny, nm, 1) * DAY_MS
-end
-
--- compute_period, remembered per length for the call's time.
+-- (id, start, end) of the period containing now; len 0 means calendar month. Remembered per
+-- length for the rest of the call (see MEMO).
 local function period_at(len, now)
-  if ITEMS < 2 then return compute_period(len, now) end
-  local p = PERIODS[len]
-  if p == nil or p[1] ~= now then
-    local id, start, stop = compute_period(len, now)
-    p = {now, id, start, stop}
-    PERIODS[len] = p
+  local p = ITEMS > 1 and PERIODS[len]
+  if p and p[1] == now then return p[2], p[3], p[4] end
+  local id, start, stop
+  if len > 0 then
+    id = floor_div(now, len)
+    start, stop = id * len, (id + 1) * len
+  else
+    local y, m = civil_from_days(floor_div(now, DAY_MS))
+    local ny, nm = y, m + 1
+    if m == 12 then ny, nm = y + 1, 1 end
+    id, start, stop = y * 12 + (m - 1), days_from_civil(y, m, 1) * DAY_MS,
+      days_from_civil(ny, nm, 1) * DAY_MS
   end
-  return p[2], p[3], p[4]
+  if ITEMS > 1 then PERIODS[len] = {now, id, start, stop} end
+  return id, start, stop
 end
 
 -- Sliding window: {start, current, previous} rolled to now.
@@ -243,10 +245,10 @@ local function end_ticket(id, t, usage, now)
   return charged
 end
 
--- Expires up to `max` tickets whose time has come.
--- `retention`: the ARGV string (see take_ticket).
-local function sweep(now, max, retention)
-  local ids = redis.call('ZRANGEBYSCORE', PREFIX .. ':x', '-inf', int(now), 'LIMIT', '0', int(max))
+-- Expires up to `max` tickets whose time has come. `now_str`, `max` and `retention` are the
+-- strings that Redis commands take (see store_now and take_ticket).
+local function sweep(now, now_str, max, retention)
+  local ids = redis.call('ZRANGEBYSCORE', PREFIX .. ':x', '-inf', now_str, 'LIMIT', '0', max)
   for _, id in ipairs(ids) do
     local t = take_ticket(PREFIX .. ':ts:' .. id, 'expired', retention)
     if t then
@@ -277,6 +279,7 @@ end
 --   retry_after (-1 none), reset (-1 none)} | {'token'} | {'dup'} | {'killed', target, reason}.
 local function admit_one(A, a, now, kills, probe)
   ITEMS = ITEMS + 1
+  if ITEMS == 2 then MEMO, PERIODS = {}, {} end
   local id, ttl, retention = A[a], num(A[a + 1]), num(A[a + 2])
   local token_deny = A[a + 3] == '1'
   local n_rate, n_lease, n_budget = num(A[a + 4]), num(A[a + 5]), num(A[a + 6])
@@ -442,6 +445,7 @@ end
 -- Returns {'done', charges...} | {'ended', ending} | {'unknown'}.
 local function finish_one(A, a, now)
   ITEMS = ITEMS + 1
+  if ITEMS == 2 then MEMO, PERIODS = {}, {} end
   local id, retention, ending = A[a], A[a + 1], A[a + 2]
   local t, how = take_ticket(PREFIX .. ':ts:' .. id, ending, retention)
   if not t then

@@ -6,9 +6,9 @@
 -- KEYS: ticket.
 -- Returns {'renewed', expires_at} | {'gone'}.
 
-local now = store_now(ARGV[2])
+local now, now_str = store_now(ARGV[2])
 local id, retention = ARGV[3], tonumber(ARGV[4])
-sweep(now, 16, ARGV[4])
+sweep(now, now_str, '16', ARGV[4])
 local tkey = PREFIX .. ':ts:' .. id
 local t = peek_ticket(tkey)
 if not t then return {'gone'} end

@@ -4,7 +4,7 @@
 -- KEYS: the expiry index.
 -- Returns the number of tickets expired.
 
-local now = store_now(ARGV[2])
+local now, now_str = store_now(ARGV[2])
 local before = redis.call('ZCOUNT', PREFIX .. ':x', '-inf', now)
-sweep(now, tonumber(ARGV[4]), ARGV[3])
+sweep(now, now_str, ARGV[4], ARGV[3])
 return before - redis.call('ZCOUNT', PREFIX .. ':x', '-inf', now)

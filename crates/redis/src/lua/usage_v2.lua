@@ -5,8 +5,8 @@
 -- KEYS: lease key, budget key.
 -- Returns {settled, reserved, leases}.
 
-local now = store_now(ARGV[2])
-sweep(now, 16, ARGV[5])
+local now, now_str = store_now(ARGV[2])
+sweep(now, now_str, '16', ARGV[5])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local leases = redis.call('ZCARD', KEYS[1])
 local len = tonumber(ARGV[3])
