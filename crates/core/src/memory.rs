@@ -47,10 +47,6 @@ const FORGET_PER_CALL: usize = 1024;
 /// entry; a longer id is one `Arc<str>` shared by the structures that hold it.
 type Id = SmolStr;
 
-// Keys are scope ids and request ids, partly chosen by clients: the hash is keyed with a
-// per-process random seed (foldhash), several times faster than SipHash on these short strings.
-type Set<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
-
 /// Entries per block of a [`BlockQueue`].
 const BLOCK: usize = 4096;
 
@@ -285,8 +281,13 @@ struct ScopeState {
     id: Option<Arc<str>>,
     /// (window length, window) of the rate control.
     rate: Option<(u64, RateWindow)>,
-    /// Requests holding a lease.
-    leases: Set<Id>,
+    /// Leases held: a count, not a set of requests. A ticket lists the scopes it holds a lease
+    /// in and ends exactly once (settled, released or expired, under the lock), so the count
+    /// is exact; a set cost a hash of the request id per lease at each end of a request.
+    leases: u64,
+    /// No later than the earliest expiry of a lease held (the earliest of those taken since the
+    /// count was last zero), for the retry hint of a concurrency refusal.
+    soonest: Millis,
     /// Budget cells by (period, period id): the current one and older ones still settling.
     cells: Vec<((Period, u64), Cell)>,
 }
@@ -474,7 +475,7 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<ScopeUsage, StoreError> {
         let (st, now) = self.lock()?;
         let scope = st.scopes.get(scope_id).and_then(|&i| st.slots.get(i));
-        let leases = scope.map_or(0, |s| s.leases.len() as u64);
+        let leases = scope.map_or(0, |s| s.leases);
         let cell = period
             .and_then(|p| scope?.cell((p, p.at(now).0)).copied())
             .unwrap_or_default();
@@ -490,7 +491,7 @@ impl<C: Clock> MemoryStore<C> {
         let (st, _) = self.lock()?;
         Ok(Footprint {
             rate_scopes: st.live_scopes().filter(|s| s.rate.is_some()).count(),
-            lease_scopes: st.live_scopes().filter(|s| !s.leases.is_empty()).count(),
+            lease_scopes: st.live_scopes().filter(|s| s.leases > 0).count(),
             budget_cells: st.live_scopes().map(|s| s.cells.len()).sum(),
             in_flight: st.in_flight,
             remembered: st.requests.len() - st.in_flight,
@@ -621,7 +622,7 @@ impl State {
             }
             if let Request::InFlight(t) = std::mem::replace(slot, Request::Ended(Ending::Expired)) {
                 self.in_flight -= 1;
-                self.end_ticket(&id, &t, None);
+                self.end_ticket(&t, None);
                 self.forget.push_back((now.saturating_add(retention), id));
             }
         }
@@ -668,13 +669,7 @@ impl State {
             s.rate = None;
         }
         s.cells.retain(|(_, c)| c.end > now || c.outstanding > 0);
-        if s.leases.is_empty() {
-            // An empty set keeps its table (128 bytes) until freed: a settlement leaves it, so
-            // a busy scope does not free and allocate it on every request, and the pass frees
-            // it about a second after the scope's last lease ended.
-            s.leases.shrink_to_fit();
-        }
-        if s.rate.is_none() && s.leases.is_empty() && s.cells.is_empty() {
+        if s.rate.is_none() && s.leases == 0 && s.cells.is_empty() {
             if let Some(id) = s.id.take() {
                 self.scopes.remove(&id);
             }
@@ -685,16 +680,14 @@ impl State {
 
     /// Returns leases and replaces reservations with the charge for `usage` (`None`: the
     /// ticket's expired usage).
-    fn end_ticket(&mut self, id: &str, t: &Ticket, usage: Option<Usage>) -> Vec<u64> {
+    fn end_ticket(&mut self, t: &Ticket, usage: Option<Usage>) -> Vec<u64> {
         let usage = usage.unwrap_or(t.expired_usage);
         let mut charged = Vec::new();
         for hold in &t.holds {
             let r = match hold {
                 Hold::Lease(slot) => {
-                    // An empty set stays until the periodic sweep: a busy scope would otherwise
-                    // free and allocate it on every request.
                     if let Some(s) = self.slots.get_mut(*slot) {
-                        s.leases.remove(id);
+                        s.leases = s.leases.saturating_sub(1);
                     }
                     continue;
                 }
@@ -733,7 +726,7 @@ impl State {
         };
         self.in_flight -= 1;
         self.expiries.remove(&(t.expires_at, id.clone()));
-        let charged = self.end_ticket(&id, &t, usage);
+        let charged = self.end_ticket(&t, usage);
         self.forget.push_back((now.saturating_add(retention), id));
         (Finish::Done { charged }, Some(t))
     }
@@ -803,28 +796,26 @@ impl State {
         }
         // 5. Concurrency.
         for c in &plan.concurrency {
-            let leases = self
+            let scope = self
                 .find(&c.scope, &mut seen)
-                .and_then(|i| self.slots.get(i))
-                .map(|s| &s.leases);
-            let held = leases.map_or(0, |s| s.len() as u64);
+                .and_then(|i| self.slots.get(i));
+            let held = scope.map_or(0, |s| s.leases);
             if held >= c.limit {
-                let soonest = leases
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|id| match self.requests.get(id) {
-                        Some(Request::InFlight(t)) => Some(t.expires_at),
-                        _ => None,
-                    })
-                    .min()
-                    .unwrap_or(now);
+                // A lease known to expire within the hint shortens it; a bound already past
+                // (its lease has ended) says nothing of the others.
+                let soonest = scope.map_or(now, |s| s.soonest);
+                let wait = if soonest > now {
+                    (soonest - now).min(CONCURRENCY_RETRY_HINT_MS)
+                } else {
+                    CONCURRENCY_RETRY_HINT_MS
+                };
                 return Ok(Decision::Deny(Deny {
                     reason: Reason::ConcurrencyLimit,
                     scope: c.scope.clone(),
                     limit: c.limit,
                     remaining: 0,
                     requested: 1,
-                    retry_after_ms: Some((soonest - now).clamp(1, CONCURRENCY_RETRY_HINT_MS)),
+                    retry_after_ms: Some(wait),
                     reset_after_ms: None,
                 }));
             }
@@ -837,9 +828,14 @@ impl State {
                 reset_after_ms: None,
             });
         }
-        // 6. Budget: check all, then reserve all.
-        for c in &plan.budget {
-            let (pid, _, end) = c.period.at(now);
+        // 6. Budget: check all, then reserve all. Each period is found once (a calendar month
+        // takes some arithmetic) and kept for the reservations, up to eight of them.
+        let mut periods = [(0, 0); 8];
+        for (i, c) in plan.budget.iter().enumerate() {
+            let (pid, start, end) = c.period.at(now);
+            if let Some(p) = periods.get_mut(i) {
+                *p = (pid, end);
+            }
             let cell = self
                 .find(&c.scope, &mut seen)
                 .and_then(|i| self.slots.get(i))
@@ -866,25 +862,34 @@ impl State {
                 scope: c.scope.clone(),
                 limit: c.limit,
                 remaining: c.limit - committed - c.amount,
-                window_ms: match c.period {
-                    Period::Fixed(len) => Some(len),
-                    Period::CalendarMonth => Some(end - c.period.at(now).1),
-                },
+                window_ms: Some(end - start),
                 reset_after_ms: Some(end - now),
             });
         }
         // Everything passed: take the leases and make the reservations.
+        let expires_at = now.saturating_add(plan.ttl_ms);
         for c in &plan.concurrency {
             let slot = self.slot(&c.scope, &mut seen);
             let Some(scope) = self.slots.get_mut(slot) else {
                 return Err(lost_slot());
             };
-            scope.leases.insert(id.clone());
+            scope.soonest = if scope.leases == 0 {
+                expires_at
+            } else {
+                scope.soonest.min(expires_at)
+            };
+            scope.leases += 1;
             holds.push(Hold::Lease(slot));
         }
-        for c in &plan.budget {
+        for (i, c) in plan.budget.iter().enumerate() {
             // The same period as checked above: `now` has not moved.
-            let (pid, _, end) = c.period.at(now);
+            let (pid, end) = match periods.get(i) {
+                Some(&p) => p,
+                None => {
+                    let (pid, _, end) = c.period.at(now);
+                    (pid, end)
+                }
+            };
             let slot = self.slot(&c.scope, &mut seen);
             let Some(scope) = self.slots.get_mut(slot) else {
                 return Err(lost_slot());
@@ -912,7 +917,6 @@ impl State {
                 amount: c.amount,
             }));
         }
-        let expires_at = now.saturating_add(plan.ttl_ms);
         self.in_flight += 1;
         // Absent: checked at the top, under the same lock.
         self.requests.insert_new(
@@ -988,58 +992,51 @@ use std::future::Future;
 mod tests {
     use super::*;
 
-    /// A scope's lease set keeps its table while the scope is busy and loses it to the pass
-    /// once the scope holds no lease; the scope itself stays while its budget period runs.
+    /// A concurrency refusal's retry hint: the time to the earliest expiry of a lease held when
+    /// that is known and within the hint's cap (1 s), the cap otherwise. Counts of leases come
+    /// back exactly as requests end.
     #[test]
-    fn the_pass_frees_an_idle_lease_set() {
+    fn concurrency_hints_come_from_the_earliest_known_expiry() {
         use crate::{Dimension, Identity, ManualClock, Policy, RequestFacts, plan};
         let policy = Policy::from_toml(
             r#"
             [[scopes]]
             key = "user"
-            concurrency = { limit = 4 }
-            budget = { tokens = 1000, period = "day" }
+            concurrency = { limit = 2, lease_ttl = "800ms" }
             "#,
         )
         .unwrap();
         let clock = ManualClock::new(1_767_225_600_000);
         let store = MemoryStore::with_clock(clock.clone());
-        let facts = |id: &str| RequestFacts {
-            request_id: id.into(),
-            identity: Identity::default().with(Dimension::User, "u"),
-            input_tokens: 10,
-            max_output_tokens: Some(10),
+        let admit = |id: &str| {
+            let facts = RequestFacts {
+                request_id: id.into(),
+                identity: Identity::default().with(Dimension::User, "u"),
+                input_tokens: 10,
+                max_output_tokens: Some(10),
+            };
+            store.admit_sync(&plan(&policy, &facts).unwrap()).unwrap()
         };
-        let capacity = |store: &MemoryStore<ManualClock>| {
-            let st = store.state.lock().unwrap();
-            let slot = *st.scopes.get("user|user:u").unwrap();
-            st.slots.get(slot).unwrap().leases.capacity()
+        let hint = |d: Decision| match d {
+            Decision::Deny(d) if d.reason == Reason::ConcurrencyLimit => d.retry_after_ms,
+            other => panic!("not a concurrency refusal: {other:?}"),
         };
-        let Decision::Admit(_) = store
-            .admit_sync(&plan(&policy, &facts("a")).unwrap())
-            .unwrap()
-        else {
-            panic!("denied");
+        let leases = |store: &MemoryStore<ManualClock>| {
+            store.usage_sync("user|user:u", None).unwrap().leases
         };
+        assert!(matches!(admit("a"), Decision::Admit(_))); // expires at 800
+        clock.advance(300);
+        assert!(matches!(admit("b"), Decision::Admit(_))); // expires at 1,100
+        assert_eq!(hint(admit("c")), Some(500), "a expires 500 ms from now");
         store.settle_sync("a", Usage::default()).unwrap();
-        assert!(capacity(&store) > 0, "kept for the next request");
-        clock.advance(FULL_SWEEP_EVERY_MS);
-        let Decision::Admit(_) = store
-            .admit_sync(&plan(&policy, &facts("b")).unwrap())
-            .unwrap()
-        else {
-            panic!("denied");
-        };
-        assert!(capacity(&store) > 0, "a lease is held");
-        store.settle_sync("b", Usage::default()).unwrap();
-        clock.advance(FULL_SWEEP_EVERY_MS);
-        store.sweep_all().unwrap();
-        assert_eq!(capacity(&store), 0);
-        assert_eq!(
-            store.footprint().unwrap().budget_cells,
-            1,
-            "the scope stays"
-        );
+        assert_eq!(leases(&store), 1);
+        assert!(matches!(admit("d"), Decision::Admit(_))); // expires at 1,100
+        clock.advance(600); // 900: past a's expiry, which bounded b's and d's
+        assert_eq!(hint(admit("e")), Some(CONCURRENCY_RETRY_HINT_MS));
+        clock.advance(200); // 1,100: b and d expire
+        assert!(matches!(admit("f"), Decision::Admit(_)));
+        assert_eq!(leases(&store), 1);
+        assert_eq!(store.footprint().unwrap().in_flight, 1);
     }
 
     /// Order is kept across block boundaries, with pushes and pops interleaved.

@@ -182,19 +182,26 @@ pub enum PlanError {
 
 /// Builds the plan of one request under `policy`.
 pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
-    let scopes: Vec<(usize, ScopeKey)> = policy
-        .scopes
-        .iter()
-        .enumerate()
-        .filter(|(_, rule)| {
-            rule.matches
-                .iter()
-                .all(|(d, v)| facts.identity.get(*d) == Some(v.as_str()))
-        })
-        .filter_map(|(i, rule)| {
-            ScopeKey::derive(&rule.name, &rule.dims, &facts.identity).map(|k| (i, k))
-        })
-        .collect();
+    // Sized for every rule: growing past four scopes moved the list once per request.
+    let mut scopes: Vec<(usize, ScopeKey)> = Vec::with_capacity(policy.scopes.len());
+    scopes.extend(
+        policy
+            .scopes
+            .iter()
+            .enumerate()
+            .filter(|(_, rule)| {
+                rule.matches
+                    .iter()
+                    .all(|(d, v)| facts.identity.get(*d) == Some(v.as_str()))
+            })
+            .filter_map(|(i, rule)| {
+                let key = match &rule.global_key {
+                    Some(k) => k.clone(),
+                    None => ScopeKey::derive(&rule.name, &rule.dims, &facts.identity)?,
+                };
+                Some((i, key))
+            }),
+    );
     let rule = |i: usize| &policy.scopes[i];
 
     let rate: Vec<RateCheck> = scopes

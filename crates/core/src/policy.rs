@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use crate::clock::Millis;
 use crate::ledger::Period;
-use crate::scope::Dimension;
+use crate::scope::{Dimension, Identity, ScopeKey};
 
 /// A policy that failed validation: the path of the field and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -217,6 +217,9 @@ pub struct ScopeRule {
     pub concurrency: Option<ConcurrencyLimit>,
     /// Budget.
     pub budget: Option<BudgetLimit>,
+    /// The one key of a rule with no dimensions (`name|global`), derived once here so that
+    /// a plan shares it instead of building it per request.
+    pub global_key: Option<ScopeKey>,
 }
 
 /// Attempts per sliding window.
@@ -556,7 +559,12 @@ fn validate_scope(
         }
         None => None,
     };
+    let global_key = dims
+        .is_empty()
+        .then(|| ScopeKey::derive(&name, &dims, &Identity::default()))
+        .flatten();
     Ok(ScopeRule {
+        global_key,
         name,
         dims,
         matches,
