@@ -9,7 +9,7 @@
 //! first.
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -264,11 +264,15 @@ struct State {
     /// admission checks for a duplicate id with one lookup.
     requests: ShardedMap<Id, Request>,
     in_flight: usize,
-    /// In-flight tickets by expiry (the id breaks ties). A ticket's entry leaves when it ends,
-    /// so the sweep never meets a stale one and nothing needs rebuilding: a heap with entries
-    /// left behind had to be rebuilt from every remembered request, a pause of about 16 ms at
-    /// 1,000,000 of them.
-    expiries: BTreeSet<(Millis, Id)>,
+    /// In-flight tickets by (expiry, ticket number), to their request ids. A ticket's entry
+    /// leaves when it ends, so the sweep never meets a stale one and nothing needs rebuilding:
+    /// a heap with entries left behind had to be rebuilt from every remembered request, a
+    /// pause of about 16 ms at 1,000,000 of them. The number, not the id, breaks ties: keys
+    /// compare as integers, and an id in the key was moved through the tree's search in a way
+    /// that stalled the CPU (a 7-byte tail copied in two overlapping halves, then read back).
+    expiries: BTreeMap<(Millis, u64), Id>,
+    /// The next ticket number.
+    next_ticket: u64,
     kills: BTreeMap<String, String>,
     /// Finished ids in the order they may be forgotten (times only grow: the clock is monotonic
     /// inside the store and the retention is fixed).
@@ -323,6 +327,8 @@ struct Cell {
 
 #[derive(Debug)]
 struct Ticket {
+    /// The ticket's number, unique in this store: its place in the expiry index.
+    number: u64,
     expires_at: Millis,
     ttl_ms: u64,
     /// Leases and reservations in one allocation.
@@ -451,9 +457,9 @@ impl<C: Clock> MemoryStore<C> {
         let id = id.clone();
         let old = t.expires_at;
         t.expires_at = now.saturating_add(t.ttl_ms);
-        let new = t.expires_at;
-        st.expiries.remove(&(old, id.clone()));
-        st.expiries.insert((new, id));
+        let (new, number) = (t.expires_at, t.number);
+        st.expiries.remove(&(old, number));
+        st.expiries.insert((new, number), id);
         Ok(Renewal::Renewed { expires_at: new })
     }
 
@@ -606,13 +612,11 @@ impl State {
     /// second, passes over the scopes to drop state nothing needs: the pass a little per call,
     /// unless `complete`.
     fn sweep(&mut self, now: Millis, retention: u64, max_remembered: usize, complete: bool) {
-        while let Some(next) = self.expiries.first() {
-            if next.0 > now {
+        while let Some(entry) = self.expiries.first_entry() {
+            if entry.key().0 > now {
                 break;
             }
-            let Some((at, id)) = self.expiries.pop_first() else {
-                break;
-            };
+            let ((at, _), id) = entry.remove_entry();
             // Every entry is an in-flight ticket's; checked all the same.
             let Some(slot) = self.requests.get_mut(&id) else {
                 continue;
@@ -725,7 +729,7 @@ impl State {
             return (Finish::Unknown, None);
         };
         self.in_flight -= 1;
-        self.expiries.remove(&(t.expires_at, id.clone()));
+        self.expiries.remove(&(t.expires_at, t.number));
         let charged = self.end_ticket(&t, usage);
         self.forget.push_back((now.saturating_add(retention), id));
         (Finish::Done { charged }, Some(t))
@@ -918,10 +922,13 @@ impl State {
             }));
         }
         self.in_flight += 1;
+        let number = self.next_ticket;
+        self.next_ticket += 1;
         // Absent: checked at the top, under the same lock.
         self.requests.insert_new(
             id.clone(),
             Request::InFlight(Box::new(Ticket {
+                number,
                 expires_at,
                 ttl_ms: plan.ttl_ms,
                 holds,
@@ -929,7 +936,7 @@ impl State {
                 expired_usage: plan.expired_usage,
             })),
         );
-        self.expiries.insert((expires_at, id));
+        self.expiries.insert((expires_at, number), id);
         Ok(Decision::Admit(Admitted {
             request_id: plan.request_id.clone(),
             max_output_tokens: plan.max_output_tokens,
