@@ -199,13 +199,21 @@ impl<K: Borrow<str>, V> ShardedMap<K, V> {
         self.get_entry_mut(id).map(|(_, v)| v)
     }
 
-    fn contains_key(&self, id: &str) -> bool {
-        self.get(id).is_some()
+    /// Whether the id, whose hash is `h` ([`Self::hash`]), has an entry.
+    fn contains_hashed(&self, h: u64, id: &str) -> bool {
+        self.tables
+            .get(Self::shard(h))
+            .is_some_and(|t| t.find(h, |(k, _)| k.borrow() == id).is_some())
     }
 
     /// Inserts an id that the caller has just found absent (under the same lock).
     fn insert_new(&mut self, id: K, v: V) {
         let h = self.hash(id.borrow());
+        self.insert_new_hashed(h, id, v);
+    }
+
+    /// [`Self::insert_new`] of an id whose hash `h` the caller has already computed.
+    fn insert_new_hashed(&mut self, h: u64, id: K, v: V) {
         let hasher = &self.hasher;
         if let Some(t) = self.tables.get_mut(Self::shard(h)) {
             t.insert_unique(h, (id, v), |(k, _)| hasher.hash_one::<&str>(k.borrow()));
@@ -751,7 +759,9 @@ impl State {
                 return Ok(Decision::Killed(crate::decision::Killed { target, reason }));
             }
         }
-        if self.requests.contains_key(plan.request_id.as_str()) {
+        // Hashed once for the duplicate check and the insertion at the end.
+        let id_hash = self.requests.hash(&plan.request_id);
+        if self.requests.contains_hashed(id_hash, &plan.request_id) {
             return Err(StoreError::DuplicateRequestId(plan.request_id.clone()));
         }
         let mut seen = Resolved::default();
@@ -925,7 +935,8 @@ impl State {
         let number = self.next_ticket;
         self.next_ticket += 1;
         // Absent: checked at the top, under the same lock.
-        self.requests.insert_new(
+        self.requests.insert_new_hashed(
+            id_hash,
             id.clone(),
             Request::InFlight(Box::new(Ticket {
                 number,
