@@ -1120,7 +1120,8 @@ mod tests {
         for i in 0..n {
             assert_eq!(m.get(&format!("req-{i}")), Some(&i));
         }
-        assert!(!m.contains_key("req-x"));
+        assert!(!m.contains_hashed(m.hash("req-x"), "req-x"));
+        assert!(m.contains_hashed(m.hash("req-3"), "req-3"));
         if let Some((k, v)) = m.get_entry_mut("req-7") {
             assert_eq!(&**k, "req-7");
             *v = 700;
