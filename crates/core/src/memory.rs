@@ -177,7 +177,11 @@ impl<K: Borrow<str>, V> ShardedMap<K, V> {
     }
 
     fn get(&self, id: &str) -> Option<&V> {
-        let h = self.hash(id);
+        self.get_hashed(self.hash(id), id)
+    }
+
+    /// [`Self::get`] of an id whose hash `h` the caller has already computed.
+    fn get_hashed(&self, h: u64, id: &str) -> Option<&V> {
         let (_, v) = self
             .tables
             .get(Self::shard(h))?
@@ -201,9 +205,7 @@ impl<K: Borrow<str>, V> ShardedMap<K, V> {
 
     /// Whether the id, whose hash is `h` ([`Self::hash`]), has an entry.
     fn contains_hashed(&self, h: u64, id: &str) -> bool {
-        self.tables
-            .get(Self::shard(h))
-            .is_some_and(|t| t.find(h, |(k, _)| k.borrow() == id).is_some())
+        self.get_hashed(h, id).is_some()
     }
 
     /// Inserts an id that the caller has just found absent (under the same lock).
