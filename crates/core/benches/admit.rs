@@ -30,8 +30,8 @@ fn facts(user: u64) -> RequestFacts {
 fn admit_settle(store: &MemoryStore<SystemClock>, policy: &Policy, f: &RequestFacts) {
     let p = plan(policy, f).unwrap();
     match store.admit_sync(&p).unwrap() {
-        Decision::Admit(a) => {
-            divan::black_box(store.settle_sync(&a.request_id, USAGE).unwrap());
+        Decision::Admit(_) => {
+            divan::black_box(store.settle_sync(&p.request_id, USAGE).unwrap());
         }
         other => panic!("benchmark policy refused: {other:?}"),
     }

@@ -90,7 +90,7 @@ fn measure(label: &str, retention: u64, long_ids: bool) {
                 input_tokens: 10,
                 max_output_tokens: Some(10),
             };
-            let Decision::Admit(a) = store.admit_sync(&plan(&policy, &f).unwrap()).unwrap() else {
+            let Decision::Admit(_) = store.admit_sync(&plan(&policy, &f).unwrap()).unwrap() else {
                 panic!("denied");
             };
             let u = Usage {
@@ -98,7 +98,7 @@ fn measure(label: &str, retention: u64, long_ids: bool) {
                 cached_input_tokens: 0,
                 output_tokens: 5,
             };
-            store.settle_sync(&a.request_id, u).unwrap();
+            store.settle_sync(&f.request_id, u).unwrap();
             if retention == 0 && i % 1024 == 0 {
                 clock.advance(1);
             }

@@ -48,10 +48,10 @@ fn measured(work: &Work<'_>) {
         }
         Work::Store(store, plans) => {
             for p in *plans {
-                let Decision::Admit(a) = store.admit_sync(p).unwrap() else {
+                let Decision::Admit(_) = store.admit_sync(p).unwrap() else {
                     panic!("benchmark policy refused");
                 };
-                std::hint::black_box(store.settle_sync(&a.request_id, USAGE).unwrap());
+                std::hint::black_box(store.settle_sync(&p.request_id, USAGE).unwrap());
             }
         }
     }

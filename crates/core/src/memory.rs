@@ -769,7 +769,7 @@ impl State {
         let mut seen = Resolved::default();
         // 1. Every attempt counts in every rate scope, admitted or not.
         let mut rate_deny: Option<Deny> = None;
-        for c in &plan.rate {
+        for (check, c) in plan.rate.iter().enumerate() {
             let slot = self.slot(&c.scope, &mut seen);
             let Some(scope) = self.slots.get_mut(slot) else {
                 return Err(lost_slot());
@@ -796,7 +796,7 @@ impl State {
             }
             quotas.push(Quota {
                 reason: Reason::RequestRateLimit,
-                scope: c.scope.clone(),
+                check,
                 limit: c.limit,
                 remaining: w.remaining(now, c.window_ms, c.limit),
                 window_ms: Some(c.window_ms),
@@ -811,7 +811,7 @@ impl State {
             return Ok(Decision::Deny(d.clone()));
         }
         // 5. Concurrency.
-        for c in &plan.concurrency {
+        for (check, c) in plan.concurrency.iter().enumerate() {
             let scope = self
                 .find(&c.scope, &mut seen)
                 .and_then(|i| self.slots.get(i));
@@ -837,7 +837,7 @@ impl State {
             }
             quotas.push(Quota {
                 reason: Reason::ConcurrencyLimit,
-                scope: c.scope.clone(),
+                check,
                 limit: c.limit,
                 remaining: c.limit - held - 1,
                 window_ms: None,
@@ -875,7 +875,7 @@ impl State {
             }
             quotas.push(Quota {
                 reason: Reason::BudgetLimit,
-                scope: c.scope.clone(),
+                check: i,
                 limit: c.limit,
                 remaining: c.limit - committed - c.amount,
                 window_ms: Some(end - start),
@@ -951,7 +951,6 @@ impl State {
         );
         self.expiries.insert((expires_at, number), id);
         Ok(Decision::Admit(Admitted {
-            request_id: plan.request_id.clone(),
             max_output_tokens: plan.max_output_tokens,
             expires_at,
             quotas,

@@ -165,6 +165,17 @@ impl Plan {
     pub fn estimate_tokens(&self) -> u64 {
         self.input_tokens.saturating_add(self.max_output_tokens)
     }
+
+    /// The scope of a quota this plan's admission answered (`None` for a quota of another plan
+    /// whose index is out of range here).
+    pub fn scope_of(&self, q: &crate::decision::Quota) -> Option<&ScopeKey> {
+        match q.reason {
+            Reason::RequestRateLimit => self.rate.get(q.check).map(|c| &c.scope),
+            Reason::ConcurrencyLimit => self.concurrency.get(q.check).map(|c| &c.scope),
+            Reason::BudgetLimit => self.budget.get(q.check).map(|c| &c.scope),
+            Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => None,
+        }
+    }
 }
 
 /// A request the policy cannot price.

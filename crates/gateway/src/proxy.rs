@@ -529,7 +529,7 @@ async fn admit_and_forward(
         })?;
 
     let mut headers = HeaderMap::new();
-    respond::admitted_headers(&mut headers, &admitted);
+    respond::admitted_headers(&mut headers, &p, &admitted);
     let input = count.input_tokens;
     let sent = Instant::now();
     let up = match tokio::time::timeout(cfg.upstream_timeout, gw.client.request(up_req)).await {
@@ -767,7 +767,6 @@ async fn timed_admit(gw: &Gateway, p: &tollgate_core::Plan) -> Result<Decision, 
         Err(StoreError::Unavailable(_)) if p.fail_open => {
             crate::telemetry::fail_open();
             Decision::Admit(tollgate_core::Admitted {
-                request_id: p.request_id.clone(),
                 max_output_tokens: p.max_output_tokens,
                 expires_at: 0,
                 quotas: Vec::new(),

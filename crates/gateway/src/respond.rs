@@ -4,7 +4,7 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tollgate_core::{Admitted, Deny, Quota, Reason};
+use tollgate_core::{Admitted, Deny, Plan, Quota, Reason};
 
 /// A budget that only resets after this long also says `x-should-retry: false`, so that SDKs
 /// do not keep retrying (rate and concurrency waits stay retryable).
@@ -120,8 +120,8 @@ fn put_number(h: &mut HeaderMap, name: &'static str, n: u64) {
 
 /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11) and OpenAI's
 /// `x-ratelimit-*` for the limits of an admitted request. Written on every admitted response,
-/// so each header is built in one buffer.
-pub fn quota_headers(h: &mut HeaderMap, quotas: &[Quota]) {
+/// so each header is built in one buffer. `rule` names a quota's scope rule.
+pub fn quota_headers<'a>(h: &mut HeaderMap, quotas: &[Quota], rule: impl Fn(&Quota) -> &'a str) {
     use std::fmt::Write as _;
     if !quotas.is_empty() {
         let mut policies = String::with_capacity(48 * quotas.len());
@@ -131,7 +131,7 @@ pub fn quota_headers(h: &mut HeaderMap, quotas: &[Quota]) {
                 policies.push_str(", ");
                 limits.push_str(", ");
             }
-            push_policy_name(&mut policies, q.reason, q.scope.rule());
+            push_policy_name(&mut policies, q.reason, rule(q));
             let _ = write!(policies, ";q={}", q.limit);
             if let Some(w) = q.window_ms {
                 let _ = write!(policies, ";w={}", w.div_ceil(1000));
@@ -139,7 +139,7 @@ pub fn quota_headers(h: &mut HeaderMap, quotas: &[Quota]) {
             if q.reason == Reason::ConcurrencyLimit {
                 policies.push_str(";qu=\"concurrent-requests\"");
             }
-            push_policy_name(&mut limits, q.reason, q.scope.rule());
+            push_policy_name(&mut limits, q.reason, rule(q));
             let _ = write!(limits, ";r={}", q.remaining);
             if let Some(t) = q.reset_after_ms {
                 let _ = write!(limits, ";t={}", t.div_ceil(1000));
@@ -168,9 +168,9 @@ pub fn quota_headers(h: &mut HeaderMap, quotas: &[Quota]) {
     }
 }
 
-/// Headers of an admitted request.
-pub fn admitted_headers(h: &mut HeaderMap, a: &Admitted) {
-    quota_headers(h, &a.quotas);
+/// Headers of an admitted request, whose plan was `p`.
+pub fn admitted_headers(h: &mut HeaderMap, p: &Plan, a: &Admitted) {
+    quota_headers(h, &a.quotas, |q| p.scope_of(q).map_or("", |s| s.rule()));
 }
 
 /// The response to a refusal: 429 for rate, concurrency and budget; 400 for token limits.
@@ -207,13 +207,13 @@ pub fn deny(d: &Deny) -> ApiError {
     if d.reason.is_retryable() {
         let quota = Quota {
             reason: d.reason,
-            scope: d.scope.clone(),
+            check: 0,
             limit: d.limit,
             remaining: 0,
             window_ms: None,
             reset_after_ms: d.reset_after_ms.or(d.retry_after_ms),
         };
-        quota_headers(&mut e.headers, &[quota]);
+        quota_headers(&mut e.headers, &[quota], |_| d.scope.rule());
         match d.retry_after_ms {
             Some(ms) => {
                 put(&mut e.headers, "retry-after", ms.div_ceil(1000).max(1));
@@ -280,7 +280,7 @@ mod tests {
             ScopeKey::derive("per user", &[Dimension::User], &id).unwrap_or_else(|| unreachable!());
         let q = |reason, limit, remaining, window_ms, reset_after_ms| Quota {
             reason,
-            scope: scope.clone(),
+            check: 0,
             limit,
             remaining,
             window_ms,
@@ -304,7 +304,7 @@ mod tests {
             ),
         ];
         let mut h = HeaderMap::new();
-        quota_headers(&mut h, &quotas);
+        quota_headers(&mut h, &quotas, |_| scope.rule());
         let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
         assert_eq!(
             get("ratelimit-policy").as_deref(),

@@ -573,10 +573,10 @@ fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, StoreError> {
             let expires_at = num(1)?.max(0) as u64;
             let mut quotas = Vec::new();
             let mut i = 2;
-            for r in &plan.rate {
+            for (check, r) in plan.rate.iter().enumerate() {
                 quotas.push(Quota {
                     reason: Reason::RequestRateLimit,
-                    scope: r.scope.clone(),
+                    check,
                     limit: r.limit,
                     remaining: num(i)?.max(0) as u64,
                     window_ms: Some(r.window_ms),
@@ -584,10 +584,10 @@ fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, StoreError> {
                 });
                 i += 2;
             }
-            for c in &plan.concurrency {
+            for (check, c) in plan.concurrency.iter().enumerate() {
                 quotas.push(Quota {
                     reason: Reason::ConcurrencyLimit,
-                    scope: c.scope.clone(),
+                    check,
                     limit: c.limit,
                     remaining: num(i)?.max(0) as u64,
                     window_ms: None,
@@ -595,11 +595,11 @@ fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, StoreError> {
                 });
                 i += 1;
             }
-            for b in &plan.budget {
+            for (check, b) in plan.budget.iter().enumerate() {
                 let reset = opt_ms(num(i + 1)?);
                 quotas.push(Quota {
                     reason: Reason::BudgetLimit,
-                    scope: b.scope.clone(),
+                    check,
                     limit: b.limit,
                     remaining: num(i)?.max(0) as u64,
                     window_ms: match b.period {
@@ -615,7 +615,6 @@ fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, StoreError> {
                 i += 2;
             }
             Ok(Decision::Admit(Admitted {
-                request_id: plan.request_id.clone(),
                 max_output_tokens: plan.max_output_tokens,
                 expires_at,
                 quotas,

@@ -163,19 +163,22 @@ impl RedisStore {
                 .iter()
                 .chain(&part.concurrency)
                 .chain(&part.budget);
-            quotas.extend(places.copied().zip(a.quotas));
+            // A part's quota indexes the part's plan; the whole plan's index is its place.
+            quotas.extend(places.copied().zip(a.quotas).map(|(i, mut q)| {
+                q.check = i;
+                q
+            }));
         }
-        quotas.sort_by_key(|(i, q)| (q.reason, *i));
+        quotas.sort_by_key(|q| (q.reason, q.check));
         let remembered = Admission {
             expires_at,
             parts: parts.iter().map(|p| (p.shard, p.budget.clone())).collect(),
         };
         self.remember(&plan.request_id, remembered);
         Admitted {
-            request_id: plan.request_id.clone(),
             max_output_tokens: plan.max_output_tokens,
             expires_at,
-            quotas: quotas.into_iter().map(|(_, q)| q).collect(),
+            quotas,
             fail_open: false,
         }
     }

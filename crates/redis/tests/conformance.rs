@@ -198,8 +198,9 @@ async fn batched_items_decide_as_single_ones() {
     assert_eq!(tally(&ds), (15, 10, 15, 0));
     let ids: Vec<String> = ds
         .iter()
-        .filter_map(|d| match d {
-            Decision::Admit(a) => Some(a.request_id.clone()),
+        .zip(&first)
+        .filter_map(|(d, p)| match d {
+            Decision::Admit(_) => Some(p.request_id.clone()),
             _ => None,
         })
         .collect();

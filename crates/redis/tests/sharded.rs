@@ -186,14 +186,15 @@ async fn the_reported_refusal_is_the_single_shard_one() {
         let d = d.deny().cloned().expect("still refused");
         assert_eq!(d.reason, Reason::ConcurrencyLimit);
         s.settle("a", Usage::default()).await.unwrap();
-        let Decision::Admit(a) = admit(&s, &p, "d", &u, 1, 1).await else {
+        let pd = plan(&p, &facts("d", &u, 1, 1)).unwrap();
+        let Decision::Admit(a) = s.admit(&pd).await.unwrap() else {
             panic!("admitted once a settles")
         };
         let rate: Vec<_> = a
             .quotas
             .iter()
             .filter(|q| q.reason == Reason::RequestRateLimit)
-            .map(|q| (q.scope.key().to_owned(), q.remaining))
+            .map(|q| (pd.scope_of(q).unwrap().key().to_owned(), q.remaining))
             .collect();
         assert_eq!(
             rate,

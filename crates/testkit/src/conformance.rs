@@ -612,3 +612,52 @@ pub async fn kill_switch<H: Harness>(h: &H) {
         matches!(admit(&s, &p, facts("d", "v", 1, 1)).await, Decision::Killed(k) if k.target == "model:gpt-4o")
     );
 }
+
+/// An admission's quotas come in control order, each naming its check in the plan (and so its
+/// scope) with what is left after it.
+pub async fn quotas_name_their_checks<H: Harness>(h: &H) {
+    let p = policy(
+        r#"
+        [[scopes]]
+        key = "user"
+        requests = { limit = 10, window = "1m" }
+        concurrency = { limit = 4 }
+        budget = { tokens = 1000, period = "day" }
+        [[scopes]]
+        key = "tenant"
+        requests = { limit = 20, window = "1m" }
+        budget = { tokens = 5000, period = "day" }
+        "#,
+    );
+    let (s, _) = setup(h).await;
+    assert_eq!(reason(&s, &p, facts("a", "u", 100, 100)).await, None);
+    let pl = plan_of(&p, &facts("b", "u", 10, 20));
+    let Decision::Admit(a) = s.admit(&pl).await.unwrap_or_else(|e| panic!("admit: {e}")) else {
+        panic!("refused");
+    };
+    let got: Vec<(Reason, usize, String, u64, u64)> = a
+        .quotas
+        .iter()
+        .map(|q| {
+            let scope = pl
+                .scope_of(q)
+                .unwrap_or_else(|| panic!("no scope for {q:?}"));
+            (
+                q.reason,
+                q.check,
+                scope.key().to_owned(),
+                q.limit,
+                q.remaining,
+            )
+        })
+        .collect();
+    let want = [
+        (Reason::RequestRateLimit, 0, "user:u", 10, 8),
+        (Reason::RequestRateLimit, 1, "tenant:acme", 20, 18),
+        (Reason::ConcurrencyLimit, 0, "user:u", 4, 2),
+        (Reason::BudgetLimit, 0, "user:u", 1000, 770),
+        (Reason::BudgetLimit, 1, "tenant:acme", 5000, 4770),
+    ]
+    .map(|(r, c, k, l, left)| (r, c, k.to_owned(), l, left));
+    assert_eq!(got, want);
+}

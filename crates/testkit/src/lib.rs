@@ -55,7 +55,8 @@ macro_rules! conformance_tests {
             leases_expire_and_renew, expiry_holds_when_many_expire_at_once,
             expired_reservation_charge_follows_policy,
             period_rollover, clock_going_backwards, duplicate_request_id_is_refused,
-            money_budget, retry_hints, calendar_month_budget, kill_switch);
+            money_budget, retry_hints, calendar_month_budget, kill_switch,
+            quotas_name_their_checks);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(

@@ -102,14 +102,14 @@ where
             let handle = AdmissionHandle {
                 ticket: Arc::new(Mutex::new(Some(Ticket::new(
                     layer.store.clone(),
-                    admitted.request_id.clone(),
+                    p.request_id.clone(),
                 )))),
                 max_output_tokens: admitted.max_output_tokens,
             };
             let mut req = Request::from_parts(parts, Body::from(bytes));
             req.extensions_mut().insert(handle);
             let mut resp = inner.call(req).await?;
-            respond::admitted_headers(resp.headers_mut(), &admitted);
+            respond::admitted_headers(resp.headers_mut(), &p, &admitted);
             Ok(resp)
         })
     }
