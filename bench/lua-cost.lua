@@ -7,24 +7,30 @@
 --       throughput bench's admit rows), 'p' admit + settle with 64 requests in flight, and the
 --       items per call B: what a call remembers of its conversions (common's MEMO,
 --       PERIODS, ITEMS) is forgotten every B items, as if each B items were one batch call.
--- 16 users; every admission is admitted (limits far away) or the script stops with the reply.
+-- ARGV[9]: users (default 16), each its own scope; every admission is admitted (limits far away) or the script stops with the reply.
 local N = tonumber(ARGV[2])
 local tag = ARGV[3]
 local nr, nl, nb = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local mode = ARGV[7]
 local B = tonumber(ARGV[8] or '1')
+local U = tonumber(ARGV[9] or '16')
 local now = 1800000000000
+NOW_STR = string.format('%d', now)
 local ids, rk, lk, bk = {}, {}, {}, {}
 for i = 1, N do ids[i] = tag .. i end
-for u = 0, 15 do
+for u = 0, U - 1 do
   rk[u] = PREFIX .. ':r:u' .. u
   lk[u] = PREFIX .. ':l:u' .. u
   bk[u] = PREFIX .. ':b:u' .. u
 end
 local count = {[0] = '0', '1'}
 for i = 1, N do
-  if (i - 1) % B == 0 then MEMO, PERIODS, ITEMS = nil, nil, 0 end
-  local u = i % 16
+  if (i - 1) % B == 0 then
+    -- A new call: the last one's pending writes are made, and what it read is forgotten.
+    flush_and_forget()
+    MEMO, PERIODS, ITEMS = nil, nil, 0
+  end
+  local u = i % U
   local A = {ids[i], '60000', '3600000', '0', count[nr], count[nl], count[nb],
     '0', '0', '0', '0', '0', '0', '0'}
   if nr > 0 then A[#A + 1] = rk[u]; A[#A + 1] = '1000000000'; A[#A + 1] = '60000' end
@@ -40,4 +46,5 @@ for i = 1, N do
     if r[1] ~= 'done' then return r end
   end
 end
+flush_and_forget()
 return 'ok'

@@ -4,10 +4,12 @@
 # shared machine, the counts compare two script versions exactly. Each figure is the difference
 # between a run of 1,500 and one of 500 iterations, divided by 1,000 (the script's setup cancels).
 #
-#   bench/lua-cost.sh [SCRIPT=crates/redis/src/lua/common_v3.lua] [B=1]
+#   bench/lua-cost.sh [SCRIPT=crates/redis/src/lua/common_v3.lua] [B=1] [U=16]
 #
 # B: items per script call. A call remembers the conversions of its items (a batch repeats the
-# same limits and TTLs); B=1 is one admission per call, as with a single caller.
+# same limits and TTLs, and often the same scopes); B=1 is one admission per call, as with a single
+# caller. U: users the requests are spread over, each its own scope (U=1: every request in one
+# scope, like one API key's traffic).
 #
 # Needs valgrind and redis-server (apt-get install valgrind redis-server; valgrind is installed
 # here when missing and run as root). Servers listen on free loopback ports and are shut down.
@@ -15,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 COMMON="${1:-crates/redis/src/lua/common_v3.lua}"
 B="${2:-1}"
+U="${3:-16}"
 . bench/need-valgrind.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -22,6 +25,9 @@ trap 'rm -rf "$tmp"' EXIT
   cat "$COMMON"
   # Scripts from before the per-call memos: the same tables, unused.
   grep -q '^local MEMO, PERIODS, ITEMS' "$COMMON" || echo 'local MEMO, PERIODS, ITEMS'
+  # Scripts from before the per-call write-back state: nothing to write at a call's end.
+  grep -q '^local function flush_and_forget' "$COMMON" || echo 'local function flush_and_forget() end'
+  grep -q '^local NOW_STR' "$COMMON" || echo 'local NOW_STR'
   cat bench/lua-cost.lua
 } > "$tmp/script.lua"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -31,7 +37,7 @@ run() { # n rates leases budgets mode -> instructions inside EVAL
     redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$tmp/vg.log" 2>&1 &
   local pid=$!
   for _ in $(seq 600); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-  local reply; reply=$(redis-cli -p "$port" --eval "$tmp/script.lua" , P "$1" q "$2" "$3" "$4" "$5" "$B")
+  local reply; reply=$(redis-cli -p "$port" --eval "$tmp/script.lua" , P "$1" q "$2" "$3" "$4" "$5" "$B" "$U")
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$pid" || true
   [ "$reply" = ok ] || { echo "script answered: $reply" >&2; exit 1; }
@@ -41,7 +47,7 @@ per() { # rates leases budgets mode -> instructions per iteration
   local a b; a=$(run 500 "$@"); b=$(run 1500 "$@")
   echo $(( (b - a) / 1000 ))
 }
-echo "$COMMON, $(redis-server --version | awk '{print $3}'), $B items per call; instructions per iteration"
+echo "$COMMON, $(redis-server --version | awk '{print $3}'), $B items per call, $U users; instructions per iteration"
 echo
 echo "| controls | admissions only | admit + settle, 64 in flight |"
 echo "|---|---|---|"

@@ -6,8 +6,8 @@
 //!
 //! - Admissions and settlements that are waiting at the same moment travel in one script call
 //!   (`batch_v1.lua`), each applied as its own atomic transition, in order. One caller alone gets
-//!   a call of its own, made from its own task; under load the fixed cost of a call is shared
-//!   (see `docs/redis.md`).
+//!   a call of its own, made from its own task; under load the fixed cost of a call is shared,
+//!   and a call reads and writes each scope key its items share once (see `docs/redis.md`).
 //! - Scripts live in `src/lua/*_vN.lua` (versioned names), are embedded with `include_str!`,
 //!   called by SHA, and reloaded by the client on `NOSCRIPT`.
 //! - Time is Redis `TIME` (never the instance's clock), clamped so that it never goes back.

@@ -108,6 +108,19 @@ async fn scripts_are_loaded_again_after_noscript() {
 }
 
 /// How many `EVALSHA` calls the server has run.
+/// A store on `server` under `prefix`, on a manual clock, with a generous call timeout.
+async fn store_on(server: &RedisServer, prefix: &str) -> (RedisStore, ManualClock) {
+    let mut cfg = RedisConfig::new(server.url());
+    cfg.prefix = prefix.into();
+    cfg.call_timeout = std::time::Duration::from_secs(5);
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = RedisStore::connect(cfg)
+        .await
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    (store, clock)
+}
+
 fn evalsha_calls(port: u16) -> u64 {
     let out = std::process::Command::new("redis-cli")
         .args(["-p", &port.to_string(), "INFO", "commandstats"])
@@ -132,14 +145,7 @@ async fn batched_items_decide_as_single_ones() {
         Decision, Dimension, Finish, Identity, Policy, Reason, RequestFacts, Store, Usage,
     };
     let server = RedisServer::start();
-    let mut cfg = RedisConfig::new(server.url());
-    cfg.prefix = "batched".into();
-    cfg.call_timeout = std::time::Duration::from_secs(5);
-    let clock = ManualClock::new(1_800_000_000_000);
-    let store = RedisStore::connect(cfg)
-        .await
-        .unwrap()
-        .with_clock(Arc::new(clock.clone()));
+    let (store, clock) = store_on(&server, "batched").await;
     let policy = Policy::from_toml(
         r#"
         [[scopes]]
@@ -223,4 +229,175 @@ async fn batched_items_decide_as_single_ones() {
     // The items did share calls: 80 admissions, 15 settlements and 2 usage reads in fewer.
     let calls = evalsha_calls(server.port()) - calls0;
     assert!(calls < 80, "{calls} script calls for 97 operations");
+}
+
+/// Settlements and admissions on one scope that share script calls (each key is read once and
+/// written once per call): slots freed by settlements in a call are taken by later admissions
+/// in it, never more; and leases that expired unswept before their settlement are counted out
+/// too. 40 leases at most (TTL 10 s), 1,000 tokens a day; 10 + 10 tokens reserved per request,
+/// 10 + 5 charged when settled, the full 20 when expired.
+///
+/// On one thread, every operation below is queued before the batch task runs, so a call holds
+/// an admission that reads the full set, then the settlements, then the admissions they make
+/// room for (the first operation of each round goes alone: the lane is idle).
+#[tokio::test(flavor = "current_thread")]
+async fn settlements_free_slots_for_admissions_in_the_same_call() {
+    use futures_util::future::join_all;
+    use tollgate_core::{
+        Decision, Dimension, Ending, Finish, Identity, Policy, Reason, RequestFacts, Store, Usage,
+    };
+    let server = RedisServer::start();
+    let (store, clock) = store_on(&server, "shared").await;
+    let policy = Policy::from_toml(
+        r#"
+        expired_reservation_charge = "full"
+        [[scopes]]
+        key = "user"
+        concurrency = { limit = 40, lease_ttl = "10s" }
+        budget = { tokens = 100000, period = "day" }
+        "#,
+    )
+    .unwrap();
+    let plan = |id: String| {
+        tollgate_core::plan(
+            &policy,
+            &RequestFacts {
+                request_id: id,
+                identity: Identity::default().with(Dimension::User, "u"),
+                input_tokens: 10,
+                max_output_tokens: Some(10),
+            },
+        )
+        .unwrap()
+    };
+    let used = Usage {
+        input_tokens: 10,
+        cached_input_tokens: 0,
+        output_tokens: 5,
+    };
+    let day = Some(tollgate_core::Period::Fixed(86_400_000));
+    let admitted = |ds: &[Result<Decision, _>]| {
+        ds.iter()
+            .filter(|d| matches!(d, Ok(Decision::Admit(_))))
+            .count()
+    };
+    let refused = |ds: &[Result<Decision, tollgate_core::StoreError>]| {
+        ds.iter()
+            .filter(|d| matches!(d, Ok(Decision::Deny(x)) if x.reason == Reason::ConcurrencyLimit))
+            .count()
+    };
+    let old: Vec<_> = (0..40).map(|i| plan(format!("a{i:02}"))).collect();
+    let ds = join_all(old.iter().map(|p| store.admit(p))).await;
+    assert_eq!(admitted(&ds), 40);
+
+    // Two find the set full; then 20 settle while 30 ask: the 20 slots freed go to 20 of
+    // them, the other 10 are refused.
+    let full: Vec<_> = (0..2).map(|i| plan(format!("x{i}"))).collect();
+    let new: Vec<_> = (0..30).map(|i| plan(format!("b{i:02}"))).collect();
+    let calls0 = evalsha_calls(server.port());
+    let (xs, fs, ds) = tokio::join!(
+        join_all(full.iter().map(|p| store.admit(p))),
+        join_all(old[..20].iter().map(|p| store.settle(&p.request_id, used))),
+        join_all(new.iter().map(|p| store.admit(p))),
+    );
+    assert_eq!(refused(&xs), 2);
+    for f in fs {
+        assert_eq!(f.unwrap(), Finish::Done { charged: vec![15] });
+    }
+    assert_eq!((admitted(&ds), refused(&ds)), (20, 10));
+    assert_eq!(
+        evalsha_calls(server.port()) - calls0,
+        2,
+        "one alone, then one call of 51"
+    );
+    let u = store.usage("user|user:u", day).await.unwrap();
+    assert_eq!((u.settled, u.reserved, u.leases), (300, 800, 40));
+
+    // Past every lease's expiry, none swept yet (a call sweeps 16): the 20 old and 20 new that
+    // hold leases settle while 40 more ask. Each request ends once, settled or expired, and
+    // every slot comes back.
+    clock.advance(11_000);
+    let holders: Vec<String> = old[20..]
+        .iter()
+        .map(|p| p.request_id.clone())
+        .chain(
+            ds.iter()
+                .zip(&new)
+                .filter(|(d, _)| matches!(d, Ok(Decision::Admit(_))))
+                .map(|(_, p)| p.request_id.clone()),
+        )
+        .collect();
+    assert_eq!(holders.len(), 40);
+    let late: Vec<_> = (0..40).map(|i| plan(format!("c{i:02}"))).collect();
+    let full: Vec<_> = (2..4).map(|i| plan(format!("x{i}"))).collect();
+    let (xs, fs, ds) = tokio::join!(
+        join_all(full.iter().map(|p| store.admit(p))),
+        join_all(holders.iter().map(|id| store.settle(id, used))),
+        join_all(late.iter().map(|p| store.admit(p))),
+    );
+    // Each call sweeps 16 expired requests first: the first two are admitted, each in a call
+    // of its own making room (the second heads the call of the rest). Of the 40 holders, 32
+    // were swept by then and 8 settle; 38 of the 40 then fit (2 slots went to the first two).
+    assert_eq!(admitted(&xs), 2);
+    let (mut settled, mut expired) = (0, 0);
+    for f in fs {
+        match f.unwrap() {
+            Finish::Done { charged } => {
+                assert_eq!(charged, vec![15]);
+                settled += 1;
+            }
+            Finish::AlreadyEnded(Ending::Expired) => expired += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((settled, expired), (8, 32));
+    assert_eq!((admitted(&ds), refused(&ds)), (38, 2));
+    let u = store.usage("user|user:u", day).await.unwrap();
+    assert_eq!(
+        (u.settled, u.reserved, u.leases),
+        (300 + 15 * settled + 20 * expired, 800, 40)
+    );
+    // And the set is full again: one more is refused.
+    let d = store.admit(&plan("d".into())).await.unwrap();
+    assert!(matches!(d, Decision::Deny(x) if x.reason == Reason::ConcurrencyLimit));
+
+    // Expired again, unswept. One admission goes alone (its call sweeps 16); the next call
+    // sweeps 16 more, and its 32 admissions fill the set: the 32nd finds it full, and the 8
+    // expired leases left are taken out of the set then. Their 8 requests settle in the same
+    // call (their leases were already out: the count must not go down again), then 10 more
+    // ask and 7 fit.
+    clock.advance(11_000);
+    let mut holders: Vec<String> = full
+        .iter()
+        .chain(&late)
+        .zip(xs.iter().chain(&ds))
+        .filter(|(_, d)| matches!(d, Ok(Decision::Admit(_))))
+        .map(|(p, _)| p.request_id.clone())
+        .collect();
+    // Equal expiries: the sweep takes them in the order of their ids.
+    holders.sort();
+    let unswept = &holders[32..];
+    let first = plan("y".into());
+    let fill: Vec<_> = (0..32).map(|i| plan(format!("z{i:02}"))).collect();
+    let more: Vec<_> = (32..42).map(|i| plan(format!("z{i:02}"))).collect();
+    let calls0 = evalsha_calls(server.port());
+    let (y, zs, fs, ms) = tokio::join!(
+        store.admit(&first),
+        join_all(fill.iter().map(|p| store.admit(p))),
+        join_all(unswept.iter().map(|id| store.settle(id, used))),
+        join_all(more.iter().map(|p| store.admit(p))),
+    );
+    assert_eq!(
+        evalsha_calls(server.port()) - calls0,
+        2,
+        "one alone, then one call of 50"
+    );
+    assert!(matches!(y, Ok(Decision::Admit(_))));
+    assert_eq!(admitted(&zs), 32);
+    for f in fs {
+        assert_eq!(f.unwrap(), Finish::Done { charged: vec![15] });
+    }
+    assert_eq!((admitted(&ms), refused(&ms)), (7, 3));
+    let u = store.usage("user|user:u", day).await.unwrap();
+    assert_eq!(u.leases, 40);
 }

@@ -44,9 +44,144 @@ local function int(n)
   return s
 end
 
+-- Write-back state of the scope keys a call touches. A batch call's items often share their
+-- scopes (a global, tenant or key scope is in every request), and every redis.call is costly
+-- inside Redis (arguments made into objects, the command looked up, the reply written as RESP
+-- and parsed back into Lua). So a call reads each rate window, lease count and budget cell once,
+-- applies its items to them in order, and writes each key once at the end (flush). Items still
+-- see exactly what they would have seen one call each: every read of a key in the call goes
+-- through this state, and a step that reads or writes a key directly (a period rollover, an
+-- old period's settlement, a full lease set, an undo) writes the key's pending changes first.
+--
+-- Each entry is one flat table (a table costs an allocation or three inside Redis's Lua, and a
+-- call whose items share no scope pays for its entries without a saving):
+-- RATE[key] = {start, count, previous, window (string, false when none), then the start (-1
+--   when none), count and window as read}
+-- LEASE[key] = {held (false: not read; never below the truth), keep (ms, the longest asked, or
+--   false), members to remove (a table, or false), n, then n values to add: score, member, ...}
+--   (made with room for one lease, so that a key used once needs no second allocation)
+-- BUDGET[key] = {field, settled, reserved (false until read; then read + pending), pending
+--   settled, pending reserved, 'cur' (false until read; '' when absent), the pending reserved
+--   change as the string it came in when it is one item's (else false: formatted at the end)}:
+--   the current period's cell (an item only ever reserves in the period containing now).
+-- XADD, XREM: pending changes of the expiry index.
+local RATE, LEASE, BUDGET, XADD, XREM = {}, {}, {}, {}, {}
+
+local function rate_of(key)
+  local r = RATE[key]
+  if r == nil then
+    local h = redis.call('HMGET', key, 's', 'c', 'p', 'w')
+    -- The start and the previous count change once a window: remembered like policy numbers.
+    local s, c, p = num(h[1] or '0'), tonumber(h[2] or '0'), num(h[3] or '0')
+    r = {s, c, p, h[4] or false, h[1] and s or -1, c, h[4] or false}
+    RATE[key] = r
+  end
+  return r
+end
+
+local function lease_flush(key, l)
+  if l[4] > 0 then
+    redis.call('ZADD', key, unpack(l, 5, 4 + l[4]))
+    l[4] = 0
+  end
+  if l[2] then
+    redis.call('PEXPIRE', key, int(l[2]))
+    l[2] = false
+  end
+  if l[3] then
+    redis.call('ZREM', key, unpack(l[3]))
+    l[3] = false
+  end
+end
+
+local function lease_entry(key)
+  local l = LEASE[key]
+  if l == nil then
+    l = {false, false, false, 0, false, false}
+    LEASE[key] = l
+  end
+  return l
+end
+
+local function lease_of(key)
+  local l = lease_entry(key)
+  if l[1] == false then
+    lease_flush(key, l)
+    l[1] = redis.call('ZCARD', key)
+  end
+  return l
+end
+
+local function budget_flush(key, b)
+  if b[4] ~= 0 then
+    redis.call('HINCRBY', key, b[1] .. ':s', int(b[4]))
+    b[4] = 0
+  end
+  if b[5] ~= 0 then
+    redis.call('HINCRBY', key, b[1] .. ':r', b[7] or int(b[5]))
+    b[5], b[7] = 0, false
+  end
+end
+
+local function budget_entry(key, field)
+  local b = BUDGET[key]
+  if b == nil or b[1] ~= field then
+    if b ~= nil then budget_flush(key, b) end
+    b = {field, false, false, 0, 0, false, false}
+    BUDGET[key] = b
+  end
+  return b
+end
+
+-- The current cell of key, read.
+local function budget_of(key, field)
+  local b = budget_entry(key, field)
+  if b[2] == false or b[6] == false then
+    local h = redis.call('HMGET', key, field .. ':s', field .. ':r', 'cur')
+    b[2] = tonumber(h[1] or '0') + b[4]
+    b[3] = tonumber(h[2] or '0') + b[5]
+    b[6] = h[3] or ''
+  end
+  return b
+end
+
+-- Writes every pending change of the call: rate windows, leases, budget cells, expiry index.
+local function flush()
+  for key, r in pairs(RATE) do
+    if r[4] ~= r[7] or r[1] ~= r[5] then
+      redis.call('HSET', key, 's', int(r[1]), 'c', int(r[2]), 'p', int(r[3]), 'w', r[4])
+    elseif r[2] ~= r[6] then
+      local d = r[2] - r[6]
+      redis.call('HINCRBY', key, 'c', d == 1 and '1' or int(d))
+    end
+    -- Set when a window starts: it then covers this window and the next, as long as it matters.
+    if r[1] ~= r[5] then redis.call('PEXPIRE', key, int(2 * num(r[4]) + 1000)) end
+    r[5], r[6], r[7] = r[1], r[2], r[4]
+  end
+  for key, l in pairs(LEASE) do lease_flush(key, l) end
+  for key, b in pairs(BUDGET) do budget_flush(key, b) end
+  if #XADD > 0 then
+    redis.call('ZADD', PREFIX .. ':x', unpack(XADD))
+    XADD = {}
+  end
+  if #XREM > 0 then
+    redis.call('ZREM', PREFIX .. ':x', unpack(XREM))
+    XREM = {}
+  end
+end
+
+-- Writes everything pending and forgets what was read: before a step that touches keys directly.
+local function flush_and_forget()
+  flush()
+  RATE, LEASE, BUDGET = {}, {}, {}
+end
+
 -- The store's time: the caller's (tests drive a manual clock) or Redis TIME, never earlier than
 -- any time this store has used before. Returns it as a number and as the string that Redis
 -- commands take.
+-- The store's time of this call as a string (set by store_now).
+local NOW_STR = nil
+
 local function store_now(override)
   local now
   if override == nil or override == '0' then
@@ -65,6 +200,7 @@ local function store_now(override)
     now, now_str = tonumber(last), last
     redis.call('SET', key, now_str, 'PX', '2592000000')
   end
+  NOW_STR = now_str
   return now, now_str
 end
 
@@ -219,7 +355,25 @@ end
 -- the usage {input, cached, output} (nil: the ticket's expired usage), out of the expiry index.
 -- Returns the charges.
 local function end_ticket(id, t, usage, now)
-  for _, lkey in ipairs(t.leases) do redis.call('ZREM', lkey, id) end
+  -- A lease whose expiry is ahead is in its set (only the sweep and the clean-up of a full set
+  -- take members out, and only expired ones), so a known count goes down by one; otherwise the
+  -- count is read again when next needed.
+  local exp = t.exp
+  local live
+  if NOW_STR then
+    -- Both '%d' strings: the longer, or at equal length the greater, is later (no strtod).
+    live = #exp > #NOW_STR or (#exp == #NOW_STR and exp > NOW_STR)
+  else
+    live = num(exp) > now
+  end
+  for _, lkey in ipairs(t.leases) do
+    local l = lease_entry(lkey)
+    local rem = l[3]
+    if rem then rem[#rem + 1] = id else l[3] = {id} end
+    if l[1] then
+      if live then l[1] = l[1] - 1 else l[1] = false end
+    end
+  end
   local price = nil
   if usage == nil then usage = {num(t.xu[1]), num(t.xu[2]), num(t.xu[3])} end
   local charged = {}
@@ -232,16 +386,24 @@ local function end_ticket(id, t, usage, now)
       if price == nil then price = {num(t.price[1]), num(t.price[2]), num(t.price[3])} end
       charge = cost(price, usage[1], usage[2], usage[3])
     end
-    local left = redis.call('HINCRBY', bkey, field .. ':r', '-' .. b[4])
-    if left <= 0 and field ~= label .. '@' .. int(period_at(num(len), now)) then
-      -- An old period with nothing outstanding: nothing reads it any more.
-      redis.call('HDEL', bkey, field .. ':r', field .. ':s')
+    if field == label .. '@' .. int(period_at(num(len), now)) then
+      local cell, amount = budget_entry(bkey, field), num(b[4])
+      cell[7] = cell[5] == 0 and '-' .. b[4]
+      cell[4], cell[5] = cell[4] + charge, cell[5] - amount
+      if cell[2] then cell[2], cell[3] = cell[2] + charge, cell[3] - amount end
     else
-      redis.call('HINCRBY', bkey, field .. ':s', int(charge))
+      -- An old period (rare; never the cell remembered, which is the current one): written at
+      -- once, and dropped when nothing is outstanding in it.
+      local left = redis.call('HINCRBY', bkey, field .. ':r', '-' .. b[4])
+      if left <= 0 then
+        redis.call('HDEL', bkey, field .. ':r', field .. ':s')
+      else
+        redis.call('HINCRBY', bkey, field .. ':s', int(charge))
+      end
     end
     charged[#charged + 1] = charge
   end
-  redis.call('ZREM', PREFIX .. ':x', id)
+  XREM[#XREM + 1] = id
   return charged
 end
 
@@ -254,9 +416,11 @@ local function sweep(now, now_str, max, retention)
     if t then
       end_ticket(id, t, nil, now)
     else
-      redis.call('ZREM', PREFIX .. ':x', id)
+      XREM[#XREM + 1] = id
     end
   end
+  -- Every script sweeps first: what follows may read these keys directly.
+  if #ids > 0 then flush() end
 end
 
 -- The kill switch's targets and reasons, read once per call.
@@ -308,25 +472,16 @@ local function admit_one(A, a, now, kills, probe)
     local key, limit, window_arg = A[a], num(A[a + 1]), A[a + 2]
     local window = num(window_arg)
     a = a + 3
-    local h = redis.call('HMGET', key, 's', 'c', 'p', 'w')
-    -- The start and the previous count change once a window: remembered like policy numbers.
-    local w = {num(h[1] or '0'), tonumber(h[2] or '0'), num(h[3] or '0')}
-    local old_start = h[1] and w[1] or -1
-    local old_count = w[2]
-    local same = h[4] == window_arg
-    if not same and h[4] then w = {0, 0, 0} end
+    -- The entry's first three are the window {start, current, previous} that roll() moves.
+    local w = rate_of(key)
+    if w[4] ~= window_arg then
+      -- Another window length (the policy changed): counting starts again.
+      if w[4] then w[1], w[2], w[3] = 0, 0, 0 end
+      w[4] = window_arg
+    end
     roll(w, now, window)
     w[2] = math.min(w[2] + 1, COUNT_CAP)
     local count = scaled(w, now, window)
-    if same and w[1] == old_start then
-      -- The same window: only the count moved (not at all at the cap). HINCRBY takes no
-      -- formatted number and answers an integer.
-      if w[2] > old_count then redis.call('HINCRBY', key, 'c', '1') end
-    else
-      redis.call('HSET', key, 's', int(w[1]), 'c', int(w[2]), 'p', int(w[3]), 'w', window_arg)
-    end
-    -- Set when a window starts: it then covers this window and the next, as long as it matters.
-    if w[1] ~= old_start then redis.call('PEXPIRE', key, int(2 * window + 1000)) end
     local reset = w[1] + window - now
     if count > limit * WEIGHT_SCALE and rate_fail == nil then
       rate_fail = {'deny', 0, i - 1, 0, retry_after(w, now, window, limit), reset}
@@ -347,10 +502,13 @@ local function admit_one(A, a, now, kills, probe)
     -- is the number held unless the sweep is behind; only at the limit are expired members
     -- taken out here and the set counted again. (Counting the unexpired members with ZCOUNT
     -- walks the set: about 20,000 instructions at 50 members, against 3,000 for ZCARD.)
-    local held = redis.call('ZCARD', key)
+    local l = lease_of(key)
+    local held = l[1]
     if held >= limit then
+      lease_flush(key, l)
       redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
       held = redis.call('ZCARD', key)
+      l[1] = held
     end
     if held >= limit then
       local soonest = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
@@ -370,14 +528,16 @@ local function admit_one(A, a, now, kills, probe)
     a = a + 6
     local pid, _, pend = period_at(len, now)
     local field = label .. '@' .. int(pid)
-    local h = redis.call('HMGET', key, field .. ':s', field .. ':r', 'cur')
-    local committed = tonumber(h[1] or '0') + tonumber(h[2] or '0')
+    local cell = budget_of(key, field)
+    local committed = cell[2] + cell[3]
     if committed + amount > limit then
       local retry = -1
       if amount <= limit then retry = pend - now end
       return {'deny', 5, i - 1, math.max(limit - committed, 0), retry, pend - now}
     end
-    budgets[#budgets + 1] = {key, field, unit, amount, len, label, pend, h[3], amount_arg, len_arg}
+    local cur = cell[6]
+    if cur == '' then cur = nil end
+    budgets[#budgets + 1] = {key, field, unit, amount, len, label, pend, cur, amount_arg, len_arg}
     quotas[#quotas + 1] = limit - committed - amount
     quotas[#quotas + 1] = pend - now
   end
@@ -390,24 +550,30 @@ local function admit_one(A, a, now, kills, probe)
   -- Everything passed: take the leases, make the reservations, record the ticket.
   local expires = now + ttl
   local expires_arg = int(expires)
-  if #leases > 0 then
-    local keep = int(ttl + 60000)
-    for _, key in ipairs(leases) do
-      redis.call('ZADD', key, expires_arg, id)
-      redis.call('PEXPIRE', key, keep)
-    end
+  local keep = ttl + 60000
+  for _, key in ipairs(leases) do
+    local l = LEASE[key]
+    local n = l[4]
+    l[5 + n], l[6 + n], l[4] = expires_arg, id, n + 2
+    l[1] = l[1] + 1
+    if not l[2] or keep > l[2] then l[2] = keep end
   end
   local held = {}
   for _, b in ipairs(budgets) do
     local key, field, pend, cur = b[1], b[2], b[7], b[8]
+    local cell = BUDGET[key]
     if cur ~= field then
-      -- A new period: drop the previous one unless reservations still settle into it.
+      -- A new period (rare, written at once): drop the previous one unless reservations still
+      -- settle into it. (The cell remembered is this period's, not the previous one.)
+      budget_flush(key, cell)
       if cur and tonumber(redis.call('HGET', key, cur .. ':r') or '0') <= 0 then
         redis.call('HDEL', key, cur .. ':r', cur .. ':s')
       end
       redis.call('HSET', key, 'cur', field)
+      cell[6] = field
     end
-    redis.call('HINCRBY', key, field .. ':r', b[9])
+    cell[7] = cell[5] == 0 and b[9]
+    cell[3], cell[5] = cell[3] + b[4], cell[5] + b[4]
     -- Kept through the period, and while any reservation in it may still settle: set when the
     -- period starts, and again only for a reservation that outlives the period.
     if cur ~= field or ttl > pend - now then
@@ -417,7 +583,8 @@ local function admit_one(A, a, now, kills, probe)
   end
   write_ticket(tkey, {exp = expires_arg, ttl = ttl_arg, price = price, xu = xu, leases = leases,
     budgets = held}, int(ttl + retention))
-  redis.call('ZADD', PREFIX .. ':x', expires_arg, id)
+  XADD[#XADD + 1] = expires_arg
+  XADD[#XADD + 1] = id
   local out = {'admit', expires}
   for _, q in ipairs(quotas) do out[#out + 1] = q end
   return out
@@ -427,6 +594,8 @@ end
 -- and reservations back, no charge, no finished marker (the request never was admitted).
 -- A[a]: request id. Returns {'undone'} | {'unknown'}.
 local function undo_one(A, a)
+  -- Rare (a sharded store's roll-back): done directly, with nothing pending or remembered.
+  flush_and_forget()
   local id = A[a]
   local tkey = PREFIX .. ':ts:' .. id
   local t = peek_ticket(tkey)

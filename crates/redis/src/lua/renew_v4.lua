@@ -15,6 +15,7 @@ if not t then return {'gone'} end
 if tonumber(t.exp) <= now then
   t = take_ticket(tkey, 'expired', ARGV[4])
   if t then end_ticket(id, t, nil, now) end
+  flush()
   return {'gone'}
 end
 local ttl = tonumber(t.ttl)
