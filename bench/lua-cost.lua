@@ -27,7 +27,7 @@ local count = {[0] = '0', '1'}
 for i = 1, N do
   if (i - 1) % B == 0 then
     -- A new call: the last one's pending writes are made, and what it read is forgotten.
-    flush_and_forget()
+    flush(true)
     MEMO, PERIODS, ITEMS = nil, nil, 0
   end
   local u = i % U
@@ -46,5 +46,5 @@ for i = 1, N do
     if r[1] ~= 'done' then return r end
   end
 end
-flush_and_forget()
+flush(true)
 return 'ok'

@@ -26,7 +26,7 @@ trap 'rm -rf "$tmp"' EXIT
   # Scripts from before the per-call memos: the same tables, unused.
   grep -q '^local MEMO, PERIODS, ITEMS' "$COMMON" || echo 'local MEMO, PERIODS, ITEMS'
   # Scripts from before the per-call write-back state: nothing to write at a call's end.
-  grep -q '^local function flush_and_forget' "$COMMON" || echo 'local function flush_and_forget() end'
+  grep -q '^local function flush(' "$COMMON" || echo 'local function flush() end'
   grep -q '^local NOW_STR' "$COMMON" || echo 'local NOW_STR'
   cat bench/lua-cost.lua
 } > "$tmp/script.lua"

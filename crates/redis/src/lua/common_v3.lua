@@ -67,17 +67,8 @@ end
 -- XADD, XREM: pending changes of the expiry index.
 local RATE, LEASE, BUDGET, XADD, XREM = {}, {}, {}, {}, {}
 
-local function rate_of(key)
-  local r = RATE[key]
-  if r == nil then
-    local h = redis.call('HMGET', key, 's', 'c', 'p', 'w')
-    -- The start and the previous count change once a window: remembered like policy numbers.
-    local s, c, p = num(h[1] or '0'), tonumber(h[2] or '0'), num(h[3] or '0')
-    r = {s, c, p, h[4] or false, h[1] and s or -1, c, h[4] or false}
-    RATE[key] = r
-  end
-  return r
-end
+-- (Few functions: Redis runs a script from the top on every call, so each function is made
+-- again each time, at a cost that grows with what it captures.)
 
 local function lease_flush(key, l)
   if l[4] > 0 then
@@ -94,18 +85,14 @@ local function lease_flush(key, l)
   end
 end
 
-local function lease_entry(key)
+-- The entry of a lease set; with `read`, its count known.
+local function lease(key, read)
   local l = LEASE[key]
   if l == nil then
     l = {false, false, false, 0, false, false}
     LEASE[key] = l
   end
-  return l
-end
-
-local function lease_of(key)
-  local l = lease_entry(key)
-  if l[1] == false then
+  if read and l[1] == false then
     lease_flush(key, l)
     l[1] = redis.call('ZCARD', key)
   end
@@ -123,20 +110,15 @@ local function budget_flush(key, b)
   end
 end
 
-local function budget_entry(key, field)
+-- The entry of a budget key's current cell; with `read`, its amounts and 'cur' known.
+local function budget(key, field, read)
   local b = BUDGET[key]
   if b == nil or b[1] ~= field then
     if b ~= nil then budget_flush(key, b) end
     b = {field, false, false, 0, 0, false, false}
     BUDGET[key] = b
   end
-  return b
-end
-
--- The current cell of key, read.
-local function budget_of(key, field)
-  local b = budget_entry(key, field)
-  if b[2] == false or b[6] == false then
+  if read and (b[2] == false or b[6] == false) then
     local h = redis.call('HMGET', key, field .. ':s', field .. ':r', 'cur')
     b[2] = tonumber(h[1] or '0') + b[4]
     b[3] = tonumber(h[2] or '0') + b[5]
@@ -146,7 +128,8 @@ local function budget_of(key, field)
 end
 
 -- Writes every pending change of the call: rate windows, leases, budget cells, expiry index.
-local function flush()
+-- With `forget`, also forgets what was read (before a step that touches keys directly).
+local function flush(forget)
   for key, r in pairs(RATE) do
     if r[4] ~= r[7] or r[1] ~= r[5] then
       redis.call('HSET', key, 's', int(r[1]), 'c', int(r[2]), 'p', int(r[3]), 'w', r[4])
@@ -168,20 +151,15 @@ local function flush()
     redis.call('ZREM', PREFIX .. ':x', unpack(XREM))
     XREM = {}
   end
+  if forget then RATE, LEASE, BUDGET = {}, {}, {} end
 end
 
--- Writes everything pending and forgets what was read: before a step that touches keys directly.
-local function flush_and_forget()
-  flush()
-  RATE, LEASE, BUDGET = {}, {}, {}
-end
+-- The store's time of this call as a string (set by store_now).
+local NOW_STR = nil
 
 -- The store's time: the caller's (tests drive a manual clock) or Redis TIME, never earlier than
 -- any time this store has used before. Returns it as a number and as the string that Redis
 -- commands take.
--- The store's time of this call as a string (set by store_now).
-local NOW_STR = nil
-
 local function store_now(override)
   local now
   if override == nil or override == '0' then
@@ -367,7 +345,7 @@ local function end_ticket(id, t, usage, now)
     live = num(exp) > now
   end
   for _, lkey in ipairs(t.leases) do
-    local l = lease_entry(lkey)
+    local l = lease(lkey)
     local rem = l[3]
     if rem then rem[#rem + 1] = id else l[3] = {id} end
     if l[1] then
@@ -387,7 +365,7 @@ local function end_ticket(id, t, usage, now)
       charge = cost(price, usage[1], usage[2], usage[3])
     end
     if field == label .. '@' .. int(period_at(num(len), now)) then
-      local cell, amount = budget_entry(bkey, field), num(b[4])
+      local cell, amount = budget(bkey, field), num(b[4])
       cell[7] = cell[5] == 0 and '-' .. b[4]
       cell[4], cell[5] = cell[4] + charge, cell[5] - amount
       if cell[2] then cell[2], cell[3] = cell[2] + charge, cell[3] - amount end
@@ -473,7 +451,14 @@ local function admit_one(A, a, now, kills, probe)
     local window = num(window_arg)
     a = a + 3
     -- The entry's first three are the window {start, current, previous} that roll() moves.
-    local w = rate_of(key)
+    local w = RATE[key]
+    if w == nil then
+      local h = redis.call('HMGET', key, 's', 'c', 'p', 'w')
+      -- The start and the previous count change once a window: remembered like policy numbers.
+      local s, c = num(h[1] or '0'), tonumber(h[2] or '0')
+      w = {s, c, num(h[3] or '0'), h[4] or false, h[1] and s or -1, c, h[4] or false}
+      RATE[key] = w
+    end
     if w[4] ~= window_arg then
       -- Another window length (the policy changed): counting starts again.
       if w[4] then w[1], w[2], w[3] = 0, 0, 0 end
@@ -502,7 +487,7 @@ local function admit_one(A, a, now, kills, probe)
     -- is the number held unless the sweep is behind; only at the limit are expired members
     -- taken out here and the set counted again. (Counting the unexpired members with ZCOUNT
     -- walks the set: about 20,000 instructions at 50 members, against 3,000 for ZCARD.)
-    local l = lease_of(key)
+    local l = lease(key, true)
     local held = l[1]
     if held >= limit then
       lease_flush(key, l)
@@ -528,7 +513,7 @@ local function admit_one(A, a, now, kills, probe)
     a = a + 6
     local pid, _, pend = period_at(len, now)
     local field = label .. '@' .. int(pid)
-    local cell = budget_of(key, field)
+    local cell = budget(key, field, true)
     local committed = cell[2] + cell[3]
     if committed + amount > limit then
       local retry = -1
@@ -595,7 +580,7 @@ end
 -- A[a]: request id. Returns {'undone'} | {'unknown'}.
 local function undo_one(A, a)
   -- Rare (a sharded store's roll-back): done directly, with nothing pending or remembered.
-  flush_and_forget()
+  flush(true)
   local id = A[a]
   local tkey = PREFIX .. ':ts:' .. id
   local t = peek_ticket(tkey)
