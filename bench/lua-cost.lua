@@ -7,13 +7,15 @@
 --       throughput bench's admit rows), 'p' admit + settle with 64 requests in flight, and the
 --       items per call B: what a call remembers of its conversions (common's MEMO,
 --       PERIODS, ITEMS) is forgotten every B items, as if each B items were one batch call.
--- ARGV[9]: users (default 16), each its own scope; every admission is admitted (limits far away) or the script stops with the reply.
+-- ARGV[9]: users (default 16), each its own scope; ARGV[10]: requests in flight in mode 'p'
+-- (default 64). Every admission is admitted (limits far away) or the script stops with the reply.
 local N = tonumber(ARGV[2])
 local tag = ARGV[3]
 local nr, nl, nb = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local mode = ARGV[7]
 local B = tonumber(ARGV[8] or '1')
 local U = tonumber(ARGV[9] or '16')
+local F = tonumber(ARGV[10] or '64')
 local now = 1800000000000
 NOW_STR = string.format('%d', now)
 local ids, rk, lk, bk = {}, {}, {}, {}
@@ -41,8 +43,8 @@ for i = 1, N do
   end
   local r = admit_one(A, 1, now, {}, false)
   if r[1] ~= 'admit' then return r end
-  if mode == 'p' and i > 64 then
-    r = finish_one({ids[i - 64], '3600000', 'settled', '1', '100', '0', '50'}, 1, now)
+  if mode == 'p' and i > F then
+    r = finish_one({ids[i - F], '3600000', 'settled', '1', '100', '0', '50'}, 1, now)
     if r[1] ~= 'done' then return r end
   end
 end

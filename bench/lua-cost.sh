@@ -4,12 +4,13 @@
 # shared machine, the counts compare two script versions exactly. Each figure is the difference
 # between a run of 1,500 and one of 500 iterations, divided by 1,000 (the script's setup cancels).
 #
-#   bench/lua-cost.sh [SCRIPT=crates/redis/src/lua/common_v3.lua] [B=1] [U=16]
+#   bench/lua-cost.sh [SCRIPT=crates/redis/src/lua/common_v3.lua] [B=1] [U=16] [F=64]
 #
 # B: items per script call. A call remembers the conversions of its items (a batch repeats the
 # same limits and TTLs, and often the same scopes); B=1 is one admission per call, as with a single
 # caller. U: users the requests are spread over, each its own scope (U=1: every request in one
-# scope, like one API key's traffic).
+# scope, like one API key's traffic). F: requests in flight in the admit + settle column (each
+# admission settles the one admitted F before it).
 #
 # Needs valgrind and redis-server (apt-get install valgrind redis-server; valgrind is installed
 # here when missing and run as root). Servers listen on free loopback ports and are shut down.
@@ -18,6 +19,7 @@ cd "$(dirname "$0")/.."
 COMMON="${1:-crates/redis/src/lua/common_v3.lua}"
 B="${2:-1}"
 U="${3:-16}"
+F="${4:-64}"
 . bench/need-valgrind.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -37,7 +39,7 @@ run() { # n rates leases budgets mode -> instructions inside EVAL
     redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$tmp/vg.log" 2>&1 &
   local pid=$!
   for _ in $(seq 600); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-  local reply; reply=$(redis-cli -p "$port" --eval "$tmp/script.lua" , P "$1" q "$2" "$3" "$4" "$5" "$B" "$U")
+  local reply; reply=$(redis-cli -p "$port" --eval "$tmp/script.lua" , P "$1" q "$2" "$3" "$4" "$5" "$B" "$U" "$F")
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$pid" || true
   [ "$reply" = ok ] || { echo "script answered: $reply" >&2; exit 1; }
@@ -47,9 +49,9 @@ per() { # rates leases budgets mode -> instructions per iteration
   local a b; a=$(run 500 "$@"); b=$(run 1500 "$@")
   echo $(( (b - a) / 1000 ))
 }
-echo "$COMMON, $(redis-server --version | awk '{print $3}'), $B items per call, $U users; instructions per iteration"
+echo "$COMMON, $(redis-server --version | awk '{print $3}'), $B items per call, $U users, $F in flight; instructions per iteration"
 echo
-echo "| controls | admissions only | admit + settle, 64 in flight |"
+echo "| controls | admissions only | admit + settle, $F in flight |"
 echo "|---|---|---|"
 for c in "0 0 0 none (duplicate check, ticket, expiry index)" "1 0 0 rate" "0 1 0 concurrency" "0 0 1 budget" "1 1 1 all three"; do
   set -- $c

@@ -45,9 +45,7 @@ tollgate_testkit::conformance_tests!(Redis::new());
 /// single one (usage).
 #[tokio::test]
 async fn scripts_are_loaded_again_after_noscript() {
-    use tollgate_core::{
-        Decision, Dimension, Finish, Identity, Policy, RequestFacts, Store, Usage,
-    };
+    use tollgate_core::{Decision, Finish, Policy, Store, Usage};
     let server = RedisServer::start();
     let mut cfg = RedisConfig::new(server.url());
     cfg.prefix = "noscript".into();
@@ -70,16 +68,7 @@ async fn scripts_are_loaded_again_after_noscript() {
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
     };
     let admit = |id: &str| {
-        let p = tollgate_core::plan(
-            &policy,
-            &RequestFacts {
-                request_id: id.into(),
-                identity: Identity::default().with(Dimension::User, "u"),
-                input_tokens: 10,
-                max_output_tokens: Some(10),
-            },
-        )
-        .unwrap();
+        let p = plan_of(&policy, id.into());
         let store = &store;
         async move { store.admit(&p).await.unwrap() }
     };
@@ -121,6 +110,18 @@ async fn store_on(server: &RedisServer, prefix: &str) -> (RedisStore, ManualCloc
     (store, clock)
 }
 
+/// The plan of request `id` by user "u", 10 input tokens and at most 10 output tokens.
+fn plan_of(policy: &tollgate_core::Policy, id: String) -> tollgate_core::Plan {
+    use tollgate_core::{Dimension, Identity, RequestFacts};
+    let facts = RequestFacts {
+        request_id: id,
+        identity: Identity::default().with(Dimension::User, "u"),
+        input_tokens: 10,
+        max_output_tokens: Some(10),
+    };
+    tollgate_core::plan(policy, &facts).unwrap()
+}
+
 fn evalsha_calls(port: u16) -> u64 {
     let out = std::process::Command::new("redis-cli")
         .args(["-p", &port.to_string(), "INFO", "commandstats"])
@@ -141,9 +142,7 @@ fn evalsha_calls(port: u16) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_items_decide_as_single_ones() {
     use futures_util::future::join_all;
-    use tollgate_core::{
-        Decision, Dimension, Finish, Identity, Policy, Reason, RequestFacts, Store, Usage,
-    };
+    use tollgate_core::{Decision, Finish, Policy, Reason, Store, Usage};
     let server = RedisServer::start();
     let (store, clock) = store_on(&server, "batched").await;
     let policy = Policy::from_toml(
@@ -158,18 +157,7 @@ async fn batched_items_decide_as_single_ones() {
     .unwrap();
     let plans = |round: &str| -> Vec<_> {
         (0..40)
-            .map(|i| {
-                tollgate_core::plan(
-                    &policy,
-                    &RequestFacts {
-                        request_id: format!("{round}-{i}"),
-                        identity: Identity::default().with(Dimension::User, "u"),
-                        input_tokens: 10,
-                        max_output_tokens: Some(10),
-                    },
-                )
-                .unwrap()
-            })
+            .map(|i| plan_of(&policy, format!("{round}-{i}")))
             .collect()
     };
     let tally = |ds: &[Decision]| {
@@ -243,9 +231,7 @@ async fn batched_items_decide_as_single_ones() {
 #[tokio::test(flavor = "current_thread")]
 async fn settlements_free_slots_for_admissions_in_the_same_call() {
     use futures_util::future::join_all;
-    use tollgate_core::{
-        Decision, Dimension, Ending, Finish, Identity, Policy, Reason, RequestFacts, Store, Usage,
-    };
+    use tollgate_core::{Decision, Ending, Finish, Policy, Reason, Store, Usage};
     let server = RedisServer::start();
     let (store, clock) = store_on(&server, "shared").await;
     let policy = Policy::from_toml(
@@ -258,18 +244,7 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
         "#,
     )
     .unwrap();
-    let plan = |id: String| {
-        tollgate_core::plan(
-            &policy,
-            &RequestFacts {
-                request_id: id,
-                identity: Identity::default().with(Dimension::User, "u"),
-                input_tokens: 10,
-                max_output_tokens: Some(10),
-            },
-        )
-        .unwrap()
-    };
+    let plan = |id: String| plan_of(&policy, id);
     let used = Usage {
         input_tokens: 10,
         cached_input_tokens: 0,
@@ -400,4 +375,60 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
     assert_eq!((admitted(&ms), refused(&ms)), (7, 3));
     let u = store.usage("user|user:u", day).await.unwrap();
     assert_eq!(u.leases, 40);
+}
+
+/// A lease set that has held 16 leases, and the expiry index, carry a member that keeps Redis
+/// storing them as skiplists (a listpack's every change walks all its members); counts leave
+/// that member out, so every admission still reports exactly what is left, up to the limit.
+#[tokio::test]
+async fn big_lease_sets_are_skiplists_and_count_exactly() {
+    use tollgate_core::{Decision, Policy, Reason, Store, Usage};
+    let server = RedisServer::start();
+    let (store, _clock) = store_on(&server, "sk").await;
+    let policy = Policy::from_toml(
+        r#"
+        [[scopes]]
+        key = "user"
+        concurrency = { limit = 30, lease_ttl = "60s" }
+        "#,
+    )
+    .unwrap();
+    let plan = |id: String| plan_of(&policy, id);
+    let left = |d: Decision| match d {
+        Decision::Admit(a) => {
+            let q = a
+                .quotas
+                .iter()
+                .find(|q| q.reason == Reason::ConcurrencyLimit);
+            q.unwrap().remaining
+        }
+        other => panic!("refused: {other:?}"),
+    };
+    let encoding = |key: &str| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &server.port().to_string(), "OBJECT", "ENCODING", key])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    for i in 0..30 {
+        let d = store.admit(&plan(format!("a{i:02}"))).await.unwrap();
+        assert_eq!(left(d), 29 - i, "admission {i}");
+    }
+    assert_eq!(encoding("sk:l:user|user:u"), "skiplist");
+    assert_eq!(encoding("sk:x"), "skiplist");
+    let d = store.admit(&plan("full".into())).await.unwrap();
+    assert!(matches!(d, Decision::Deny(x) if x.reason == Reason::ConcurrencyLimit));
+    let used = Usage {
+        input_tokens: 10,
+        cached_input_tokens: 0,
+        output_tokens: 5,
+    };
+    for i in 0..10 {
+        store.settle(&format!("a{i:02}"), used).await.unwrap();
+    }
+    let d = store.admit(&plan("b".into())).await.unwrap();
+    assert_eq!(left(d), 30 - 21);
+    let u = store.usage("user|user:u", None).await.unwrap();
+    assert_eq!(u.leases, 21);
 }

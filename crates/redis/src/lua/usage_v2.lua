@@ -8,7 +8,7 @@
 local now, now_str = store_now(ARGV[2])
 sweep(now, now_str, '16', ARGV[5])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local leases = redis.call('ZCARD', KEYS[1])
+local leases = redis.call('ZCOUNT', KEYS[1], '-inf', '(+inf')
 local len = tonumber(ARGV[3])
 if len < 0 then return {0, 0, leases} end
 local pid = period_at(len, now)
