@@ -68,23 +68,21 @@ end
 local RATE, LEASE, BUDGET, XADD, XREM = {}, {}, {}, {}, {}
 
 -- A sorted set of up to 128 members is a listpack, where ZADD and ZREM walk every member: a
--- ZADD and a ZREM at 64 members cost about 45,700 instructions, 20,400 on a skiplist. The
--- expiry index holds every request in
--- flight, and a lease set every lease of its scope, so they are big exactly when the load is.
--- This member, scored +inf and longer than zset-max-listpack-value (64 bytes by default), makes
--- Redis keep a set as a skiplist for good (O(log n)). It goes into the index with every change,
--- and into a lease set once 16 leases are held in it. Counts exclude it (ZCOUNT -inf (+inf,
--- O(log n) on a skiplist); a request id equal to it would only cost speed.
-local SKIPLIST = '~ tollgate: a sorted set holding this member stays a skiplist (docs/redis.md) ~'
-local SKIPLIST_AT = 16
-
--- (Few functions: Redis runs a script from the top on every call, so each function is made
--- again each time, at a cost that grows with what it captures.)
+-- ZADD and a ZREM at 64 members cost about 45,700 instructions, 20,400 on a skiplist. The expiry
+-- index holds every request in flight, and a lease set every lease of its scope, so they are
+-- big exactly when the load is. The skiplist member, scored +inf and longer than
+-- zset-max-listpack-value (64 bytes by default), makes Redis keep a set as a skiplist for good
+-- (O(log n)). It goes into the index with every change, and into a lease set once 16 leases are
+-- held in it. Counts leave it out (ZCOUNT -inf (+inf, O(log n) on a skiplist); a request id
+-- equal to it would only cost speed. It is written out where it is used: a literal costs
+-- nothing per call, while a shared local is captured by every function that uses it.
 
 local function lease_flush(key, l)
   if l[4] > 0 then
-    if l[1] and l[1] >= SKIPLIST_AT then
-      redis.call('ZADD', key, '+inf', SKIPLIST, unpack(l, 5, 4 + l[4]))
+    if l[1] and l[1] >= 16 then
+      redis.call('ZADD', key, '+inf',
+        '~ tollgate: a sorted set holding this member stays a skiplist (docs/redis.md) ~',
+        unpack(l, 5, 4 + l[4]))
     else
       redis.call('ZADD', key, unpack(l, 5, 4 + l[4]))
     end
@@ -159,7 +157,9 @@ local function flush(forget)
   for key, l in pairs(LEASE) do lease_flush(key, l) end
   for key, b in pairs(BUDGET) do budget_flush(key, b) end
   if #XADD > 0 then
-    redis.call('ZADD', PREFIX .. ':x', '+inf', SKIPLIST, unpack(XADD))
+    redis.call('ZADD', PREFIX .. ':x', '+inf',
+      '~ tollgate: a sorted set holding this member stays a skiplist (docs/redis.md) ~',
+      unpack(XADD))
     XADD = {}
   end
   if #XREM > 0 then
@@ -499,9 +499,9 @@ local function admit_one(A, a, now, kills, probe)
     local key, limit = A[a], num(A[a + 1])
     a = a + 2
     -- A lease leaves its set when its request ends or expires (the sweep), so the set's size
-    -- (without SKIPLIST) is the number held unless the sweep is behind; only at the limit are
-    -- expired members taken out here and the set counted again. (Counting the unexpired
-    -- members, ZCOUNT from now, walks them: about 20,000 instructions at 50.)
+    -- (without the skiplist member) is the number held unless the sweep is behind; only at the
+    -- limit are expired members taken out here and the set counted again. (Counting the
+    -- unexpired members, ZCOUNT from now, walks them: about 20,000 instructions at 50.)
     local l = lease(key, true)
     local held = l[1]
     if held >= limit then
