@@ -276,55 +276,35 @@ local function retry_after(w, now, window, limit)
   return hi - now
 end
 
--- Cost in micro-units, rounded up: exact while tokens per request stay under 10^9.
+-- Cost in micro-units, rounded up: exact while tokens per request stay under 10^9. (No tables:
+-- inside Redis a table costs its allocation, its growth and its collection.)
 local function cost(price, input, cached, output)
   if cached > input then cached = input end
-  local fresh = input - cached
-  local whole, frac = 0, 0
-  for _, p in ipairs({{fresh, price[1]}, {cached, price[2]}, {output, price[3]}}) do
-    local a = floor_div(p[2], 1000000)
-    whole = whole + p[1] * a
-    frac = frac + p[1] * (p[2] - a * 1000000)
+  local whole, frac, n = 0, 0, input - cached
+  for k = 1, 3 do
+    if k == 2 then n = cached elseif k == 3 then n = output end
+    local p = price[k]
+    local a = floor_div(p, 1000000)
+    whole = whole + n * a
+    frac = frac + n * (p - a * 1000000)
   end
   return whole + math.ceil(frac / 1000000)
 end
 
--- A ticket is a msgpack array of strings: exp, ttl, price (3), expired usage (3), the number of
--- leases, the lease keys, then per reservation: key, field, unit, amount, period length, label.
--- Written from strings only (see int). cmsgpack is C: packing and unpacking cost less than
--- RPUSH and LRANGE of the same fields did.
-local function write_ticket(tkey, t, keep_ms)
-  local v = {t.exp, t.ttl, t.price[1], t.price[2], t.price[3], t.xu[1], t.xu[2], t.xu[3],
-    int(#t.leases)}
-  for _, k in ipairs(t.leases) do v[#v + 1] = k end
-  for _, b in ipairs(t.budgets) do
-    for j = 1, 6 do v[#v + 1] = b[j] end
-  end
-  redis.call('SET', tkey, cmsgpack.pack(v), 'PX', keep_ms)
-end
+-- A ticket is a msgpack array of strings: [1] exp, [2] ttl, [3..5] price, [6..8] expired usage,
+-- [9] the number of leases n, [10..9+n] the lease keys, then per reservation: key, field, unit,
+-- amount, period length, label. Written from strings only (see int). cmsgpack is C: packing and
+-- unpacking cost less than RPUSH and LRANGE of the same fields did. The scripts read it as the
+-- array cmsgpack.unpack makes, by position: a table per part cost more than the reading.
 
 -- How a request ended, as its ticket key holds it afterwards.
 local ENDINGS = {settled = true, released = true, expired = true}
-
--- The ticket packed in `packed`. Its fields stay strings until used (tonumber is strtod, about
--- 0.2 µs each): a settlement of a token budget needs none of them as numbers.
-local function ticket_of(packed)
-  local v = cmsgpack.unpack(packed)
-  local t = {exp = v[1], ttl = v[2], price = {v[3], v[4], v[5]}, xu = {v[6], v[7], v[8]},
-    leases = {}, budgets = {}, raw = v}
-  local n = num(v[9])
-  for i = 1, n do t.leases[i] = v[9 + i] end
-  for i = 10 + n, #v, 6 do
-    t.budgets[#t.budgets + 1] = {v[i], v[i + 1], v[i + 2], v[i + 3], v[i + 4], v[i + 5]}
-  end
-  return t
-end
 
 -- The ticket of an unfinished request at tkey, or nil.
 local function peek_ticket(tkey)
   local packed = redis.call('GET', tkey)
   if not packed or ENDINGS[packed] then return nil end
-  return ticket_of(packed)
+  return cmsgpack.unpack(packed)
 end
 
 -- Marks the request at tkey as ended (`ending`, kept for `retention` ms: the ARGV string) and
@@ -341,17 +321,17 @@ local function take_ticket(tkey, ending, retention)
     redis.call('SET', tkey, old, 'KEEPTTL')
     return nil, old
   end
-  return ticket_of(old), nil
+  return cmsgpack.unpack(old), nil
 end
 
--- Ends a ticket that take_ticket took: leases back, each reservation replaced by the charge for
--- the usage {input, cached, output} (nil: the ticket's expired usage), out of the expiry index.
--- Returns the charges.
-local function end_ticket(id, t, usage, now)
+-- Ends a ticket `v` that take_ticket took: leases back, each reservation replaced by the charge
+-- for the usage (input, cached input, output; without it, the ticket's expired usage), out of
+-- the expiry index. Appends the charges to `out` when given.
+local function end_ticket(id, v, now, out, input, cached, output)
   -- A lease whose expiry is ahead is in its set (only the sweep and the clean-up of a full set
   -- take members out, and only expired ones), so a known count goes down by one; otherwise the
   -- count is read again when next needed.
-  local exp = t.exp
+  local exp = v[1]
   local live
   if NOW_STR then
     -- Both '%d' strings: the longer, or at equal length the greater, is later (no strtod).
@@ -359,45 +339,44 @@ local function end_ticket(id, t, usage, now)
   else
     live = num(exp) > now
   end
-  for _, lkey in ipairs(t.leases) do
-    local l = lease(lkey)
+  local n = num(v[9])
+  for i = 10, 9 + n do
+    local l = lease(v[i])
     local rem = l[3]
     if rem then rem[#rem + 1] = id else l[3] = {id} end
     if l[1] then
       if live then l[1] = l[1] - 1 else l[1] = false end
     end
   end
+  if input == nil then input, cached, output = num(v[6]), num(v[7]), num(v[8]) end
   local price = nil
-  if usage == nil then usage = {num(t.xu[1]), num(t.xu[2]), num(t.xu[3])} end
-  local charged = {}
-  for _, b in ipairs(t.budgets) do
-    local bkey, field, unit, len, label = b[1], b[2], b[3], b[5], b[6]
+  for i = 10 + n, #v, 6 do
+    local bkey, field, amount = v[i], v[i + 1], v[i + 3]
     local charge
-    if unit == 't' then
-      charge = usage[1] + usage[3]
+    if v[i + 2] == 't' then
+      charge = input + output
     else
-      if price == nil then price = {num(t.price[1]), num(t.price[2]), num(t.price[3])} end
-      charge = cost(price, usage[1], usage[2], usage[3])
+      if price == nil then price = {num(v[3]), num(v[4]), num(v[5])} end
+      charge = cost(price, input, cached, output)
     end
-    if field == label .. '@' .. int(period_at(num(len), now)) then
-      local cell, amount = budget(bkey, field), num(b[4])
-      cell[7] = cell[5] == 0 and '-' .. b[4]
-      cell[4], cell[5] = cell[4] + charge, cell[5] - amount
-      if cell[2] then cell[2], cell[3] = cell[2] + charge, cell[3] - amount end
+    if field == v[i + 5] .. '@' .. int(period_at(num(v[i + 4]), now)) then
+      local cell, reserved = budget(bkey, field), num(amount)
+      cell[7] = cell[5] == 0 and '-' .. amount
+      cell[4], cell[5] = cell[4] + charge, cell[5] - reserved
+      if cell[2] then cell[2], cell[3] = cell[2] + charge, cell[3] - reserved end
     else
       -- An old period (rare; never the cell remembered, which is the current one): written at
       -- once, and dropped when nothing is outstanding in it.
-      local left = redis.call('HINCRBY', bkey, field .. ':r', '-' .. b[4])
+      local left = redis.call('HINCRBY', bkey, field .. ':r', '-' .. amount)
       if left <= 0 then
         redis.call('HDEL', bkey, field .. ':r', field .. ':s')
       else
         redis.call('HINCRBY', bkey, field .. ':s', int(charge))
       end
     end
-    charged[#charged + 1] = charge
+    if out then out[#out + 1] = charge end
   end
   XREM[#XREM + 1] = id
-  return charged
 end
 
 -- Expires up to `max` tickets whose time has come. `now_str`, `max` and `retention` are the
@@ -405,9 +384,9 @@ end
 local function sweep(now, now_str, max, retention)
   local ids = redis.call('ZRANGEBYSCORE', PREFIX .. ':x', '-inf', now_str, 'LIMIT', '0', max)
   for _, id in ipairs(ids) do
-    local t = take_ticket(PREFIX .. ':ts:' .. id, 'expired', retention)
-    if t then
-      end_ticket(id, t, nil, now)
+    local v = take_ticket(PREFIX .. ':ts:' .. id, 'expired', retention)
+    if v then
+      end_ticket(id, v, now)
     else
       XREM[#XREM + 1] = id
     end
@@ -440,10 +419,9 @@ local function admit_one(A, a, now, kills, probe)
   local id, ttl, retention = A[a], num(A[a + 1]), num(A[a + 2])
   local token_deny = A[a + 3] == '1'
   local n_rate, n_lease, n_budget = num(A[a + 4]), num(A[a + 5]), num(A[a + 6])
-  -- Price and expired usage only go into the ticket: kept as the strings they came in.
-  local price = {A[a + 7], A[a + 8], A[a + 9]}
-  local xu = {A[a + 10], A[a + 11], A[a + 12]}
-  local ttl_arg = A[a + 1]
+  -- Price and expired usage (A[a0 + 7 ...]) only go into the ticket: kept as the strings they
+  -- came in, and read where they are (no table of their own).
+  local a0 = a
   local n_kill = num(A[a + 13])
   a = a + 14
   -- The kill switch comes before anything is counted.
@@ -458,7 +436,9 @@ local function admit_one(A, a, now, kills, probe)
     return {'dup'}
   end
 
-  local quotas = {}
+  -- The reply: its quotas are appended as the controls pass, and its second value, the expiry,
+  -- is set at the end.
+  local out, no = {'admit', 0}, 2
   -- 1. Rate: every attempt counts in every rate scope.
   local rate_fail = nil
   for i = 1, n_rate do
@@ -487,14 +467,14 @@ local function admit_one(A, a, now, kills, probe)
       rate_fail = {'deny', 0, i - 1, 0, retry_after(w, now, window, limit), reset}
     end
     local used = math.ceil(count / WEIGHT_SCALE)
-    quotas[#quotas + 1] = math.max(limit - used, 0)
-    quotas[#quotas + 1] = reset
+    out[no + 1], out[no + 2] = math.max(limit - used, 0), reset
+    no = no + 2
   end
   if rate_fail ~= nil then return rate_fail end
   -- 2-4. Token controls, decided by the caller.
   if token_deny then return {'token'} end
-  -- 5. Concurrency.
-  local leases = {}
+  -- 5. Concurrency. The lease keys are read again from A when the leases are taken.
+  local a_lease = a
   for i = 1, n_lease do
     local key, limit = A[a], num(A[a + 1])
     a = a + 2
@@ -516,15 +496,16 @@ local function admit_one(A, a, now, kills, probe)
       if soonest[2] ~= nil then wait = math.max(1, math.min(1000, tonumber(soonest[2]) - now)) end
       return {'deny', 4, i - 1, 0, wait, -1}
     end
-    leases[#leases + 1] = key
-    quotas[#quotas + 1] = limit - held - 1
+    no = no + 1
+    out[no] = limit - held - 1
   end
-  -- 6. Budget: check all, then reserve all.
-  local budgets = {}
+  -- 6. Budget: check all, then reserve all. What a reservation needs beyond A goes into one flat
+  -- table, four values per scope: the period's field, its end, the current field (false when
+  -- none) and the amount.
+  local a_budget, bud = a, nil
   for i = 1, n_budget do
-    local key, limit, unit, len, label, amount =
-      A[a], num(A[a + 1]), A[a + 2], num(A[a + 3]), A[a + 4], num(A[a + 5])
-    local len_arg, amount_arg = A[a + 3], A[a + 5]
+    local key, limit, len, label, amount =
+      A[a], num(A[a + 1]), num(A[a + 3]), A[a + 4], num(A[a + 5])
     a = a + 6
     local pid, _, pend = period_at(len, now)
     local field = label .. '@' .. int(pid)
@@ -536,31 +517,39 @@ local function admit_one(A, a, now, kills, probe)
       return {'deny', 5, i - 1, math.max(limit - committed, 0), retry, pend - now}
     end
     local cur = cell[6]
-    if cur == '' then cur = nil end
-    budgets[#budgets + 1] = {key, field, unit, amount, len, label, pend, cur, amount_arg, len_arg}
-    quotas[#quotas + 1] = limit - committed - amount
-    quotas[#quotas + 1] = pend - now
+    if cur == '' then cur = false end
+    if bud == nil then
+      bud = {field, pend, cur, amount}
+    else
+      local k = 4 * (i - 1)
+      bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4] = field, pend, cur, amount
+    end
+    out[no + 1], out[no + 2] = limit - committed - amount, pend - now
+    no = no + 2
   end
   -- A probe (sharded stores, after another shard refused) counts and checks, takes nothing.
-  if probe then
-    local out = {'admit', 0}
-    for _, q in ipairs(quotas) do out[#out + 1] = q end
-    return out
-  end
-  -- Everything passed: take the leases, make the reservations, record the ticket.
+  if probe then return out end
+  -- Everything passed: take the leases, make the reservations, record the ticket (its layout
+  -- is above peek_ticket), built as it goes.
   local expires = now + ttl
   local expires_arg = int(expires)
   local keep = ttl + 60000
-  for _, key in ipairs(leases) do
+  local v = {expires_arg, A[a0 + 1], A[a0 + 7], A[a0 + 8], A[a0 + 9], A[a0 + 10], A[a0 + 11],
+    A[a0 + 12], A[a0 + 5]}
+  local nv = 9
+  for i = 0, n_lease - 1 do
+    local key = A[a_lease + 2 * i]
     local l = LEASE[key]
     local n = l[4]
     l[5 + n], l[6 + n], l[4] = expires_arg, id, n + 2
     l[1] = l[1] + 1
     if not l[2] or keep > l[2] then l[2] = keep end
+    nv = nv + 1
+    v[nv] = key
   end
-  local held = {}
-  for _, b in ipairs(budgets) do
-    local key, field, pend, cur = b[1], b[2], b[7], b[8]
+  for i = 0, n_budget - 1 do
+    local b, k = a_budget + 6 * i, 4 * i
+    local key, field, pend, cur, amount = A[b], bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4]
     local cell = BUDGET[key]
     if cur ~= field then
       -- A new period (rare, written at once): drop the previous one unless reservations still
@@ -572,21 +561,22 @@ local function admit_one(A, a, now, kills, probe)
       redis.call('HSET', key, 'cur', field)
       cell[6] = field
     end
-    cell[7] = cell[5] == 0 and b[9]
-    cell[3], cell[5] = cell[3] + b[4], cell[5] + b[4]
+    cell[7] = cell[5] == 0 and A[b + 5]
+    cell[3], cell[5] = cell[3] + amount, cell[5] + amount
     -- Kept through the period, and while any reservation in it may still settle: set when the
     -- period starts, and again only for a reservation that outlives the period.
     if cur ~= field or ttl > pend - now then
       redis.call('PEXPIRE', key, int(math.max(pend - now, ttl) + retention))
     end
-    held[#held + 1] = {key, field, b[3], b[9], b[10], b[6]}
+    -- key, field, unit, amount, period length, label
+    v[nv + 1], v[nv + 2], v[nv + 3], v[nv + 4], v[nv + 5], v[nv + 6] =
+      key, field, A[b + 2], A[b + 5], A[b + 3], A[b + 4]
+    nv = nv + 6
   end
-  write_ticket(tkey, {exp = expires_arg, ttl = ttl_arg, price = price, xu = xu, leases = leases,
-    budgets = held}, int(ttl + retention))
+  redis.call('SET', tkey, cmsgpack.pack(v), 'PX', int(ttl + retention))
   XADD[#XADD + 1] = expires_arg
   XADD[#XADD + 1] = id
-  local out = {'admit', expires}
-  for _, q in ipairs(quotas) do out[#out + 1] = q end
+  out[2] = expires
   return out
 end
 
@@ -598,10 +588,11 @@ local function undo_one(A, a)
   flush(true)
   local id = A[a]
   local tkey = PREFIX .. ':ts:' .. id
-  local t = peek_ticket(tkey)
-  if not t then return {'unknown'} end
-  for _, lkey in ipairs(t.leases) do redis.call('ZREM', lkey, id) end
-  for _, b in ipairs(t.budgets) do redis.call('HINCRBY', b[1], b[2] .. ':r', '-' .. b[4]) end
+  local v = peek_ticket(tkey)
+  if not v then return {'unknown'} end
+  local n = tonumber(v[9])
+  for i = 10, 9 + n do redis.call('ZREM', v[i], id) end
+  for i = 10 + n, #v, 6 do redis.call('HINCRBY', v[i], v[i + 1] .. ':r', '-' .. v[i + 3]) end
   redis.call('DEL', tkey)
   redis.call('ZREM', PREFIX .. ':x', id)
   return {'undone'}
@@ -616,16 +607,16 @@ local function finish_one(A, a, now)
   ITEMS = ITEMS + 1
   if ITEMS == 2 then MEMO, PERIODS = {}, {} end
   local id, retention, ending = A[a], A[a + 1], A[a + 2]
-  local t, how = take_ticket(PREFIX .. ':ts:' .. id, ending, retention)
-  if not t then
+  local v, how = take_ticket(PREFIX .. ':ts:' .. id, ending, retention)
+  if not v then
     if how == 'unknown' then return {'unknown'} end
     return {'ended', how}
   end
-  local usage = nil
-  if A[a + 3] == '1' then usage = {tonumber(A[a + 4]), tonumber(A[a + 5]), tonumber(A[a + 6])} end
   local out = {'done'}
-  for _, c in ipairs(end_ticket(id, t, usage, now)) do
-    out[#out + 1] = c
+  if A[a + 3] == '1' then
+    end_ticket(id, v, now, out, tonumber(A[a + 4]), tonumber(A[a + 5]), tonumber(A[a + 6]))
+  else
+    end_ticket(id, v, now, out)
   end
   return out
 end
