@@ -14,12 +14,12 @@ local kills = nil
 local out = {}
 local a, longest = 4, 0
 while a <= #ARGV do
-  local op, n = ARGV[a], tonumber(ARGV[a + 1])
+  local op, n = ARGV[a], 0 + ARGV[a + 1]
   local ok, reply
   if op == 'a' or op == 'p' then
     if kills == nil then kills = kill_table() end
     ok, reply = pcall(admit_one, ARGV, a + 2, now, kills, op == 'p')
-    if ok and op == 'a' and reply[1] == 'admit' then longest = math.max(longest, tonumber(ARGV[a + 3])) end
+    if ok and op == 'a' and reply[1] == 'admit' then longest = math.max(longest, 0 + ARGV[a + 3]) end
   elseif op == 'u' then
     ok, reply = pcall(undo_one, ARGV, a + 2)
   else
