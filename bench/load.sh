@@ -26,47 +26,13 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+. bench/gateways.sh
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; exit 1; }
+start_upstreams
 
-SIM=$(free_port)
-"$BIN/tollgate-sim" --listen "127.0.0.1:$SIM" --latency-ms 0 --token-delay-ms 0 --output-tokens 16 >/dev/null &
-pids+=($!)
-wait_port "$SIM"
-REDIS=$(free_port)
-redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --loglevel warning >/dev/null &
-pids+=($!)
-wait_port "$REDIS"
-
-HASH=$("$BIN/tollgate" hash-key sk-bench)
-ALL_SIX='
-[[policy.scopes]]
-name = "per-key"
-key = "key"
-requests = { limit = 100000000, window = "1m" }
-input_tokens = 100000
-output_tokens = { max = 4096, mode = "clamp" }
-total_tokens = 200000
-concurrency = { limit = 100000, lease_ttl = "1m" }
-budget = { tokens = 1000000000000, period = "day" }
-'
 gateway() { # name store policy
   local port; port=$(free_port)
-  cat > "$tmp/$1.toml" <<TOML
-$2
-[server]
-listen = "127.0.0.1:$port"
-max_connections = 4096
-[[upstreams]]
-name = "sim"
-base_url = "http://127.0.0.1:$SIM"
-models = ["gpt-4o"]
-[[keys]]
-hash = "$HASH"
-tenant = "bench"
-$3
-TOML
+  gateway_config "$1" "$port" "$SIM" "$2" "$3"
   "$BIN/tollgate" serve --config "$tmp/$1.toml" >/dev/null 2>&1 &
   echo $! >> "$tmp/gateway-pids"
   echo $! > "$tmp/pid-$1"
@@ -75,14 +41,11 @@ TOML
 }
 PASS=$(gateway pass "" "")
 MEM=$(gateway memory "" "$ALL_SIX")
-RED=$(gateway redis "[store]
-url = \"redis://127.0.0.1:$REDIS/\"
-call_timeout = \"2s\"" "$ALL_SIX")
+RED=$(gateway redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")
 
 # CPU time (user + system, in clock ticks) a process has used so far; 0 when there is none.
 ticks() { if [ -n "$1" ] && [ -r "/proc/$1/stat" ]; then awk '{print $14 + $15}' "/proc/$1/stat"; else echo 0; fi; }
 HZ=$(getconf CLK_TCK)
-REDIS_PID=${pids[1]}
 run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per-request"
   # CPU per request is steadier than req/s on a shared machine: it does not depend on how much
   # of the cores the other processes took during the run.

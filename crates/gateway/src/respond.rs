@@ -76,21 +76,27 @@ fn put(h: &mut HeaderMap, name: &'static str, value: impl ToString) {
     }
 }
 
-fn append(h: &mut HeaderMap, name: &'static str, value: String) {
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        h.append(HeaderName::from_static(name), v);
-    }
+/// Appends `n` in decimal: `write!` took five times as long, through the formatting machinery.
+fn push_number(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// OpenAI's reset format: `1s`, `6m0s`, `1h2m3s`.
 fn openai_duration(ms: u64) -> String {
     let s = ms.div_ceil(1000);
     let (h, m, s) = (s / 3600, (s % 3600) / 60, s % 60);
-    match (h, m) {
-        (0, 0) => format!("{s}s"),
-        (0, _) => format!("{m}m{s}s"),
-        _ => format!("{h}h{m}m{s}s"),
+    let mut out = String::with_capacity(16);
+    if h > 0 {
+        push_number(&mut out, h);
+        out.push('h');
     }
+    if h > 0 || m > 0 {
+        push_number(&mut out, m);
+        out.push('m');
+    }
+    push_number(&mut out, s);
+    out.push('s');
+    out
 }
 
 /// Appends a limit's name, `"<rule>-<kind>"`, as a structured-field string.
@@ -100,69 +106,94 @@ fn push_policy_name(out: &mut String, reason: Reason, rule: &str) {
         Reason::ConcurrencyLimit => "concurrency",
         _ => "budget",
     };
+    let safe = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
     out.push('"');
-    // Structured-field strings: keep to safe characters.
-    out.extend(rule.chars().map(|c| {
-        if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-            c
-        } else {
-            '_'
-        }
-    }));
+    // Structured-field strings: keep to safe characters (rule names usually are already).
+    if rule.chars().all(safe) {
+        out.push_str(rule);
+    } else {
+        out.extend(rule.chars().map(|c| if safe(c) { c } else { '_' }));
+    }
     out.push('-');
     out.push_str(kind);
     out.push('"');
 }
 
-fn put_number(h: &mut HeaderMap, name: &'static str, n: u64) {
-    h.insert(HeaderName::from_static(name), HeaderValue::from(n));
+fn put_number(h: &mut HeaderMap, name: HeaderName, n: u64) {
+    h.insert(name, HeaderValue::from(n));
 }
+
+/// A header built here: its bytes are known to be valid, and the string becomes the value
+/// without a copy.
+fn put_built(h: &mut HeaderMap, name: HeaderName, value: String) {
+    if let Ok(v) = HeaderValue::try_from(value) {
+        h.insert(name, v);
+    }
+}
+
+// Names made at compile time: `from_static` checks every byte when it runs.
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const LIMIT_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-limit-requests");
+const REMAINING_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-requests");
+const RESET_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-reset-requests");
+const LIMIT_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-limit-tokens");
+const REMAINING_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-tokens");
+const RESET_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-reset-tokens");
 
 /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11) and OpenAI's
 /// `x-ratelimit-*` for the limits of an admitted request. Written on every admitted response,
 /// so each header is built in one buffer. `rule` names a quota's scope rule.
 pub fn quota_headers<'a>(h: &mut HeaderMap, quotas: &[Quota], rule: impl Fn(&Quota) -> &'a str) {
-    use std::fmt::Write as _;
     if !quotas.is_empty() {
-        let mut policies = String::with_capacity(48 * quotas.len());
-        let mut limits = String::with_capacity(40 * quotas.len());
+        let mut policies = String::with_capacity(64 * quotas.len());
+        let mut limits = String::with_capacity(48 * quotas.len());
         for (i, q) in quotas.iter().enumerate() {
             if i > 0 {
                 policies.push_str(", ");
                 limits.push_str(", ");
             }
+            let name_at = policies.len();
             push_policy_name(&mut policies, q.reason, rule(q));
-            let _ = write!(policies, ";q={}", q.limit);
+            // The same name starts both headers' entries: copied, not made twice.
+            limits.push_str(&policies[name_at..]);
+            policies.push_str(";q=");
+            push_number(&mut policies, q.limit);
             if let Some(w) = q.window_ms {
-                let _ = write!(policies, ";w={}", w.div_ceil(1000));
+                policies.push_str(";w=");
+                push_number(&mut policies, w.div_ceil(1000));
             }
             if q.reason == Reason::ConcurrencyLimit {
                 policies.push_str(";qu=\"concurrent-requests\"");
             }
-            push_policy_name(&mut limits, q.reason, rule(q));
-            let _ = write!(limits, ";r={}", q.remaining);
+            limits.push_str(";r=");
+            push_number(&mut limits, q.remaining);
             if let Some(t) = q.reset_after_ms {
-                let _ = write!(limits, ";t={}", t.div_ceil(1000));
+                limits.push_str(";t=");
+                push_number(&mut limits, t.div_ceil(1000));
             }
         }
-        append(h, "ratelimit-policy", policies);
-        append(h, "ratelimit", limits);
+        for (name, value) in [(RATELIMIT_POLICY, policies), (RATELIMIT, limits)] {
+            if let Ok(v) = HeaderValue::try_from(value) {
+                h.append(name, v);
+            }
+        }
     }
     if let Some(q) = quotas.iter().find(|q| q.reason == Reason::RequestRateLimit) {
-        put_number(h, "x-ratelimit-limit-requests", q.limit);
-        put_number(h, "x-ratelimit-remaining-requests", q.remaining);
-        put(
+        put_number(h, LIMIT_REQUESTS, q.limit);
+        put_number(h, REMAINING_REQUESTS, q.remaining);
+        put_built(
             h,
-            "x-ratelimit-reset-requests",
+            RESET_REQUESTS,
             openai_duration(q.reset_after_ms.unwrap_or(0)),
         );
     }
     if let Some(q) = quotas.iter().find(|q| q.reason == Reason::BudgetLimit) {
-        put_number(h, "x-ratelimit-limit-tokens", q.limit);
-        put_number(h, "x-ratelimit-remaining-tokens", q.remaining);
-        put(
+        put_number(h, LIMIT_TOKENS, q.limit);
+        put_number(h, REMAINING_TOKENS, q.remaining);
+        put_built(
             h,
-            "x-ratelimit-reset-tokens",
+            RESET_TOKENS,
             openai_duration(q.reset_after_ms.unwrap_or(0)),
         );
     }

@@ -319,7 +319,7 @@ impl BatchHead {
                 format!("{prefix}:clock"),
                 format!("{prefix}:kill"),
             ],
-            args: [prefix.to_owned(), now.to_string(), retention_ms.to_string()],
+            args: [prefix.to_owned(), num(now), num(retention_ms)],
         }
     }
 
@@ -342,10 +342,7 @@ impl BatchHead {
 }
 
 fn arg_counts(items: &[(&str, &Invocation)]) -> Vec<String> {
-    items
-        .iter()
-        .map(|(_, inv)| inv.args.len().to_string())
-        .collect()
+    items.iter().map(|(_, inv)| num(inv.args.len())).collect()
 }
 
 /// The KEYS and ARGV of one batch call: what `call_batch` sends.
@@ -474,9 +471,9 @@ pub struct Invocation {
 
 fn usage_args(u: &Usage) -> [String; 3] {
     [
-        u.input_tokens.to_string(),
-        u.cached_input_tokens.to_string(),
-        u.output_tokens.to_string(),
+        num(u.input_tokens),
+        num(u.cached_input_tokens),
+        num(u.output_tokens),
     ]
 }
 
@@ -487,42 +484,67 @@ fn period_arg(p: Period) -> (u64, String) {
     }
 }
 
+/// A number as an argument. An admission has some twenty; `to_string` went through the
+/// formatting machinery for each, several times the work of `itoa`.
+fn num(n: impl itoa::Integer) -> String {
+    itoa::Buffer::new().format(n).to_owned()
+}
+
+/// `{prefix}:{kind}:{id}`, made in one allocation of the right size.
+fn key(prefix: &str, kind: &str, id: &str) -> String {
+    let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 2);
+    k.push_str(prefix);
+    k.push(':');
+    k.push_str(kind);
+    k.push(':');
+    k.push_str(id);
+    k
+}
+
 /// The exact KEYS and ARGV of an admission, as one item of a batch call.
 pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocation {
-    let mut keys = vec![format!("{prefix}:ts:{}", plan.request_id)];
+    let mut keys =
+        Vec::with_capacity(1 + plan.rate.len() + plan.concurrency.len() + plan.budget.len());
+    keys.push(key(prefix, "ts", &plan.request_id));
     let price = plan
         .price
         .map_or([0, 0, 0], |p| [p.input, p.cached_input, p.output]);
-    let mut args = vec![
+    let mut args = Vec::with_capacity(
+        14 + plan.kill_targets.len()
+            + 3 * plan.rate.len()
+            + 2 * plan.concurrency.len()
+            + 6 * plan.budget.len(),
+    );
+    args.extend([
         plan.request_id.clone(),
-        plan.ttl_ms.to_string(),
-        retention_ms.to_string(),
+        num(plan.ttl_ms),
+        num(retention_ms),
         if plan.token_verdict.is_some() {
             "1"
         } else {
             "0"
         }
         .to_owned(),
-        plan.rate.len().to_string(),
-        plan.concurrency.len().to_string(),
-        plan.budget.len().to_string(),
-    ];
-    args.extend(price.iter().map(u64::to_string));
+        num(plan.rate.len()),
+        num(plan.concurrency.len()),
+        num(plan.budget.len()),
+    ]);
+    args.extend(price.map(num));
     args.extend(usage_args(&plan.expired_usage));
-    args.push(plan.kill_targets.len().to_string());
+    args.push(num(plan.kill_targets.len()));
     args.extend(plan.kill_targets.iter().map(str::to_owned));
     for r in &plan.rate {
-        let k = format!("{prefix}:r:{}", r.scope.id());
+        let k = key(prefix, "r", r.scope.id());
         keys.push(k.clone());
-        args.extend([k, r.limit.to_string(), r.window_ms.to_string()]);
+        args.extend([k, num(r.limit), num(r.window_ms)]);
     }
     for c in &plan.concurrency {
-        let k = format!("{prefix}:l:{}", c.scope.id());
+        let k = key(prefix, "l", c.scope.id());
         keys.push(k.clone());
-        args.extend([k, c.limit.to_string()]);
+        args.extend([k, num(c.limit)]);
     }
     for b in &plan.budget {
-        let k = format!("{prefix}:b:{}", b.scope.id());
+        let k = key(prefix, "b", b.scope.id());
         keys.push(k.clone());
         let (len, label) = period_arg(b.period);
         let unit = match b.unit {
@@ -531,11 +553,11 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocat
         };
         args.extend([
             k,
-            b.limit.to_string(),
+            num(b.limit),
             unit.to_owned(),
-            len.to_string(),
+            num(len),
             label,
-            b.amount.to_string(),
+            num(b.amount),
         ]);
     }
     Invocation { keys, args }
@@ -551,13 +573,13 @@ fn finish_invocation(
 ) -> Invocation {
     let mut args = vec![
         id.to_owned(),
-        retention_ms.to_string(),
+        num(retention_ms),
         ending.to_owned(),
         if usage.is_some() { "1" } else { "0" }.to_owned(),
     ];
     args.extend(usage_args(&usage.unwrap_or_default()));
     Invocation {
-        keys: vec![format!("{prefix}:ts:{id}")],
+        keys: vec![key(prefix, "ts", id)],
         args,
     }
 }

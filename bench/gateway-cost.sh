@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Instructions the gateway process spends per request under load, counted by Valgrind
+# (callgrind, user space only), for pass-through (no scopes), all six controls on the memory
+# store, and all six on Redis: what the controls add to a request, in a unit that a shared
+# machine's load does not move (bench/load.sh measures the same setups in requests per second).
+#
+#   bench/gateway-cost.sh [DURATION_SECONDS=10] [CONNECTIONS=64]
+#
+# Each gateway runs under callgrind; wrk sends the load bench's request (bench/post.lua) over
+# CONNECTIONS connections for DURATION seconds after a warm-up, and the count covers exactly that
+# window (callgrind_control zeroes the counters before it and dumps them after). Under Valgrind
+# the gateway runs many times slower while the simulator and Redis do not, so the Redis store's
+# batch calls carry a different number of items than at full speed, sharing each call's own
+# cost differently. Kernel time (syscalls) is not counted.
+#
+# Needs valgrind, wrk and redis-server (valgrind is installed here when missing and run as
+# root). Everything listens on free loopback ports and is stopped at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR="${1:-10}"
+CONN="${2:-64}"
+command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)"; exit 2; }
+. bench/need-valgrind.sh
+cargo build --release -q -p tollgate -p tollgate-sim
+BIN=target/release
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+. bench/gateways.sh
+
+start_upstreams
+
+count() { # name store policy -> "requests instructions-per-request"
+  local port; port=$(free_port)
+  gateway_config "$1" "$port" "$SIM" "$2" "$3"
+  valgrind --tool=callgrind --callgrind-out-file="$tmp/$1.cg.%p" \
+    "$BIN/tollgate" serve --config "$tmp/$1.toml" >/dev/null 2>"$tmp/$1.valgrind.log" &
+  local vg=$!
+  pids+=($vg)
+  wait_port "$port" 600
+  local url="http://127.0.0.1:$port/v1/chat/completions"
+  wrk -t2 -c"$CONN" -d3s -s bench/post.lua "$url" >/dev/null
+  callgrind_control -z "$vg" >/dev/null 2>&1
+  local out; out=$(wrk -t2 -c"$CONN" -d"${DUR}s" -s bench/post.lua "$url")
+  callgrind_control -d "$vg" >/dev/null 2>&1
+  kill "$vg"; wait "$vg" 2>/dev/null || true
+  if echo "$out" | grep -q "Non-2xx"; then echo "$out" >&2; echo "non-2xx responses for $1" >&2; exit 1; fi
+  local n; n=$(echo "$out" | awk '/requests in/ {print $1}')
+  # The dump after zeroing is part 1; the file written at exit holds only the shutdown.
+  local total; total=$(callgrind_annotate "$tmp/$1.cg.$vg.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+  echo "$n $((total / n))"
+}
+
+echo "gateway instructions per request (callgrind), wrk -t2 -c$CONN -d${DUR}s after a 3 s warm-up; $(date -u +%F)"
+echo
+read -r pn pi <<< "$(count pass "" "")"
+read -r mn mi <<< "$(count memory "" "$ALL_SIX")"
+read -r rn ri <<< "$(count redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")"
+echo "| setup | requests counted | instructions per request | added to pass-through | pass-through / setup |"
+echo "|---|---|---|---|---|"
+row() { echo "| $1 | $2 | $3 | $4 | $(python3 -c "print(f'{$pi / $3:.3f}')") |"; }
+row "gateway, controls off (pass-through)" "$pn" "$pi" "—"
+row "gateway, six controls, memory store" "$mn" "$mi" "+$((mi - pi))"
+row "gateway, six controls, Redis store" "$rn" "$ri" "+$((ri - pi))"

@@ -1,0 +1,63 @@
+# Sourced by the gateway benchmarks (load.sh, gateway-cost.sh): loopback ports, the upstream
+# simulator, and gateway configurations for the three setups compared. Expects $BIN (the
+# release binaries) and $tmp (a scratch directory).
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Waits up to $2 tenths of a second (default 100) for a loopback port to accept connections.
+wait_port() {
+  for _ in $(seq "${2:-100}"); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done
+  echo "port $1 never opened"; exit 1
+}
+
+# Starts the upstream simulator (no latency, 16 output tokens) and a redis-server with no
+# persistence, on free ports: sets SIM, REDIS and REDIS_PID, and adds both processes to the
+# caller's `pids` array, which its clean-up stops.
+start_upstreams() {
+  SIM=$(free_port)
+  "$BIN/tollgate-sim" --listen "127.0.0.1:$SIM" --latency-ms 0 --token-delay-ms 0 --output-tokens 16 >/dev/null &
+  pids+=($!)
+  wait_port "$SIM"
+  REDIS=$(free_port)
+  redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --loglevel warning >/dev/null &
+  REDIS_PID=$!
+  pids+=($!)
+  wait_port "$REDIS"
+}
+
+# All six controls on one per-key scope, with limits the benchmark never reaches: every
+# control is checked and counted on every request, none refuses.
+ALL_SIX='
+[[policy.scopes]]
+name = "per-key"
+key = "key"
+requests = { limit = 100000000, window = "1m" }
+input_tokens = 100000
+output_tokens = { max = 4096, mode = "clamp" }
+total_tokens = 200000
+concurrency = { limit = 100000, lease_ttl = "1m" }
+budget = { tokens = 1000000000000, period = "day" }
+'
+
+# gateway_config NAME PORT SIM_PORT STORE_TOML POLICY_TOML: writes $tmp/NAME.toml.
+gateway_config() {
+  local hash; hash=$("$BIN/tollgate" hash-key sk-bench)
+  cat > "$tmp/$1.toml" <<TOML
+$5
+$4
+[server]
+listen = "127.0.0.1:$2"
+max_connections = 4096
+[[upstreams]]
+name = "sim"
+base_url = "http://127.0.0.1:$3"
+models = ["gpt-4o"]
+[[keys]]
+hash = "$hash"
+tenant = "bench"
+TOML
+}
+
+# redis_store_toml PORT: the [store] section of the Redis setup.
+redis_store_toml() {
+  printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\n' "$1"
+}
