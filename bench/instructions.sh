@@ -19,14 +19,18 @@ count() { # op -> instructions per operation
   echo "$out" | awk '/Collected :/ {gsub(",", "", $4); print $4}' | python3 -c "import sys; print(round(int(sys.stdin.read()) / $N))"
 }
 gov=$(count governor)
-echo "N = $N operations each; instructions per operation (ratio to governor's check())"
+keyed=$(count governor_keyed)
+ratio() { python3 -c "print(f'{$1 / $2:.0f}x')"; }
+echo "N = $N operations each; instructions per operation (ratios to governor's direct check() and"
+echo "to its keyed check_key() over 64 keys)"
 echo
-echo "| operation | instructions | ratio |"
-echo "|---|---|---|"
-echo "| governor \`check()\` (direct limiter) | $gov | 1x |"
+echo "| operation | instructions | ratio to \`check()\` | ratio to \`check_key()\` |"
+echo "|---|---|---|---|"
+echo "| governor \`check()\` (direct limiter) | $gov | 1x | |"
+echo "| governor \`check_key()\` (keyed limiter, 64 keys) | $keyed | $(ratio "$keyed" "$gov") | 1x |"
 for op in "plan1 plan(), 1 scope" "plan5 plan(), 5 scopes" "store1 admit + settle, 1 scope" "store5 admit + settle, 5 scopes"; do
   set -- $op
   c=$(count "$1")
   shift
-  echo "| $* | $c | $(python3 -c "print(f'{$c / $gov:.0f}x')") |"
+  echo "| $* | $c | $(ratio "$c" "$gov") | $(ratio "$c" "$keyed") |"
 done

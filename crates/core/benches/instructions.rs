@@ -2,7 +2,8 @@
 //! compare two builds: `bench/instructions.sh` runs this under Valgrind's callgrind, counting
 //! only inside `measured`, and divides by the number of operations.
 //!
-//! `instructions OP N`: OP is `governor` (a direct limiter's `check()`), `plan1` / `plan5`
+//! `instructions OP N`: OP is `governor` (a direct limiter's `check()`), `governor_keyed` (a
+//! keyed limiter's `check_key()` over 64 keys, as in the admit bench), `plan1` / `plan5`
 //! (`plan()` for one scope / five, its plan dropped), `store1` / `store5` (admit + settle on the
 //! memory store of a plan built beforehand); N operations.
 
@@ -15,7 +16,7 @@
 
 use std::num::NonZeroU32;
 
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tollgate_core::{Decision, MemoryStore, Plan, Policy, RequestFacts, SystemClock, plan};
 
 mod common;
@@ -28,6 +29,7 @@ fn facts(n: u64) -> RequestFacts {
 
 enum Work<'a> {
     Governor(&'a DefaultDirectRateLimiter, u64),
+    GovernorKeyed(&'a DefaultKeyedRateLimiter<u64>, u64),
     Plan(&'a Policy, &'a [RequestFacts]),
     Store(&'a MemoryStore<SystemClock>, &'a [Plan]),
 }
@@ -39,6 +41,11 @@ fn measured(work: &Work<'_>) {
         Work::Governor(limiter, n) => {
             for _ in 0..*n {
                 std::hint::black_box(limiter.check().is_ok());
+            }
+        }
+        Work::GovernorKeyed(limiter, n) => {
+            for i in 0..*n {
+                std::hint::black_box(limiter.check_key(&(i % 64)).is_ok());
             }
         }
         Work::Plan(policy, facts) => {
@@ -62,7 +69,7 @@ fn main() {
     // `cargo bench` runs every bench target with `--bench`: nothing to do without an OP.
     let (Some(op), Some(n)) = (args.get(1), args.get(2).and_then(|n| n.parse::<u64>().ok())) else {
         println!(
-            "usage: instructions governor|plan1|plan5|store1|store5 N (see bench/instructions.sh)"
+            "usage: instructions governor|governor_keyed|plan1|plan5|store1|store5 N (see bench/instructions.sh)"
         );
         return;
     };
@@ -73,6 +80,14 @@ fn main() {
             // The first check calibrates the clock (quanta): not part of a check's work.
             assert!(limiter.check().is_ok());
             measured(&Work::Governor(&limiter, n));
+        }
+        "governor_keyed" => {
+            let limiter = RateLimiter::keyed(Quota::per_second(NonZeroU32::new(u32::MAX).unwrap()));
+            // Every key's first check inserts it and calibrates the clock: not a check's work.
+            for k in 0..64 {
+                assert!(limiter.check_key(&k).is_ok());
+            }
+            measured(&Work::GovernorKeyed(&limiter, n));
         }
         "plan1" | "plan5" => {
             let policy = common::policy(op);
