@@ -371,8 +371,11 @@ async fn evalsha<T: redis::FromRedisValue>(
     keys: &[&str],
     args: &[&str],
 ) -> redis::RedisResult<T> {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash())
+    // Made at its size: a batch call's command grew by doubling, copying itself each time.
+    let bytes = keys.iter().chain(args).map(|a| a.len()).sum::<usize>() + 64;
+    let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
+    cmd.arg("EVALSHA")
+        .arg(script.get_hash())
         .arg(keys.len())
         .arg(keys)
         .arg(args);
