@@ -532,8 +532,8 @@ async fn admit_and_forward(
             )
         })?;
 
-    // The response's own header map, made at its final size: grown from empty it was moved
-    // three times on the way to its dozen entries, then again when merged into the response.
+    // The response's own header map, made at its final size: grown from empty, it was
+    // reallocated as it filled, then merged into the response's map, which grew in turn.
     let mut headers = HeaderMap::with_capacity(RESPONSE_HEADERS);
     respond::admitted_headers(&mut headers, &p, &admitted);
     let input = count.input_tokens;
