@@ -76,7 +76,8 @@ fn put(h: &mut HeaderMap, name: &'static str, value: impl ToString) {
     }
 }
 
-/// Appends `n` in decimal: `write!` took five times as long, through the formatting machinery.
+/// Appends `n` in decimal with `itoa`: through `write!`, `core::fmt::write` was the largest part
+/// of these headers' cost in the gateway's profile.
 fn push_number(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
