@@ -63,9 +63,10 @@ pub enum Command {
         #[arg(long)]
         tokenizer: Option<PathBuf>,
     },
-    /// Validate a policy file without serving.
+    /// Validate a gateway configuration (what `serve --config` takes), a replay fixture or a
+    /// policy file, without serving.
     Check {
-        /// The policy (TOML).
+        /// The configuration, fixture or policy (TOML).
         #[arg(long)]
         config: PathBuf,
     },

@@ -174,14 +174,40 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check { config } => {
             let text = std::fs::read_to_string(&config)
                 .with_context(|| format!("reading {}", config.display()))?;
-            let policy =
-                Policy::from_toml(&text).with_context(|| format!("in {}", config.display()))?;
-            writeln!(
-                out,
-                "ok: policy {} with {} scopes",
-                policy.version,
-                policy.scopes.len()
-            )?;
+            let context = || format!("in {}", config.display());
+            // A replay fixture has cases; a gateway configuration has upstreams, or its policy
+            // under [policy]; a policy file has none of these (its scopes are at the top).
+            let table: toml::Table = toml::from_str(&text).with_context(context)?;
+            if table.contains_key("cases") {
+                let fixture =
+                    tollgate_core::replay::Fixture::from_toml(&text).with_context(context)?;
+                writeln!(
+                    out,
+                    "ok: replay fixture with {} cases, policy {} with {} scopes",
+                    fixture.cases.len(),
+                    fixture.policy.version,
+                    fixture.policy.scopes.len()
+                )?;
+            } else if !(table.contains_key("upstreams") || table.contains_key("policy")) {
+                let policy = Policy::from_toml(&text).with_context(context)?;
+                writeln!(
+                    out,
+                    "ok: policy {} with {} scopes",
+                    policy.version,
+                    policy.scopes.len()
+                )?;
+            } else {
+                let cfg =
+                    tollgate_gateway::GatewayConfig::from_toml(&text).with_context(context)?;
+                writeln!(
+                    out,
+                    "ok: gateway configuration with {} upstreams, {} keys, policy {} with {} scopes",
+                    cfg.upstreams.len(),
+                    cfg.keys.len(),
+                    cfg.policy.version,
+                    cfg.policy.scopes.len()
+                )?;
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -137,6 +137,54 @@ fn check_names_the_bad_field() {
     assert!(out.status.success());
 }
 
+/// `check` takes what `serve --config` takes: the README runs one before the other.
+#[test]
+fn check_validates_gateway_configurations_and_fixtures() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    let gateway = |upstream_extra: &str, period: &str| {
+        format!(
+            "[[upstreams]]\nname = \"openai\"\nbase_url = \"https://api.openai.com\"\n{upstream_extra}models = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"\ntenant = \"acme\"\n\
+             [[policy.scopes]]\nkey = \"tenant\"\nbudget = {{ tokens = 5000, period = \"{period}\" }}\n"
+        )
+    };
+    let check = |text: String| {
+        std::fs::write(&path, text).unwrap();
+        bin()
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+    let out = check(gateway("", "day"));
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .starts_with("ok: gateway configuration with 1 upstreams, 1 keys"),
+        "{out:?}"
+    );
+    for (text, field) in [
+        (gateway("", "fortnight"), "policy.scopes[0].budget.period"),
+        (
+            gateway("ca_file = \"/nonexistent/ca.pem\"\n", "day"),
+            "upstreams[0].ca_file",
+        ),
+    ] {
+        let out = check(text);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/day28.toml");
+    let out = bin().args(["check", "--config", fixture]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("ok: replay fixture with 7 cases"),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn count_prints_what_the_gateway_charges() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,6 +9,8 @@ use serde::Deserialize;
 use tollgate_core::policy::RawPolicy;
 use tollgate_core::{Policy, PolicyError, Reason};
 
+use crate::upstream::UpstreamClient;
+
 fn err(path: impl Into<String>, message: impl Into<String>) -> PolicyError {
     PolicyError {
         path: path.into(),
@@ -124,12 +126,15 @@ pub struct RawStore {
 pub struct RawUpstream {
     /// Name.
     pub name: String,
-    /// `http://host:port` (the `/v1/...` path is appended).
+    /// `http://host:port` or `https://host[:port]` (the `/v1/...` path is appended).
     pub base_url: String,
     /// Environment variable holding the upstream API key (never sent to clients).
     pub api_key_env: Option<String>,
     /// Models this upstream serves.
     pub models: Vec<String>,
+    /// For an `https://` upstream: a PEM file of the CA certificates to trust instead of
+    /// Mozilla's roots (a private CA, or a self-signed upstream).
+    pub ca_file: Option<String>,
 }
 
 /// `[[keys]]`
@@ -239,6 +244,8 @@ pub struct Upstream {
     pub base_url: String,
     /// The API key, read from the environment at start-up.
     pub api_key: Option<String>,
+    /// Its client: a connection pool of its own and, for https, its trust anchors.
+    pub client: UpstreamClient,
 }
 
 /// A virtual API key.
@@ -378,12 +385,14 @@ impl GatewayConfig {
                     "must start with http:// or https://",
                 ));
             }
-            if u.base_url.starts_with("https://") {
+            if u.ca_file.is_some() && !u.base_url.starts_with("https://") {
                 return Err(err(
-                    format!("{path}.base_url"),
-                    "https upstreams are not supported yet; put a TLS-terminating proxy in front",
+                    format!("{path}.ca_file"),
+                    "applies only to an https:// base_url",
                 ));
             }
+            let client = UpstreamClient::new(u.ca_file.as_deref().map(std::path::Path::new))
+                .map_err(|e| err(format!("{path}.ca_file"), e))?;
             let api_key = match &u.api_key_env {
                 Some(var) => Some(std::env::var(var).map_err(|_| {
                     err(
@@ -411,6 +420,7 @@ impl GatewayConfig {
                 name: u.name,
                 base_url: u.base_url.trim_end_matches('/').to_owned(),
                 api_key,
+                client,
             });
         }
         let mut keys = HashMap::new();

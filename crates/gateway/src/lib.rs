@@ -38,6 +38,7 @@ pub mod server;
 pub mod sse;
 pub mod store;
 pub mod telemetry;
+pub mod upstream;
 
 pub use config::{GatewayConfig, hash_key};
 pub use server::{router, serve, serve_with, start_store};

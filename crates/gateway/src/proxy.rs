@@ -14,9 +14,6 @@ use axum::http::{HeaderMap, HeaderValue, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tollgate_core::record::DecisionRecord;
 use tollgate_core::{
@@ -46,7 +43,6 @@ pub struct Gateway {
     /// The store.
     pub store: AnyStore,
     counter: TokenCounter,
-    client: Client<HttpConnector, Full<Bytes>>,
     /// 48 random bits per gateway process: ids stay unique across the instances that share a
     /// store, and `tg-` + 12 hex digits + `-` + the sequence number in hex fits in the 23 bytes
     /// the memory store keeps inline (up to 268 million requests per process; beyond, an id
@@ -90,9 +86,6 @@ impl Gateway {
         // Load the vocabularies now, off the request path: the first request would otherwise
         // wait for them (about 50 ms in a release build).
         std::thread::spawn(TokenCounter::warm_up);
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(http);
         let nonce = {
             use std::hash::{BuildHasher, RandomState};
             RandomState::new().hash_one((std::process::id(), Instant::now())) & 0xffff_ffff_ffff
@@ -102,7 +95,6 @@ impl Gateway {
             config_path: None,
             store,
             counter: TokenCounter::default(),
-            client,
             nonce,
             seq: AtomicU64::new(0),
             queue: QueueState::default(),
@@ -538,7 +530,8 @@ async fn admit_and_forward(
     respond::admitted_headers(&mut headers, &p, &admitted);
     let input = count.input_tokens;
     let sent = Instant::now();
-    let up = match tokio::time::timeout(cfg.upstream_timeout, gw.client.request(up_req)).await {
+    let up = match tokio::time::timeout(cfg.upstream_timeout, upstream.client.request(up_req)).await
+    {
         Ok(Ok(r)) => {
             crate::telemetry::upstream(r.status().as_u16(), sent.elapsed().as_secs_f64());
             r
@@ -551,7 +544,10 @@ async fn admit_and_forward(
                 StatusCode::BAD_GATEWAY,
                 "upstream_error",
                 "upstream_unreachable",
-                format!("The upstream could not be reached: {e}"),
+                format!(
+                    "The upstream could not be reached: {}",
+                    crate::upstream::error_chain(&e)
+                ),
             ));
         }
         Err(_) => {

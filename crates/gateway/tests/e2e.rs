@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,8 +16,6 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_core::{Period, Store};
-use tollgate_gateway::config::GatewayConfig;
-use tollgate_gateway::proxy::Gateway;
 use tollgate_gateway::store::AnyStore;
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_testkit::sim::{Sim, SimConfig};
@@ -57,22 +57,7 @@ async fn env(redis: bool, policy: &str, extra: &str, sim: SimConfig) -> Env {
         tollgate_gateway::hash_key(OTHER_KEY),
     )
     .replace("[[scopes]]", "[[policy.scopes]]");
-    let mut config = GatewayConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    config.upstreams[0].api_key = Some(UPSTREAM_KEY.into());
-    let store = tollgate_gateway::start_store(&config).await.unwrap();
-    let records = config.records.clone();
-    let mut gw = Gateway::new(config, store.clone());
-    if let Some(path) = records {
-        gw = gw.with_records(tollgate_gateway::records::RecordSink::open(&path).unwrap());
-    }
-    let gw = Arc::new(gw);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(tollgate_gateway::server::serve_gateway(
-        gw,
-        listener,
-        std::future::pending(),
-    ));
+    let (addr, store) = common::spawn_gateway(&text, UPSTREAM_KEY).await;
     Env {
         sim,
         addr,
