@@ -92,8 +92,27 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 None => writeln!(out, "tollgate: serving on http://{addr}")?,
             }
             out.flush()?;
+            // SIGINT or SIGTERM (what container runtimes and systemd send) starts the drain.
             let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
+                #[cfg(unix)]
+                {
+                    use tokio::signal::unix::{SignalKind, signal};
+                    match signal(SignalKind::terminate()) {
+                        Ok(mut term) => {
+                            tokio::select! {
+                                _ = tokio::signal::ctrl_c() => {}
+                                _ = term.recv() => {}
+                            }
+                        }
+                        Err(_) => {
+                            let _ = tokio::signal::ctrl_c().await;
+                        }
+                    }
+                }
+                #[cfg(not(unix))]
+                {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             };
             tollgate_gateway::serve_with(gw, listener, shutdown).await?;
             Ok(ExitCode::SUCCESS)

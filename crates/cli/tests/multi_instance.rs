@@ -9,8 +9,6 @@
     clippy::print_stderr
 )]
 
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,32 +21,11 @@ use serde_json::json;
 use tollgate_sim::{Sim, SimConfig};
 use tollgate_testkit::redis_server::RedisServer;
 
+mod common;
+use common::{Instance, start_instance};
+
 const CONCURRENCY: u64 = 4;
 const BUDGET: u64 = 800;
-
-struct Instance(Child);
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_instance(config: &std::path::Path) -> (Instance, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(config)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_owned();
-    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
-    (Instance(child), url)
-}
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)

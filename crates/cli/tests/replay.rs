@@ -8,6 +8,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+mod common;
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
 }
@@ -282,7 +284,7 @@ fn the_demo_turns_200s_into_429s() {
 /// good one applies at once.
 #[test]
 fn sighup_reloads_the_policy() {
-    use std::io::{BufRead, Read, Write};
+    use std::io::{Read, Write};
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sim = rt
         .block_on(tollgate_sim::Sim::start(tollgate_sim::SimConfig::default()))
@@ -298,17 +300,8 @@ fn sighup_reloads_the_policy() {
         )
     };
     std::fs::write(&path, config(100)).unwrap();
-    let mut child = bin()
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&path)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line.trim().rsplit("http://").next().unwrap().to_owned();
+    let (instance, url) = common::start_instance(&path);
+    let addr = url.trim_start_matches("http://").to_owned();
     let status = || {
         let body =
             r#"{"model":"gpt-4o","max_tokens":3,"messages":[{"role":"user","content":"x"}]}"#;
@@ -331,12 +324,10 @@ fn sighup_reloads_the_policy() {
     assert_eq!(status(), "200");
     // A bad file: refused; the old policy (100 per minute) stays.
     std::fs::write(&path, config(0)).unwrap();
-    hup(child.id());
+    hup(instance.0.id());
     assert_eq!(status(), "200");
     // A good file: a rate of 2, already spent by the two requests above.
     std::fs::write(&path, config(2)).unwrap();
-    hup(child.id());
+    hup(instance.0.id());
     assert_eq!(status(), "429");
-    child.kill().unwrap();
-    child.wait().unwrap();
 }

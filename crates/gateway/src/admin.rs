@@ -25,7 +25,9 @@ fn store_failed(e: tollgate_core::StoreError) -> Response {
     .into_response()
 }
 
-/// The admin routes; `token` is required as `Authorization: Bearer`.
+/// The admin routes; `token` is required as `Authorization: Bearer`, except by `/healthz` and
+/// `/readyz` (as on the main listener; probes carry no token, and the admin listener keeps
+/// answering through a shutdown's drain, when `/readyz` says 503).
 pub fn router(gw: Shared, token: String) -> Router {
     Router::new()
         .route("/admin/kill", get(list_kills).post(set_kill))
@@ -61,6 +63,8 @@ pub fn router(gw: Shared, token: String) -> Router {
                 }
             },
         ))
+        .route("/healthz", get(crate::server::healthz))
+        .route("/readyz", get(crate::server::readyz))
         .with_state(gw)
 }
 

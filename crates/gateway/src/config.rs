@@ -92,6 +92,9 @@ pub struct RawServer {
     pub body_timeout: Option<String>,
     /// Time allowed for the upstream's response headers (default 120 s).
     pub upstream_timeout: Option<String>,
+    /// On SIGTERM or SIGINT, how long requests under way may take to finish before they are
+    /// cut off and released (default 25 s: inside the 30 s a Kubernetes pod is given).
+    pub drain_timeout: Option<String>,
     /// Open client connections at most (default 1024).
     pub max_connections: Option<u64>,
     /// Proxies whose `X-Forwarded-For` is believed.
@@ -184,6 +187,8 @@ pub struct GatewayConfig {
     pub body_timeout: Duration,
     /// Upstream response-header timeout.
     pub upstream_timeout: Duration,
+    /// How long requests under way may take to finish at shutdown.
+    pub drain_timeout: Duration,
     /// Connection limit.
     pub max_connections: usize,
     /// Trusted proxy addresses.
@@ -523,6 +528,11 @@ impl GatewayConfig {
                 &s.upstream_timeout,
                 Duration::from_secs(120),
                 "server.upstream_timeout",
+            )?,
+            drain_timeout: duration(
+                &s.drain_timeout,
+                Duration::from_secs(25),
+                "server.drain_timeout",
             )?,
             max_connections: usize::try_from(s.max_connections.unwrap_or(1024))
                 .unwrap_or(usize::MAX),

@@ -51,6 +51,8 @@ pub struct Gateway {
     seq: AtomicU64,
     queue: QueueState,
     records: Option<RecordSink>,
+    /// Set when a shutdown begins (`/readyz` then answers 503).
+    draining: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -99,7 +101,18 @@ impl Gateway {
             seq: AtomicU64::new(0),
             queue: QueueState::default(),
             records: None,
+            draining: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether a shutdown has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Marks the gateway as shutting down.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
     }
 
     /// Writes decision records to `sink`.

@@ -8,7 +8,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{Request, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -72,21 +72,9 @@ pub fn router(gw: Shared) -> Router {
             post(|s, r| proxy::handle(s, Format::Embeddings, "/v1/embeddings", r)),
         )
         .route("/v1/models", get(proxy::models))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(proxy::metrics))
-        .route(
-            "/readyz",
-            get(
-                |axum::extract::State(gw): axum::extract::State<Shared>| async move {
-                    match gw.store.ping().await {
-                        Ok(()) => (StatusCode::OK, "ready").into_response(),
-                        Err(e) => crate::respond::store_unavailable()
-                            .param(e.to_string())
-                            .into_response(),
-                    }
-                },
-            ),
-        )
+        .route("/readyz", get(readyz))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -97,6 +85,24 @@ pub fn router(gw: Shared) -> Router {
             .into_response()
         })
         .with_state(gw)
+}
+
+/// `GET /healthz`: the process answers.
+pub(crate) async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// `GET /readyz`: 200 while the store answers and no shutdown has begun, 503 otherwise.
+pub(crate) async fn readyz(axum::extract::State(gw): axum::extract::State<Shared>) -> Response {
+    if gw.is_draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+    }
+    match gw.store.ping().await {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Err(e) => crate::respond::store_unavailable()
+            .param(e.to_string())
+            .into_response(),
+    }
 }
 
 /// Serves `config` on `listener` until `shutdown` completes.
@@ -150,7 +156,11 @@ pub async fn serve_with(
     serve_gateway(gw, listener, shutdown).await
 }
 
-/// Serves an existing gateway.
+/// Serves an existing gateway until `shutdown` completes, then drains: no new connection is
+/// accepted, `/readyz` answers 503, every connection finishes the requests it is serving and
+/// closes, and those still running after the configured drain timeout are cut off and released
+/// (charged what they streamed). Returns once every request of this process has ended in the
+/// store, or a few seconds after the cut-off if the store does not answer.
 pub async fn serve_gateway(
     gw: Shared,
     listener: TcpListener,
@@ -159,14 +169,18 @@ pub async fn serve_gateway(
     let app = router(gw.clone());
     let limit = Arc::new(Semaphore::new(gw.config().max_connections));
     let header_timeout = gw.config().header_timeout;
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
+        // Ended connections leave the set.
+        while connections.try_join_next().is_some() {}
         let (stream, peer): (_, SocketAddr) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(_) => continue,
             },
-            () = &mut shutdown => return Ok(()),
+            () = &mut shutdown => break,
         };
         // Over the connection limit: close at once rather than queue without bound.
         let Ok(permit) = limit.clone().try_acquire_owned() else {
@@ -175,7 +189,8 @@ pub async fn serve_gateway(
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
-        tokio::spawn(async move {
+        let mut drain = drain_rx.clone();
+        connections.spawn(async move {
             let svc = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(ConnectInfo(peer));
                 app.clone().oneshot(req.map(Body::new))
@@ -185,8 +200,39 @@ pub async fn serve_gateway(
                 .http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout);
-            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+            let mut conn = std::pin::pin!(builder.serve_connection(TokioIo::new(stream), svc));
+            let draining = tokio::select! {
+                _ = conn.as_mut() => false,
+                r = drain.wait_for(|d| *d) => r.is_ok(),
+            };
+            if draining {
+                // Finish the request under way (a stream to its end), then close.
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
             drop(permit);
         });
     }
+    drop(listener);
+    gw.start_draining();
+    let _ = drain_tx.send(true);
+    let drained = tokio::time::timeout(gw.config().drain_timeout, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        // Cut off: each request's ticket is dropped with its connection, which releases it in
+        // the store, charging the output streamed so far.
+        connections.abort_all();
+        while connections.join_next().await.is_some() {}
+    }
+    let deadline = tokio::time::Instant::now() + RELEASE_GRACE;
+    while crate::store::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    Ok(())
 }
+
+/// How long a shutdown waits, after the drain, for the releases of cut-off requests to reach
+/// the store; past it, their leases expire and the policy charges their reservations.
+const RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);

@@ -1,6 +1,7 @@
 //! The store the gateway was configured with, and the ticket of an admitted request.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tollgate_core::pipeline::Plan;
 use tollgate_core::record::DecisionRecord;
@@ -81,6 +82,8 @@ pub struct Ticket {
     price: Option<tollgate_core::policy::Price>,
     /// Admitted without the store (fail open): nothing to settle or release there.
     detached: bool,
+    /// Counts the ticket as open until its request has ended in the store.
+    open: Option<Open>,
 }
 
 /// A request's decision record, completed and written when the ticket ends.
@@ -94,10 +97,37 @@ pub struct Recording {
     pub admitted_at: std::time::Instant,
 }
 
+/// Tickets of this process whose request has not ended in the store yet (a release spawned by
+/// a dropped ticket counts until it has run): a shutdown waits for them.
+static OPEN_TICKETS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many tickets of this process have not ended in the store yet.
+pub fn open_tickets() -> usize {
+    OPEN_TICKETS.load(Ordering::SeqCst)
+}
+
+/// One open ticket, counted in [`OPEN_TICKETS`] until dropped.
+#[derive(Debug)]
+struct Open;
+
+impl Open {
+    fn new() -> Self {
+        OPEN_TICKETS.fetch_add(1, Ordering::SeqCst);
+        Self
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        OPEN_TICKETS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl Ticket {
     /// A ticket for an admitted request.
     pub fn new(store: AnyStore, id: String) -> Self {
         Self {
+            open: Some(Open::new()),
             store,
             id,
             partial: None,
@@ -231,15 +261,17 @@ impl Drop for Ticket {
         if self.detached {
             return;
         }
-        let (store, id, usage) = (
+        let (store, id, usage, open) = (
             self.store.clone(),
             std::mem::take(&mut self.id),
             self.partial,
+            self.open.take(),
         );
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 // If this fails too, the lease expires and the policy charges the reservation.
                 let _ = store.release(&id, usage).await;
+                drop(open);
             });
         }
     }

@@ -1,0 +1,217 @@
+//! Shutdown of a `tollgate serve` process on SIGTERM, on a Redis store that outlives it: the
+//! listener closes at once, a stream under way is served to its end and settled, and one that
+//! outlasts the drain timeout is cut off and released (charged what it streamed), so that no
+//! lease or reservation waits for its expiry.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+use tollgate_core::{Period, ScopeUsage, Store};
+use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_sim::{Sim, SimConfig};
+use tollgate_testkit::redis_server::RedisServer;
+
+mod common;
+use common::{Instance, start_instance};
+
+/// Prompt tokens of the request below, as the simulator reports them.
+const PROMPT: u64 = 10;
+
+struct Env {
+    _sim: Sim,
+    redis: RedisServer,
+    _dir: tempfile::TempDir,
+    instance: Instance,
+    url: String,
+    /// The admin listener's URL (`/readyz` answers there through the drain).
+    admin: String,
+}
+
+async fn env(drain_timeout: &str, token_delay: Duration) -> Env {
+    let sim = Sim::start(SimConfig {
+        latency: Duration::from_millis(5),
+        token_delay,
+        output_tokens: 1000,
+        api_key: None,
+    })
+    .await
+    .unwrap();
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin-token");
+    std::fs::write(&token, "admin-token-0123456789").unwrap();
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndrain_timeout = \"{drain_timeout}\"\n\
+             [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = {:?}\n\
+             [store]\nurl = \"{}\"\nprefix = \"drain\"\ncall_timeout = \"2s\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+             [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = {{ limit = 4, lease_ttl = \"5m\" }}\n\
+             budget = {{ tokens = 100000, period = \"day\" }}\n",
+            token.display().to_string(),
+            redis.url(),
+            sim.base_url(),
+            tollgate_gateway::hash_key("sk-drain")
+        ),
+    )
+    .unwrap();
+    let (instance, url) = start_instance(&config);
+    Env {
+        _sim: sim,
+        redis,
+        _dir: dir,
+        instance,
+        url,
+        admin: format!("http://127.0.0.1:{admin_port}"),
+    }
+}
+
+/// The status of the admin listener's `GET /readyz` (no token: probes carry none).
+async fn readyz(env: &Env) -> u16 {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = Request::get(format!("{}/readyz", env.admin))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    client.request(req).await.unwrap().status().as_u16()
+}
+
+/// Starts a streamed request of `max_tokens` and returns its response once the first
+/// content has arrived.
+async fn start_stream(env: &Env, max_tokens: u64) -> hyper::Response<hyper::body::Incoming> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let body = json!({"model": "gpt-4o", "max_tokens": max_tokens, "stream": true,
+        "messages": [{"role": "user", "content": "Hello there!"}]});
+    let req = Request::post(format!("{}/v1/chat/completions", env.url))
+        .header("authorization", "Bearer sk-drain")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+fn sigterm(env: &Env) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &env.instance.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Waits up to `within` for the process to exit; returns whether it exited with success.
+fn exits_within(env: &mut Env, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = env.instance.0.try_wait().unwrap() {
+            return status.success();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running {within:?} after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The tenant's budget and leases as the Redis store holds them.
+async fn usage(env: &Env) -> ScopeUsage {
+    let mut cfg = RedisConfig::new(env.redis.url().as_str());
+    cfg.prefix = "drain".into();
+    let store = RedisStore::connect(cfg).await.unwrap();
+    store
+        .usage("tenant|tenant:acme", Some(Period::Fixed(86_400_000)))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_stream_under_way_finish_and_settle() {
+    let mut env = env("20s", Duration::from_millis(20)).await;
+    let resp = start_stream(&env, 100).await;
+    assert_eq!(readyz(&env).await, 200);
+    let signalled = Instant::now();
+    sigterm(&env);
+    // The listener closes at once: new clients go to other instances.
+    let port = env.url.rsplit(':').next().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
+        .await
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Load balancers probing readiness see the drain.
+    assert_eq!(readyz(&env).await, 503);
+    // The stream under way goes on to its end (100 tokens at 20 ms each).
+    let text = String::from_utf8(
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    assert_eq!(text.matches("\"content\":\"tok \"").count(), 100, "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // Then the process exits by itself, long before its 20 s drain timeout.
+    assert!(exits_within(&mut env, Duration::from_secs(10)));
+    assert!(signalled.elapsed() < Duration::from_secs(10));
+    let u = usage(&env).await;
+    assert_eq!((u.leases, u.reserved, u.settled), (0, 0, PROMPT + 100));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_outlasts_the_drain_is_released_not_left_to_expire() {
+    // 1,000 tokens at 20 ms each: 20 s, far beyond the 300 ms drain timeout.
+    let mut env = env("300ms", Duration::from_millis(20)).await;
+    let mut body = start_stream(&env, 1000).await.into_body();
+    // Some output first, so that there is a partial usage to charge.
+    let mut seen = 0;
+    while seen < 5 {
+        let frame = body.frame().await.unwrap().unwrap();
+        if let Ok(data) = frame.into_data() {
+            seen += String::from_utf8_lossy(&data)
+                .matches("\"content\":\"tok \"")
+                .count();
+        }
+    }
+    sigterm(&env);
+    // The stream is cut off: it ends before its 1,000 tokens.
+    let rest = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let streamed = seen
+        + String::from_utf8_lossy(&rest)
+            .matches("\"content\":\"tok \"")
+            .count();
+    assert!(streamed < 1000, "{streamed}");
+    assert!(exits_within(&mut env, Duration::from_secs(8)));
+    // Released at shutdown, not left for the 5-minute lease expiry: nothing held, and the
+    // output streamed so far is charged.
+    let u = usage(&env).await;
+    assert_eq!((u.leases, u.reserved), (0, 0), "{u:?}");
+    assert!(
+        u.settled >= PROMPT + 5 && u.settled < PROMPT + 1000,
+        "{u:?}, {streamed} streamed"
+    );
+}
