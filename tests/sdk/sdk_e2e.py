@@ -6,29 +6,20 @@ TOLLGATE_BUDGET_KEY (a 30-token daily budget). Exits non-zero on the first faile
 """
 
 import os
-import sys
 import time
 
 import openai
+
+from checks import attempt_hooks, check
 
 BASE = os.environ["TOLLGATE_BASE_URL"] + "/v1"
 MSG = [{"role": "user", "content": "Hello there!"}]
 
 
 def client(key, attempts):
-    def count(request):
-        attempts.append(time.monotonic())
-
     # The SDK's own HTTP client class, so that this keeps working whatever it is built on.
-    http = openai.DefaultHttpxClient(event_hooks={"request": [count]})
+    http = openai.DefaultHttpxClient(event_hooks=attempt_hooks(attempts))
     return openai.OpenAI(base_url=BASE, api_key=key, max_retries=2, http_client=http)
-
-
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", flush=True)
-        sys.exit(1)
-    print(f"ok: {what}", flush=True)
 
 
 def main():

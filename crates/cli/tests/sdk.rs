@@ -1,6 +1,7 @@
-//! The official OpenAI Python SDK end to end (`tests/sdk/sdk_e2e.py`) against the gateway and
-//! the simulator. `.ci/run` makes the venv (`.venv`, `tests/sdk/requirements.txt`); elsewhere set
-//! `TOLLGATE_PYTHON` to a Python with `openai` installed.
+//! The official OpenAI and Anthropic Python SDKs end to end (`tests/sdk/sdk_e2e.py`,
+//! `tests/sdk/anthropic_e2e.py`) against the gateway and the simulator. `.ci/run` makes the venv
+//! (`.venv`, `tests/sdk/requirements.txt`); elsewhere set `TOLLGATE_PYTHON` to a Python with
+//! `openai` and `anthropic` installed.
 
 #![allow(
     clippy::unwrap_used,
@@ -27,13 +28,14 @@ fn python() -> PathBuf {
     let venv = repo(".venv/bin/python");
     assert!(
         venv.exists(),
-        "no Python with the openai SDK: run .ci/run, or `python3 -m venv .venv && .venv/bin/pip install -r tests/sdk/requirements.txt`"
+        "no Python with the openai and anthropic SDKs: run .ci/run, or `python3 -m venv .venv && .venv/bin/pip install -r tests/sdk/requirements.txt`"
     );
     venv
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_openai_sdk_works_through_the_gateway() {
+/// Runs `script` (in `tests/sdk/`) against a gateway whose one upstream, the simulator, serves
+/// `model`; three keys of three tenants: plain, 2 requests per 2 s, a 30-token daily budget.
+async fn run_sdk_script(script: &str, model: &str) {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let keys = [
         ("sk-plain", "plain"),
@@ -41,7 +43,7 @@ async fn the_official_openai_sdk_works_through_the_gateway() {
         ("sk-budget", "budget"),
     ];
     let mut text = format!(
-        "[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n",
+        "[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"{model}\"]\n",
         sim.base_url()
     );
     for (k, tenant) in keys {
@@ -63,8 +65,9 @@ async fn the_official_openai_sdk_works_through_the_gateway() {
         std::future::pending(),
     ));
     let out = tokio::process::Command::new(python())
-        .arg(repo("tests/sdk/sdk_e2e.py"))
+        .arg(repo(&format!("tests/sdk/{script}")))
         .env("TOLLGATE_BASE_URL", format!("http://{addr}"))
+        .env("TOLLGATE_MODEL", model)
         .env("TOLLGATE_KEY", "sk-plain")
         .env("TOLLGATE_RETRY_KEY", "sk-retry")
         .env("TOLLGATE_BUDGET_KEY", "sk-budget")
@@ -79,4 +82,14 @@ async fn the_official_openai_sdk_works_through_the_gateway() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("3 passed, 0 failed"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_works_through_the_gateway() {
+    run_sdk_script("sdk_e2e.py", "gpt-4o").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_anthropic_sdk_works_through_the_gateway() {
+    run_sdk_script("anthropic_e2e.py", "claude-sonnet-4").await;
 }

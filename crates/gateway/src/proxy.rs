@@ -27,6 +27,8 @@ use crate::respond::{self, ApiError};
 use crate::sse::SseMeter;
 use crate::store::{AnyStore, Ticket};
 
+/// The `anthropic-version` sent upstream when the client sent none.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// Upstream response bodies larger than this are refused (not streamed ones).
 const MAX_UPSTREAM_BODY: usize = 64 << 20;
 /// Headers of an admitted request's response: up to eight quota headers, `content-type`,
@@ -186,7 +188,8 @@ impl Gateway {
 /// Shared gateway state for handlers.
 pub type Shared = Arc<Gateway>;
 
-/// `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
+/// `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, and Anthropic's
+/// `/v1/messages` (whose errors take Anthropic's format).
 pub async fn handle(
     State(gw): State<Shared>,
     format: Format,
@@ -196,6 +199,7 @@ pub async fn handle(
     let id = gw.next_id();
     let mut resp = match admit_and_forward(&gw, format, path, &id, req).await {
         Ok(r) => r,
+        Err(e) if format == Format::AnthropicMessages => e.into_anthropic_response(),
         Err(e) => e.into_response(),
     };
     if let Ok(v) = HeaderValue::from_str(&id) {
@@ -216,10 +220,14 @@ fn authenticate<'a>(
             m,
         )
     };
+    // OpenAI's clients send `Authorization: Bearer`, Anthropic's `x-api-key`.
     let value = headers
         .get("authorization")
+        .or_else(|| headers.get("x-api-key"))
         .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| unauthorized("Missing API key: send Authorization: Bearer <key>."))?;
+        .ok_or_else(|| {
+            unauthorized("Missing API key: send Authorization: Bearer <key> or x-api-key: <key>.")
+        })?;
     let key = value.strip_prefix("Bearer ").unwrap_or(value).trim();
     let hash = hash_key(key);
     cfg.keys
@@ -384,7 +392,7 @@ async fn admit_and_forward(
     // Several choices (`n`, or `best_of` for completions) multiply the output: the cap and the
     // estimate are for the whole request, and each choice gets its share.
     let choices = match format {
-        Format::Embeddings => 1,
+        Format::Embeddings | Format::AnthropicMessages => 1,
         _ => json
             .get("n")
             .and_then(Value::as_u64)
@@ -497,10 +505,11 @@ async fn admit_and_forward(
                     }
                 }
             }
-            Format::Completions => {
+            Format::Completions | Format::AnthropicMessages => {
+                // Anthropic requires it: a request without one gets the admitted default.
                 obj.insert("max_tokens".into(), per_choice.into());
             }
-            _ => {}
+            Format::Embeddings => {}
         }
     }
     let upstream = &cfg.upstreams[upstream_idx];
@@ -523,7 +532,20 @@ async fn admit_and_forward(
             },
         )
         .header("x-request-id", id);
-    if let Some(k) = &upstream.api_key {
+    if format == Format::AnthropicMessages {
+        if let Some(k) = &upstream.api_key {
+            builder = builder.header("x-api-key", k.as_str());
+        }
+        // The client's API version and beta features go through; the version is required.
+        let version = parts.headers.get("anthropic-version").cloned();
+        builder = builder.header(
+            "anthropic-version",
+            version.unwrap_or(HeaderValue::from_static(ANTHROPIC_VERSION)),
+        );
+        if let Some(beta) = parts.headers.get("anthropic-beta") {
+            builder = builder.header("anthropic-beta", beta.clone());
+        }
+    } else if let Some(k) = &upstream.api_key {
         builder = builder.header("authorization", format!("Bearer {k}"));
     }
     let up_req = builder
@@ -597,7 +619,11 @@ async fn admit_and_forward(
             cached_input_tokens: 0,
             output_tokens: 0,
         });
-        let meter = SseMeter::new(&model, strip_usage);
+        let meter = if format == Format::AnthropicMessages {
+            SseMeter::anthropic(&model)
+        } else {
+            SseMeter::new(&model, strip_usage)
+        };
         let body = up.into_body();
         let stream =
             futures_util::stream::unfold(Some((body, meter, ticket)), move |state| async move {
@@ -675,7 +701,26 @@ async fn admit_and_forward(
     };
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let u = &v["usage"];
-    let usage = if u.is_object() {
+    let usage = if format == Format::AnthropicMessages {
+        let text: String = v["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["text"].as_str())
+            .collect();
+        match crate::sse::anthropic_usage(u) {
+            Some((input, cached)) => Usage {
+                input_tokens: input,
+                cached_input_tokens: cached,
+                output_tokens: u["output_tokens"].as_u64().unwrap_or(0),
+            },
+            None => Usage {
+                input_tokens: input,
+                cached_input_tokens: 0,
+                output_tokens: cfg.counter.count_text(&count.model, &text, None).0,
+            },
+        }
+    } else if u.is_object() {
         Usage {
             input_tokens: u["prompt_tokens"].as_u64().unwrap_or(input),
             cached_input_tokens: u["prompt_tokens_details"]["cached_tokens"]

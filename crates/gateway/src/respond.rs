@@ -61,6 +61,29 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The error in Anthropic's format (`/v1/messages`): `{"type": "error", "error": {"type",
+    /// "message"}}`, the type following the status as Anthropic's API does, and Tollgate's own
+    /// code kept in `error.code` (an addition clients may read or ignore). Headers as for
+    /// OpenAI's format (`retry-after`, `retry-after-ms` and `x-should-retry`, which Anthropic's
+    /// SDKs read too).
+    pub fn into_anthropic_response(self) -> Response {
+        let kind = match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            s if s >= 500 => "api_error",
+            _ => "invalid_request_error",
+        };
+        let body = json!({"type": "error", "error": {"type": kind, "message": self.message, "code": self.code}});
+        let mut r = (self.status, axum::Json(body)).into_response();
+        r.headers_mut().extend(self.headers);
+        r
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});

@@ -71,6 +71,10 @@ pub fn router(gw: Shared) -> Router {
             "/v1/embeddings",
             post(|s, r| proxy::handle(s, Format::Embeddings, "/v1/embeddings", r)),
         )
+        .route(
+            "/v1/messages",
+            post(|s, r| proxy::handle(s, Format::AnthropicMessages, "/v1/messages", r)),
+        )
         .route("/v1/models", get(proxy::models))
         .route("/healthz", get(healthz))
         .route("/metrics", get(proxy::metrics))

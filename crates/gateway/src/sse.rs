@@ -1,5 +1,7 @@
 //! Server-sent events passing through: forwarded chunk by chunk, read on the way for usage and
-//! streamed output, with the usage event removed when the client did not ask for it.
+//! streamed output, with the usage event removed when the client did not ask for it. OpenAI's
+//! chunks carry usage in a last event the gateway asks for; Anthropic's carry the input in
+//! `message_start` and the output, cumulative, in `message_delta`.
 
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
@@ -18,6 +20,20 @@ pub struct SseMeter {
     pub counted_output: u64,
     /// Whether `[DONE]` was seen.
     pub done: bool,
+    /// Anthropic's events rather than OpenAI's chunks.
+    anthropic: bool,
+    /// Anthropic: the input (with cache reads and writes) and cache reads of `message_start`.
+    anthropic_input: Option<(u64, u64)>,
+}
+
+/// Anthropic's usage object as (input, cached input): its `input_tokens` leaves out the tokens
+/// read from and written to the prompt cache, which are input all the same. `None` without
+/// `input_tokens`.
+pub fn anthropic_usage(u: &Value) -> Option<(u64, u64)> {
+    let plain = u["input_tokens"].as_u64()?;
+    let read = u["cache_read_input_tokens"].as_u64().unwrap_or(0);
+    let written = u["cache_creation_input_tokens"].as_u64().unwrap_or(0);
+    Some((plain + read + written, read))
 }
 
 impl SseMeter {
@@ -31,6 +47,16 @@ impl SseMeter {
             usage: None,
             counted_output: 0,
             done: false,
+            anthropic: false,
+            anthropic_input: None,
+        }
+    }
+
+    /// A meter of Anthropic's events (none removed).
+    pub fn anthropic(model: &str) -> Self {
+        Self {
+            anthropic: true,
+            ..Self::new(model, false)
         }
     }
 
@@ -69,6 +95,10 @@ impl SseMeter {
             let Ok(v) = serde_json::from_str::<Value>(data) else {
                 continue;
             };
+            if self.anthropic {
+                self.inspect_anthropic(&v);
+                continue;
+            }
             if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                 self.usage = Some((
                     u["prompt_tokens"].as_u64().unwrap_or(0),
@@ -91,6 +121,30 @@ impl SseMeter {
             }
         }
         forward
+    }
+
+    fn inspect_anthropic(&mut self, v: &Value) {
+        match v["type"].as_str() {
+            Some("message_start") => {
+                self.anthropic_input = anthropic_usage(&v["message"]["usage"]);
+            }
+            Some("content_block_delta") => {
+                let d = &v["delta"];
+                if let Some(s) = d["text"].as_str().or(d["partial_json"].as_str()) {
+                    self.counted_output += self.counter.count_text(&self.model, s, None).0;
+                }
+            }
+            Some("message_delta") => {
+                // Cumulative: the last one is the whole output.
+                if let (Some((input, cached)), Some(out)) =
+                    (self.anthropic_input, v["usage"]["output_tokens"].as_u64())
+                {
+                    self.usage = Some((input, cached, out));
+                }
+            }
+            Some("message_stop") => self.done = true,
+            _ => {}
+        }
     }
 }
 
@@ -119,6 +173,26 @@ mod tests {
         assert!(b.contains("[DONE]"));
         assert_eq!(m.usage, Some((5, 0, 1)));
         assert_eq!(m.counted_output, 1);
+        assert!(m.done);
+    }
+
+    #[test]
+    fn anthropic_usage_comes_from_message_start_and_message_delta() {
+        let mut m = SseMeter::anthropic("claude-sonnet-4");
+        let events = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":7,\"cache_read_input_tokens\":20,\"cache_creation_input_tokens\":3,\"output_tokens\":1}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"output_tokens\":2}}\n\n",
+        );
+        // Split mid-event: forwarded whole, nothing removed.
+        let (a, b) = events.split_at(60);
+        let mut out = m.feed(a.as_bytes()).to_vec();
+        out.extend_from_slice(&m.feed(b.as_bytes()));
+        assert_eq!(out, events.as_bytes());
+        assert_eq!(m.usage, Some((30, 20, 2)));
+        assert_eq!(m.counted_output, 1);
+        assert!(!m.done);
+        m.feed(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
         assert!(m.done);
     }
 

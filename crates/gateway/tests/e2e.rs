@@ -16,7 +16,6 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_core::{Period, Store};
-use tollgate_gateway::store::AnyStore;
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_testkit::sim::{Sim, SimConfig};
 
@@ -24,12 +23,7 @@ const KEY: &str = "sk-test-acme";
 const OTHER_KEY: &str = "sk-test-other";
 const UPSTREAM_KEY: &str = "upstream-secret";
 
-struct Env {
-    sim: Sim,
-    addr: std::net::SocketAddr,
-    store: AnyStore,
-    _redis: Option<RedisServer>,
-}
+use common::{Env, Reply};
 
 async fn env(redis: bool, policy: &str, extra: &str, sim: SimConfig) -> Env {
     let sim = Sim::start(SimConfig {
@@ -57,53 +51,15 @@ async fn env(redis: bool, policy: &str, extra: &str, sim: SimConfig) -> Env {
         tollgate_gateway::hash_key(OTHER_KEY),
     )
     .replace("[[scopes]]", "[[policy.scopes]]");
-    let (addr, store) = common::spawn_gateway(&text, UPSTREAM_KEY).await;
-    Env {
-        sim,
-        addr,
-        store,
-        _redis: redis_server,
-    }
-}
-
-struct Reply {
-    status: u16,
-    headers: hyper::HeaderMap,
-    body: Bytes,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-    fn code(&self) -> String {
-        self.json()["error"]["code"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    }
+    Env::start(&text, UPSTREAM_KEY, sim, redis_server).await
 }
 
 async fn send(env: &Env, path: &str, key: Option<&str>, body: impl Into<Bytes>) -> Reply {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut b = Request::post(format!("http://{}{path}", env.addr))
-        .header("content-type", "application/json");
-    if let Some(k) = key {
-        b = b.header("authorization", format!("Bearer {k}"));
-    }
-    let resp = client
-        .request(b.body(Full::new(body.into())).unwrap())
-        .await
-        .unwrap();
-    let (parts, body) = resp.into_parts();
-    Reply {
-        status: parts.status.as_u16(),
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
+    let auth: Vec<(&str, String)> = key
+        .map(|k| ("authorization", format!("Bearer {k}")))
+        .into_iter()
+        .collect();
+    common::post(env.addr, path, &auth, body).await
 }
 
 fn chat(content: &str, max: u64) -> Vec<u8> {
@@ -111,10 +67,7 @@ fn chat(content: &str, max: u64) -> Vec<u8> {
 }
 
 async fn tenant_usage(env: &Env) -> tollgate_core::ScopeUsage {
-    env.store
-        .usage("tenant|tenant:acme", Some(Period::Fixed(86_400_000)))
-        .await
-        .unwrap()
+    common::tenant_usage(&env.store).await
 }
 
 /// The tenant's settled total once it reaches `expected` (settlement happens after the

@@ -11,15 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::Request;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tollgate_core::{Period, Store};
 use tollgate_gateway::config::GatewayConfig;
 use tollgate_gateway::store::AnyStore;
 use tollgate_testkit::sim::{Sim, SimConfig};
@@ -111,15 +106,15 @@ async fn env(trust: bool) -> Env {
 }
 
 async fn send(env: &Env, body: Value) -> (u16, Bytes) {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let req = Request::post(format!("http://{}/v1/chat/completions", env.addr))
-        .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {KEY}"))
-        .body(Full::new(Bytes::from(serde_json::to_vec(&body).unwrap())))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.into_body().collect().await.unwrap().to_bytes())
+    let auth = [("authorization", format!("Bearer {KEY}"))];
+    let r = common::post(
+        env.addr,
+        "/v1/chat/completions",
+        &auth,
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    (r.status, r.body)
 }
 
 fn chat(stream: bool) -> Value {
@@ -127,21 +122,13 @@ fn chat(stream: bool) -> Value {
         "messages": [{"role": "user", "content": "Hello there!"}]})
 }
 
-/// The tenant's (settled, reserved, leases) once nothing is held any more; fails after 3 s.
+/// The tenant's settled total once nothing is held any more; fails after 3 s.
 async fn settles_to_nothing_held(env: &Env) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let u = env
-            .store
-            .usage("tenant|tenant:acme", Some(Period::Fixed(86_400_000)))
-            .await
-            .unwrap();
-        if u.leases == 0 && u.reserved == 0 {
-            return u.settled;
-        }
-        assert!(Instant::now() < deadline, "still held: {u:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::tenant_usage_when(&env.store, "still held", |u| {
+        u.leases == 0 && u.reserved == 0
+    })
+    .await
+    .settled
 }
 
 #[tokio::test]

@@ -126,6 +126,7 @@ fn router(state: Arc<SimState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/messages", post(messages))
         .route("/v1/models", get(models))
         .route("/sim/stats", get(stats_json))
         .with_state(state)
@@ -145,8 +146,10 @@ struct InFlight {
 
 impl InFlight {
     fn new(state: &Arc<SimState>, headers: &HeaderMap) -> Self {
+        // OpenAI's `Authorization: Bearer`, or Anthropic's `x-api-key`.
         let key = headers
             .get("authorization")
+            .or_else(|| headers.get("x-api-key"))
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
@@ -256,9 +259,22 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
         events.push(json!({"id": id, "object": "chat.completion.chunk", "created": 0, "choices": [], "usage": usage}).to_string());
     }
     events.push("[DONE]".to_owned());
-    let total = events.len();
+    let frames = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    event_stream(frames, delay, guard, (prompt, n))
+}
+
+/// Sends `frames` (whole server-sent events) one every `delay`, the request counted done with
+/// `usage` (prompt, completion) when the last one goes.
+fn event_stream(
+    frames: Vec<String>,
+    delay: Duration,
+    guard: InFlight,
+    usage: (u64, u64),
+) -> Response {
+    let frames = Arc::new(frames);
+    let total = frames.len();
     let stream = futures_util::stream::unfold((0usize, Some(guard)), move |(i, mut guard)| {
-        let events = events.clone();
+        let frames = frames.clone();
         async move {
             if i >= total {
                 return None;
@@ -268,10 +284,10 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
             }
             if i + 1 == total {
                 if let Some(g) = guard.take() {
-                    g.done(prompt, n);
+                    g.done(usage.0, usage.1);
                 }
             }
-            let bytes = Bytes::from(format!("data: {}\n\n", events[i]));
+            let bytes = Bytes::from(frames[i].clone());
             Some((Ok::<_, std::io::Error>(bytes), (i + 1, guard)))
         }
     });
@@ -286,6 +302,105 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
                 "server_error",
             )
         })
+}
+
+/// An error in Anthropic's format.
+fn anthropic_error(status: StatusCode, kind: &str, message: &str) -> Response {
+    (
+        status,
+        Json(json!({"type": "error", "error": {"type": kind, "message": message}})),
+    )
+        .into_response()
+}
+
+/// Anthropic's `POST /v1/messages`: `x-api-key` and `anthropic-version` required, `max_tokens`
+/// required, usage in the body or, streamed, in `message_start` (input) and `message_delta`
+/// (output).
+async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key_ok = match &state.config.api_key {
+        None => true,
+        Some(k) => headers.get("x-api-key").and_then(|v| v.to_str().ok()) == Some(k.as_str()),
+    };
+    if !key_ok {
+        return anthropic_error(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid x-api-key",
+        );
+    }
+    if !headers.contains_key("anthropic-version") {
+        return anthropic_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "anthropic-version: header is required",
+        );
+    }
+    let (req, prompt) = match read_request(&body, Format::AnthropicMessages) {
+        Ok(r) => r,
+        Err(e) => return *e,
+    };
+    if let Ok(mut s) = state.stats.lock() {
+        s.last_body = Some(req.clone());
+    }
+    let Some(cap) = req["max_tokens"].as_u64() else {
+        return anthropic_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "max_tokens: Field required",
+        );
+    };
+    let model = req["model"].as_str().unwrap_or("").to_owned();
+    let n = state.config.output_tokens.min(cap);
+    let stop = if n == cap { "max_tokens" } else { "end_turn" };
+    let guard = InFlight::new(&state, &headers);
+    tokio::time::sleep(state.config.latency).await;
+    if req["stream"].as_bool() != Some(true) {
+        tokio::time::sleep(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
+        guard.done(prompt, n);
+        let text = "tok ".repeat(usize::try_from(n).unwrap_or(0));
+        return Json(
+            json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text.trim_end()}], "stop_reason": stop,
+            "stop_sequence": null, "usage": {"input_tokens": prompt, "output_tokens": n}}),
+        )
+        .into_response();
+    }
+    let mut events: Vec<(&'static str, Value)> = vec![
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_sim",
+            "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": prompt, "output_tokens": 1}}}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+        ),
+    ];
+    for _ in 0..n {
+        events.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "tok "}}),
+        ));
+    }
+    events.push((
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    events.push((
+        "message_delta",
+        json!({"type": "message_delta",
+        "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": n}}),
+    ));
+    events.push(("message_stop", json!({"type": "message_stop"})));
+    let frames = events
+        .iter()
+        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+        .collect();
+    event_stream(frames, state.config.token_delay, guard, (prompt, n))
 }
 
 /// The request's JSON and its prompt tokens, counted with the real tokenizer; or the 400 to send.

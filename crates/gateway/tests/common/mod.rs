@@ -1,13 +1,31 @@
 //! What the gateway's end-to-end tests share.
 
-#![allow(clippy::unwrap_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::panic, dead_code)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use tollgate_core::{Period, ScopeUsage, Store};
 use tollgate_gateway::config::GatewayConfig;
 use tollgate_gateway::proxy::Gateway;
 use tollgate_gateway::store::AnyStore;
+use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::sim::Sim;
+
+/// A gateway under test, its upstream and its store.
+pub struct Env {
+    pub sim: Sim,
+    pub addr: SocketAddr,
+    pub store: AnyStore,
+    pub _redis: Option<RedisServer>,
+}
 
 /// Starts a gateway for the configuration `text` on a free loopback port, with its store and
 /// its decision records if the configuration asks for them; its first upstream gets the API key
@@ -29,4 +47,95 @@ pub async fn spawn_gateway(text: &str, upstream_key: &str) -> (SocketAddr, AnySt
         std::future::pending(),
     ));
     (addr, store)
+}
+
+impl Env {
+    /// A gateway for the configuration `text` (see [`spawn_gateway`]) in front of `sim`.
+    pub async fn start(
+        text: &str,
+        upstream_key: &str,
+        sim: Sim,
+        redis: Option<RedisServer>,
+    ) -> Self {
+        let (addr, store) = spawn_gateway(text, upstream_key).await;
+        Self {
+            sim,
+            addr,
+            store,
+            _redis: redis,
+        }
+    }
+}
+
+/// A response, read whole.
+pub struct Reply {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    pub fn code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    }
+}
+
+/// `POST http://ADDR{path}` with a JSON body and `headers`.
+pub async fn post(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, String)],
+    body: impl Into<Bytes>,
+) -> Reply {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut b =
+        Request::post(format!("http://{addr}{path}")).header("content-type", "application/json");
+    for (name, value) in headers {
+        b = b.header(*name, value.as_str());
+    }
+    let resp = client
+        .request(b.body(Full::new(body.into())).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = resp.into_parts();
+    Reply {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// The `acme` tenant's daily budget and leases.
+pub async fn tenant_usage(store: &AnyStore) -> ScopeUsage {
+    store
+        .usage("tenant|tenant:acme", Some(Period::Fixed(86_400_000)))
+        .await
+        .unwrap()
+}
+
+/// The `acme` tenant's usage once `done` holds for it (settlement can follow the response);
+/// fails after 3 s, saying `what`.
+pub async fn tenant_usage_when(
+    store: &AnyStore,
+    what: &str,
+    done: impl Fn(&ScopeUsage) -> bool,
+) -> ScopeUsage {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let u = tenant_usage(store).await;
+        if done(&u) {
+            return u;
+        }
+        assert!(Instant::now() < deadline, "{what}: {u:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
