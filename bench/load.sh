@@ -8,8 +8,10 @@
 # controls on the memory store; and with all six on Redis (its own redis-server). The targets
 # take turns, round after round, so that a slow moment of a shared machine falls on all of them;
 # each round's ratios are taken within the round. Prints every round, then a Markdown table of
-# medians (req/s, p50, p99, the median of the rounds' ratios to pass-through, and the CPU time
-# per request of the gateway and of Redis, read from /proc).
+# medians (req/s, p50, p99, the median of the rounds' ratios to pass-through, the CPU time per
+# request of the gateway and of Redis, read from /proc, and the share of both cores left idle
+# during the run, from /proc/stat: where the cores are not saturated, work added by the
+# controls costs less throughput).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR="${1:-10}"
@@ -46,14 +48,16 @@ RED=$(gateway redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")
 # CPU time (user + system, in clock ticks) a process has used so far; 0 when there is none.
 ticks() { if [ -n "$1" ] && [ -r "/proc/$1/stat" ]; then awk '{print $14 + $15}' "/proc/$1/stat"; else echo 0; fi; }
 HZ=$(getconf CLK_TCK)
-run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per-request"
+# The whole machine's (total, idle + iowait) clock ticks so far, from /proc/stat.
+machine() { awk '/^cpu / {print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat; }
+run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per-request idle-share"
   # CPU per request is steadier than req/s on a shared machine: it does not depend on how much
   # of the cores the other processes took during the run.
   local gw; gw=$(cat "$tmp/pid-$1" 2>/dev/null || true)
   local rd=""; [ "$1" = redis ] && rd=$REDIS_PID
-  local g0 r0 g1 r1; g0=$(ticks "$gw"); r0=$(ticks "$rd")
+  local g0 r0 g1 r1 m0 m1; g0=$(ticks "$gw"); r0=$(ticks "$rd"); m0=$(machine)
   local out; out=$(wrk -t2 -c"$CONN" -d"${DUR}s" --latency -s bench/post.lua "http://127.0.0.1:$2/v1/chat/completions" 2>&1)
-  g1=$(ticks "$gw"); r1=$(ticks "$rd")
+  g1=$(ticks "$gw"); r1=$(ticks "$rd"); m1=$(machine)
   if echo "$out" | grep -q "Non-2xx"; then echo "$out" >&2; echo "non-2xx responses for $1" >&2; exit 1; fi
   local rps p50 p99 n
   n=$(echo "$out" | awk '/requests in/ {print $1}')
@@ -61,7 +65,8 @@ run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per
   p50=$(echo "$out" | awk '$1=="50%" {print $2}')
   p99=$(echo "$out" | awk '$1=="99%" {print $2}')
   local per="1000000 / $HZ / $n"
-  echo "$rps $p50 $p99 $(python3 -c "print(round(($g1 - $g0) * $per, 1))") $(python3 -c "print(round(($r1 - $r0) * $per, 1))")"
+  local idle; idle=$(python3 -c "a, b = '$m0'.split(), '$m1'.split(); print(round((int(b[1]) - int(a[1])) / max(1, int(b[0]) - int(a[0])), 3))")
+  echo "$rps $p50 $p99 $(python3 -c "print(round(($g1 - $g0) * $per, 1))") $(python3 -c "print(round(($r1 - $r0) * $per, 1))") $idle"
 }
 echo "wrk -t2 -c$CONN -d${DUR}s, $ROUNDS rounds, one small chat completion (16 output tokens), upstream simulator with no latency; $(nproc) cores shared by wrk, gateway, simulator and Redis; $(date -u +%F)"
 echo
@@ -78,9 +83,11 @@ import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 by = {}
 cpu = {}
-for r, t, rps, p50, p99, gw, rd in rows:
+idle = {}
+for r, t, rps, p50, p99, gw, rd, id_ in rows:
     by.setdefault(t, []).append((int(r), float(rps), p50, p99))
     cpu.setdefault(t, []).append((float(gw), float(rd)))
+    idle.setdefault(t, []).append(float(id_))
 def ms(v):  # wrk latency: 1.23ms, 456.78us, 1.02s
     for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
         if v.endswith(unit) and v[: -len(unit)].replace(".", "").isdigit():
@@ -89,13 +96,14 @@ def ms(v):  # wrk latency: 1.23ms, 456.78us, 1.02s
 rps = {t: {r: x for r, x, _, _ in v} for t, v in by.items()}
 names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-through)"),
          ("memory", "gateway, six controls, memory store"), ("redis", "gateway, six controls, Redis store")]
-print("| target | req/s (median) | p50 | p99 | vs pass-through (median of rounds) | per round | gateway CPU per request | Redis CPU per request |")
-print("|---|---|---|---|---|---|---|---|")
+print("| target | req/s (median) | p50 | p99 | vs pass-through (median of rounds) | per round | gateway CPU per request | Redis CPU per request | machine idle |")
+print("|---|---|---|---|---|---|---|---|---|")
 for t, label in names:
     v = by[t]
     ratios = [rps[t][r] / rps["pass"][r] for r in rps[t]]
     print(f"| {label} | {statistics.median(x for _, x, _, _ in v):.0f} | "
           f"{statistics.median(ms(p) for _, _, p, _ in v):.2f}ms | {statistics.median(ms(p) for _, _, _, p in v):.2f}ms | "
           f"{statistics.median(ratios):.2f}x | {' '.join(f'{x:.2f}' for x in ratios)} | "
-          f"{statistics.median(g for g, _ in cpu[t]):.1f} µs | {statistics.median(r for _, r in cpu[t]):.1f} µs |")
+          f"{statistics.median(g for g, _ in cpu[t]):.1f} µs | {statistics.median(r for _, r in cpu[t]):.1f} µs | "
+          f"{100 * statistics.median(idle[t]):.0f}% |")
 PY
