@@ -635,10 +635,11 @@ async fn admit_and_forward(
                                 continue;
                             };
                             let out = meter.feed(&data);
+                            let (i, c, o) = meter.usage_so_far(input);
                             ticket.partial = Some(Usage {
-                                input_tokens: input,
-                                cached_input_tokens: 0,
-                                output_tokens: meter.counted_output,
+                                input_tokens: i,
+                                cached_input_tokens: c,
+                                output_tokens: o,
                             });
                             if out.is_empty() {
                                 continue;
@@ -656,17 +657,12 @@ async fn admit_and_forward(
                         }
                         None => {
                             let rest = meter.finish();
-                            let usage = match meter.usage {
-                                Some((p, c, o)) => Usage {
-                                    input_tokens: p,
-                                    cached_input_tokens: c,
-                                    output_tokens: o,
-                                },
-                                None => Usage {
-                                    input_tokens: input,
-                                    cached_input_tokens: 0,
-                                    output_tokens: meter.counted_output,
-                                },
+                            let (p, c, o) =
+                                meter.usage.unwrap_or_else(|| meter.usage_so_far(input));
+                            let usage = Usage {
+                                input_tokens: p,
+                                cached_input_tokens: c,
+                                output_tokens: o,
                             };
                             let _ = ticket.settle(usage).await;
                             if rest.is_empty() {
@@ -702,12 +698,6 @@ async fn admit_and_forward(
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let u = &v["usage"];
     let usage = if format == Format::AnthropicMessages {
-        let text: String = v["content"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["text"].as_str())
-            .collect();
         match crate::sse::anthropic_usage(u) {
             Some((input, cached)) => Usage {
                 input_tokens: input,
@@ -717,7 +707,14 @@ async fn admit_and_forward(
             None => Usage {
                 input_tokens: input,
                 cached_input_tokens: 0,
-                output_tokens: cfg.counter.count_text(&count.model, &text, None).0,
+                output_tokens: cfg
+                    .counter
+                    .count_text(
+                        &count.model,
+                        &crate::sse::anthropic_output_text(&v["content"]),
+                        None,
+                    )
+                    .0,
             },
         }
     } else if u.is_object() {

@@ -26,6 +26,20 @@ pub struct SseMeter {
     anthropic_input: Option<(u64, u64)>,
 }
 
+/// The output of Anthropic's content blocks as text to count when no usage came: text,
+/// thinking, and tool calls' input as JSON (all are billed as output).
+pub fn anthropic_output_text(content: &Value) -> String {
+    let mut out = String::new();
+    for block in content.as_array().into_iter().flatten() {
+        if let Some(s) = block["text"].as_str().or(block["thinking"].as_str()) {
+            out.push_str(s);
+        } else if block["type"] == "tool_use" {
+            out.push_str(&block["input"].to_string());
+        }
+    }
+    out
+}
+
 /// Anthropic's usage object as (input, cached input): its `input_tokens` leaves out the tokens
 /// read from and written to the prompt cache, which are input all the same. `None` without
 /// `input_tokens`.
@@ -123,6 +137,13 @@ impl SseMeter {
         forward
     }
 
+    /// Usage so far when the stream has not reported it whole: the input the upstream reported
+    /// (Anthropic's `message_start`), else `estimate`, and the output counted from the content.
+    pub fn usage_so_far(&self, estimate: u64) -> (u64, u64, u64) {
+        let (input, cached) = self.anthropic_input.unwrap_or((estimate, 0));
+        (input, cached, self.counted_output)
+    }
+
     fn inspect_anthropic(&mut self, v: &Value) {
         match v["type"].as_str() {
             Some("message_start") => {
@@ -130,7 +151,12 @@ impl SseMeter {
             }
             Some("content_block_delta") => {
                 let d = &v["delta"];
-                if let Some(s) = d["text"].as_str().or(d["partial_json"].as_str()) {
+                // Text, thinking and tool input are all output.
+                if let Some(s) = d["text"]
+                    .as_str()
+                    .or(d["partial_json"].as_str())
+                    .or(d["thinking"].as_str())
+                {
                     self.counted_output += self.counter.count_text(&self.model, s, None).0;
                 }
             }
@@ -199,6 +225,38 @@ mod tests {
         assert!(!m.done);
         m.feed(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
         assert!(m.done);
+    }
+
+    #[test]
+    fn anthropic_output_counts_text_thinking_and_tool_input() {
+        let content = serde_json::json!([
+            {"type": "thinking", "thinking": "Let me see.", "signature": "abc"},
+            {"type": "text", "text": "Hello"},
+            {"type": "tool_use", "id": "t1", "name": "f", "input": {"city": "Paris"}}
+        ]);
+        assert_eq!(
+            anthropic_output_text(&content),
+            "Let me see.Hello{\"city\":\"Paris\"}"
+        );
+        let mut m = SseMeter::anthropic("claude-sonnet-4");
+        m.feed(b"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"Let me see.\"}}\n\n");
+        let expected = TokenCounter::default()
+            .count_text("claude-sonnet-4", "Let me see.", None)
+            .0;
+        assert!(expected > 0);
+        assert_eq!(m.counted_output, expected);
+    }
+
+    #[test]
+    fn a_stream_cut_short_is_charged_the_reported_input() {
+        let mut m = SseMeter::anthropic("claude-sonnet-4");
+        // Before message_start: the estimate.
+        assert_eq!(m.usage_so_far(99), (99, 0, 0));
+        m.feed(b"data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":7,\"cache_read_input_tokens\":20,\"output_tokens\":1}}}\n\n");
+        m.feed(b"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n");
+        assert_eq!(m.usage, None);
+        assert_eq!(m.usage_so_far(99), (27, 20, m.counted_output));
+        assert!(m.counted_output > 0);
     }
 
     #[test]
