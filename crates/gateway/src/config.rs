@@ -9,7 +9,7 @@ use serde::Deserialize;
 use tollgate_core::policy::RawPolicy;
 use tollgate_core::{Policy, PolicyError, Reason};
 
-use crate::upstream::UpstreamClient;
+use crate::upstream::{Route, UpstreamClient};
 
 fn err(path: impl Into<String>, message: impl Into<String>) -> PolicyError {
     PolicyError {
@@ -138,6 +138,9 @@ pub struct RawUpstream {
     /// For an `https://` upstream: a PEM file of the CA certificates to trust instead of
     /// Mozilla's roots (a private CA, or a self-signed upstream).
     pub ca_file: Option<String>,
+    /// For an `https://` upstream: `http://[user:password@]host:port` of an HTTP proxy to reach
+    /// it through (a `CONNECT` tunnel; TLS runs end to end inside it).
+    pub proxy: Option<String>,
 }
 
 /// `[[keys]]`
@@ -390,14 +393,22 @@ impl GatewayConfig {
                     "must start with http:// or https://",
                 ));
             }
-            if u.ca_file.is_some() && !u.base_url.starts_with("https://") {
-                return Err(err(
-                    format!("{path}.ca_file"),
-                    "applies only to an https:// base_url",
-                ));
+            for (field, set) in [
+                ("ca_file", u.ca_file.is_some()),
+                ("proxy", u.proxy.is_some()),
+            ] {
+                if set && !u.base_url.starts_with("https://") {
+                    return Err(err(
+                        format!("{path}.{field}"),
+                        "applies only to an https:// base_url",
+                    ));
+                }
             }
-            let client = UpstreamClient::new(u.ca_file.as_deref().map(std::path::Path::new))
-                .map_err(|e| err(format!("{path}.ca_file"), e))?;
+            let client = UpstreamClient::new(Route {
+                ca_file: u.ca_file.as_deref().map(std::path::Path::new),
+                proxy: u.proxy.as_deref(),
+            })
+            .map_err(|(field, e)| err(format!("{path}.{field}"), e))?;
             let api_key = match &u.api_key_env {
                 Some(var) => Some(std::env::var(var).map_err(|_| {
                     err(

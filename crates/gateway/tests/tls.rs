@@ -1,17 +1,19 @@
 //! HTTPS upstreams: the gateway reaches the simulator through a TLS terminator with a
 //! self-signed certificate, trusted through the upstream's `ca_file`; without it, Mozilla's
-//! roots refuse the certificate, and the request fails cleanly with nothing held.
+//! roots refuse the certificate, and the request fails cleanly with nothing held. Through an
+//! HTTP proxy's `CONNECT` tunnel too, with its credentials.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -62,17 +64,77 @@ async fn tls_terminator(backend: std::net::SocketAddr) -> (u16, String, Arc<Atom
     (port, cert.pem(), handshakes)
 }
 
+/// The `Proxy-Authorization` the test proxy requires: `user:secret`, as the gateway sends it.
+const PROXY_AUTH: &str = "Basic dXNlcjpzZWNyZXQ=";
+
+/// A minimal HTTP proxy on a free loopback port: `CONNECT host:port` with [`PROXY_AUTH`] opens a
+/// tunnel to it, anything else gets a 407. Returns its port and the targets it tunnelled to.
+async fn connect_proxy() -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let targets = Arc::new(Mutex::new(Vec::new()));
+    let seen = targets.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+                    if client.read_exact(&mut byte).await.is_err() {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                let target = head
+                    .strip_prefix("CONNECT ")
+                    .and_then(|r| r.split(' ').next())
+                    .map(str::to_owned);
+                let authorized = head
+                    .lines()
+                    .any(|l| l.eq_ignore_ascii_case(&format!("proxy-authorization: {PROXY_AUTH}")));
+                let (Some(target), true) = (target, authorized) else {
+                    let _ = client
+                        .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    return;
+                };
+                let Ok(mut up) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                seen.lock().unwrap().push(target);
+                if client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .is_ok()
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
+                }
+            });
+        }
+    });
+    (port, targets)
+}
+
 struct Env {
     sim: Sim,
     addr: std::net::SocketAddr,
     store: AnyStore,
     handshakes: Arc<AtomicUsize>,
+    /// The terminator's port.
+    tls_port: u16,
     _dir: tempfile::TempDir,
 }
 
 /// A gateway on the memory store whose one upstream is `https://127.0.0.1:PORT`, trusting the
 /// terminator's certificate when `trust` is set and Mozilla's roots otherwise.
 async fn env(trust: bool) -> Env {
+    env_with(trust, "").await
+}
+
+/// [`env`], with `extra` lines in the upstream's table.
+async fn env_with(trust: bool, extra: &str) -> Env {
     let sim = Sim::start(SimConfig {
         api_key: Some(UPSTREAM_KEY.into()),
         ..SimConfig::default()
@@ -89,7 +151,7 @@ async fn env(trust: bool) -> Env {
         String::new()
     };
     let text = format!(
-        "[[upstreams]]\nname = \"sim\"\nbase_url = \"https://127.0.0.1:{port}\"\n{ca_line}models = [\"gpt-4o\"]\n\
+        "[[upstreams]]\nname = \"sim\"\nbase_url = \"https://127.0.0.1:{port}\"\n{ca_line}{extra}models = [\"gpt-4o\"]\n\
          [[keys]]\nname = \"acme\"\nhash = \"{}\"\ntenant = \"acme\"\n\
          [[policy.scopes]]\nkey = \"tenant\"\nrequests = {{ limit = 100, window = \"1m\" }}\n\
          concurrency = {{ limit = 4, lease_ttl = \"30s\" }}\nbudget = {{ tokens = 100000, period = \"day\" }}\n",
@@ -101,6 +163,7 @@ async fn env(trust: bool) -> Env {
         addr,
         store,
         handshakes,
+        tls_port: port,
         _dir: dir,
     }
 }
@@ -179,6 +242,47 @@ async fn untrusted_upstream_certificate_is_a_clean_502() {
     assert_eq!(status, 502);
 }
 
+#[tokio::test]
+async fn https_upstream_through_a_connect_proxy() {
+    let (proxy, targets) = connect_proxy().await;
+    let env = env_with(
+        true,
+        &format!("proxy = \"http://user:secret@127.0.0.1:{proxy}\"\n"),
+    )
+    .await;
+    let (status, body) = send(&env, chat(false)).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let (status, _) = send(&env, chat(true)).await;
+    assert_eq!(status, 200);
+    // Through the tunnel, to the terminator; TLS inside it.
+    let seen = targets.lock().unwrap().clone();
+    assert!(!seen.is_empty());
+    assert!(
+        seen.iter()
+            .all(|t| *t == format!("127.0.0.1:{}", env.tls_port)),
+        "{seen:?}"
+    );
+    assert!(env.handshakes.load(Ordering::SeqCst) >= 1);
+    assert_eq!(settles_to_nothing_held(&env).await, 2 * (10 + 8));
+
+    // Wrong credentials: the proxy answers 407, the request a clean 502.
+    let env = env_with(
+        true,
+        &format!("proxy = \"http://user:wrong@127.0.0.1:{proxy}\"\n"),
+    )
+    .await;
+    let (status, body) = send(&env, chat(false)).await;
+    assert_eq!(status, 502, "{}", String::from_utf8_lossy(&body));
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("proxy authorization required"),
+        "{message}"
+    );
+    assert!(env.sim.stats().requests.is_empty());
+    assert_eq!(settles_to_nothing_held(&env).await, 0);
+}
+
 fn config_error(upstream_extra: &str, base_url: &str) -> String {
     let text = format!(
         "[[upstreams]]\nname = \"sim\"\nbase_url = \"{base_url}\"\n{upstream_extra}models = [\"gpt-4o\"]\n"
@@ -212,6 +316,24 @@ fn ca_file_errors_name_the_field() {
             "holds no PEM certificate",
         ),
     ];
+    for (extra, url, expected) in [
+        (
+            "proxy = \"http://127.0.0.1:3128\"\n",
+            "http://127.0.0.1:9",
+            "applies only to an https:// base_url",
+        ),
+        (
+            "proxy = \"https://127.0.0.1:3128\"\n",
+            "https://127.0.0.1:9",
+            "an HTTP proxy",
+        ),
+    ] {
+        let e = config_error(extra, url);
+        assert!(
+            e.starts_with("upstreams[0].proxy: ") && e.contains(expected),
+            "{extra} {url}: {e}"
+        );
+    }
     for (extra, url, expected) in cases {
         let e = config_error(&extra, url);
         assert!(
