@@ -16,7 +16,7 @@ listen = "127.0.0.1:8080"
 [[upstreams]]
 name = "simulator"
 base_url = "{upstream}"
-models = ["gpt-4o", "gpt-4o-mini", "text-embedding-3-small"]
+models = ["gpt-4o", "gpt-4o-mini", "text-embedding-3-small", "claude-sonnet-4"]
 
 [[keys]]
 name = "demo"
@@ -48,7 +48,8 @@ budget = {{ tokens = 600, period = "day" }}
 pub fn banner(addr: SocketAddr, upstream: &str) -> String {
     format!(
         r#"Tollgate demo
-  gateway:   http://{addr}   (OpenAI-compatible: /v1/chat/completions, /v1/embeddings, /v1/models)
+  gateway:   http://{addr}   (OpenAI: /v1/chat/completions, /v1/embeddings, /v1/models;
+                               Anthropic: /v1/messages)
   upstream:  {upstream}   (simulated model, 16 tokens per answer)
   API key:   {DEMO_KEY}
   limits:    5 requests/min and 2 at once per key; output clamped to 256; 600 tokens/day per tenant
@@ -58,10 +59,15 @@ Try:
     -H 'content-type: application/json' \
     -d '{{"model":"gpt-4o","max_tokens":100,"messages":[{{"role":"user","content":"Hello!"}}]}}'
 
-  Send it six times: the sixth answer is 429 request_rate_limit with Retry-After.
+  Or as Anthropic's clients do:
+  curl -s http://{addr}/v1/messages -H 'x-api-key: {DEMO_KEY}' \
+    -H 'anthropic-version: 2023-06-01' -H 'content-type: application/json' \
+    -d '{{"model":"claude-sonnet-4","max_tokens":100,"messages":[{{"role":"user","content":"Hello!"}}]}}'
+
+  Send six requests: the sixth answer is 429 request_rate_limit with Retry-After.
   Ask for more than the day's 600 tokens (e.g. max_tokens 256, three times): 429 budget_limit,
   x-should-retry: false. Add -i to see the RateLimit and x-ratelimit-* headers.
-  Ctrl-C stops it.
+  Ctrl-C stops it (in-flight requests finish first).
 "#
     )
 }

@@ -233,7 +233,7 @@ fn count_prints_what_the_gateway_charges() {
 }
 
 /// `tollgate serve --demo` starts, prints what to try, and does what it says: five requests
-/// pass, the sixth gets 429 with Retry-After.
+/// pass, the sixth gets 429 with Retry-After; OpenAI's and Anthropic's APIs in turns.
 #[test]
 fn the_demo_turns_200s_into_429s() {
     use std::io::{BufRead, Read, Write};
@@ -256,14 +256,23 @@ fn the_demo_turns_200s_into_429s() {
         }
     }
     let addr = addr.expect("the demo prints its address");
-    let body =
-        r#"{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":"Hello!"}]}"#;
+    let openai = (
+        "/v1/chat/completions",
+        "authorization: Bearer sk-tollgate-demo",
+        r#"{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":"Hello!"}]}"#,
+    );
+    let anthropic = (
+        "/v1/messages",
+        "x-api-key: sk-tollgate-demo\r\nanthropic-version: 2023-06-01",
+        r#"{"model":"claude-sonnet-4","max_tokens":10,"messages":[{"role":"user","content":"Hello!"}]}"#,
+    );
     let mut statuses = Vec::new();
-    for _ in 0..6 {
+    for i in 0..6 {
+        let (path, auth, body) = if i % 2 == 0 { openai } else { anthropic };
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         write!(
             s,
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: Bearer sk-tollgate-demo\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{auth}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         )
         .unwrap();
@@ -273,6 +282,8 @@ fn the_demo_turns_200s_into_429s() {
         if statuses.len() == 6 {
             assert!(resp.to_ascii_lowercase().contains("retry-after:"), "{resp}");
             assert!(resp.contains("request_rate_limit"));
+            // Anthropic's error format on its route.
+            assert!(resp.contains(r#""type":"rate_limit_error""#), "{resp}");
         }
     }
     child.kill().unwrap();
