@@ -78,18 +78,21 @@ impl ApiError {
             _ => "invalid_request_error",
         };
         let body = json!({"type": "error", "error": {"type": kind, "message": self.message, "code": self.code}});
-        let mut r = (self.status, axum::Json(body)).into_response();
-        r.headers_mut().extend(self.headers);
-        r
+        with_error_body(self.status, body, self.headers)
     }
+}
+
+/// An error response: its status, its JSON body and the error's headers.
+fn with_error_body(status: StatusCode, body: serde_json::Value, headers: HeaderMap) -> Response {
+    let mut r = (status, axum::Json(body)).into_response();
+    r.headers_mut().extend(headers);
+    r
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
-        let mut r = (self.status, axum::Json(body)).into_response();
-        r.headers_mut().extend(self.headers);
-        r
+        with_error_body(self.status, body, self.headers)
     }
 }
 
