@@ -92,4 +92,7 @@ pub enum BodyFormat {
     Embeddings,
     /// Anthropic Messages (estimate).
     Anthropic,
+    /// OpenAI Responses API (`input`, estimate; told from embeddings by `instructions`,
+    /// `max_output_tokens`, `tools` or an input of items).
+    Responses,
 }

@@ -25,8 +25,23 @@ pub fn count(
         Some(BodyFormat::Completions) => Format::Completions,
         Some(BodyFormat::Embeddings) => Format::Embeddings,
         Some(BodyFormat::Anthropic) => Format::AnthropicMessages,
+        Some(BodyFormat::Responses) => Format::Responses,
         None if obj.contains_key("messages") => Format::ChatCompletions,
         None if obj.contains_key("prompt") => Format::Completions,
+        None if [
+            "instructions",
+            "max_output_tokens",
+            "tools",
+            "previous_response_id",
+        ]
+        .iter()
+        .any(|k| obj.contains_key(*k))
+            || obj["input"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|i| i.is_object())) =>
+        {
+            Format::Responses
+        }
         None if obj.contains_key("input") => Format::Embeddings,
         None => anyhow::bail!(
             "cannot tell the format: no `messages`, `prompt` or `input`; pass --format"

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 mod common;
 
@@ -223,6 +223,22 @@ fn count_prints_what_the_gateway_charges() {
     assert_eq!(
         (v["input_tokens"].as_u64(), v["max_output_tokens"].is_null()),
         (Some(2), true)
+    );
+    // A Responses API body, told from embeddings by its input items: the chat rule, flagged.
+    std::fs::write(
+        &path,
+        r#"{"model":"gpt-4o","max_output_tokens":20,"input":[{"role":"user","content":"Hello there!"}]}"#,
+    )
+    .unwrap();
+    let out = bin()
+        .args(["count", "--request"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["input_tokens"], &v["max_output_tokens"], &v["exact"]),
+        (&json!(3 + 1 + 3 + 3), &json!(20), &json!(false))
     );
     let out = bin()
         .args(["count", "--model", "gpt-4o", "--request"])

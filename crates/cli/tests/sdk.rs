@@ -1,5 +1,5 @@
 //! The official OpenAI and Anthropic Python SDKs end to end (`tests/sdk/sdk_e2e.py`,
-//! `tests/sdk/anthropic_e2e.py`) against the gateway and the simulator. `.ci/run` makes the venv
+//! `tests/sdk/responses_e2e.py`, `tests/sdk/anthropic_e2e.py`) against the gateway and the simulator. `.ci/run` makes the venv
 //! (`.venv`, `tests/sdk/requirements.txt`); elsewhere set `TOLLGATE_PYTHON` to a Python with
 //! `openai` and `anthropic` installed.
 
@@ -87,6 +87,11 @@ async fn run_sdk_script(script: &str, model: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_sdk_works_through_the_gateway() {
     run_sdk_script("sdk_e2e.py", "gpt-4o").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_responses_api_works_through_the_gateway() {
+    run_sdk_script("responses_e2e.py", "gpt-4o").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,6 +44,9 @@ pub struct RawConfig {
     pub records: RawRecords,
     /// The admin API.
     pub admin: Option<RawAdmin>,
+    /// OpenAI's Responses API.
+    #[serde(default)]
+    pub responses: RawResponses,
     /// How models are counted: `o200k_base`, `cl100k_base`, `estimate`, or a `tokenizer.json`.
     #[serde(default)]
     pub tokenizers: BTreeMap<String, String>,
@@ -68,6 +71,16 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// The bearer token.
     pub token: String,
+}
+
+/// `[responses]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawResponses {
+    /// Input tokens assumed for context the upstream keeps and this gateway has not seen (a
+    /// `previous_response_id` or `conversation` it did not serve, `item_reference` items, a
+    /// stored `prompt`): default 128,000, at most 10,000,000.
+    pub unknown_context_tokens: Option<u64>,
 }
 
 /// `[records]`
@@ -216,6 +229,8 @@ pub struct GatewayConfig {
     pub admin: Option<AdminConfig>,
     /// Token counting per model.
     pub counter: tollgate_tokens::TokenCounter,
+    /// Responses API: input tokens assumed for upstream-kept context this gateway has not seen.
+    pub unknown_context_tokens: u64,
 }
 
 /// Where counters live.
@@ -521,8 +536,16 @@ impl GatewayConfig {
             };
             counter = counter.with_model(model.clone(), counting);
         }
+        let unknown_context_tokens = raw.responses.unknown_context_tokens.unwrap_or(128_000);
+        if unknown_context_tokens > 10_000_000 {
+            return Err(err(
+                "responses.unknown_context_tokens",
+                "must be at most 10000000",
+            ));
+        }
         Ok(Self {
             counter,
+            unknown_context_tokens,
             listen,
             max_body_bytes,
             header_timeout: duration(

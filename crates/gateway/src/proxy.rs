@@ -22,6 +22,7 @@ use tollgate_core::{
 use tollgate_tokens::{Format, TokenCounter};
 
 use crate::config::{GatewayConfig, KeyConfig, hash_key};
+use crate::contexts::{Contexts, conversation_id, hidden_input};
 use crate::records::RecordSink;
 use crate::respond::{self, ApiError};
 use crate::sse::SseMeter;
@@ -55,6 +56,8 @@ pub struct Gateway {
     records: Option<RecordSink>,
     /// Set when a shutdown begins (`/readyz` then answers 503).
     draining: std::sync::atomic::AtomicBool,
+    /// Responses API: the context of each response served, for its follow-ups.
+    contexts: Contexts,
 }
 
 #[derive(Debug, Default)]
@@ -104,6 +107,7 @@ impl Gateway {
             queue: QueueState::default(),
             records: None,
             draining: std::sync::atomic::AtomicBool::new(false),
+            contexts: Contexts::default(),
         }
     }
 
@@ -157,6 +161,15 @@ impl Gateway {
         Ok(new)
     }
 
+    /// Remembers what a Responses API follow-up of this response (and of its conversation)
+    /// carries as input: the response's input and output.
+    fn remember_context(&self, response: Option<&str>, conversation: Option<&str>, u: Usage) {
+        let carried = u.input_tokens.saturating_add(u.output_tokens);
+        for id in [response, conversation].into_iter().flatten() {
+            self.contexts.remember(id, carried);
+        }
+    }
+
     fn next_id(&self) -> String {
         format!(
             "tg-{:012x}-{:x}",
@@ -188,8 +201,8 @@ impl Gateway {
 /// Shared gateway state for handlers.
 pub type Shared = Arc<Gateway>;
 
-/// `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, and Anthropic's
-/// `/v1/messages` (whose errors take Anthropic's format).
+/// `POST /v1/chat/completions`, `/v1/responses`, `/v1/completions`, `/v1/embeddings`, and
+/// Anthropic's `/v1/messages` (whose errors take Anthropic's format).
 pub async fn handle(
     State(gw): State<Shared>,
     format: Format,
@@ -348,6 +361,11 @@ async fn admit_and_forward(
         )
         .param("model"));
     }
+    let cap_field = if format == Format::Responses {
+        "max_output_tokens"
+    } else {
+        "max_tokens"
+    };
     if let Some(m) = count
         .max_output_tokens
         .filter(|m| *m > cfg.max_output_tokens)
@@ -355,14 +373,32 @@ async fn admit_and_forward(
         return Err(ApiError::invalid(
             "invalid_value",
             format!(
-                "max_tokens {m} is above the largest accepted, {}.",
+                "{cap_field} {m} is above the largest accepted, {}.",
                 cfg.max_output_tokens
             ),
         )
-        .param("max_tokens"));
+        .param(cap_field));
     }
     let mut json: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid("invalid_json", e.to_string()))?;
+    // Responses API: context the upstream keeps is input too (see `contexts`).
+    let mut input = count.input_tokens;
+    if format == Format::Responses {
+        if json.get("background").and_then(Value::as_bool) == Some(true) {
+            // Its usage arrives after the call returns, where no settlement can see it.
+            return Err(ApiError::invalid(
+                "unsupported_parameter",
+                "background responses are not served through this gateway: their usage is \
+                 known only after the call returns, so they could not be settled.",
+            )
+            .param("background"));
+        }
+        input = input.saturating_add(hidden_input(
+            &json,
+            &gw.contexts,
+            cfg.unknown_context_tokens,
+        ));
+    }
     let user = if key.allow_user {
         json.get("user")
             .and_then(|u| u.as_str())
@@ -392,7 +428,7 @@ async fn admit_and_forward(
     // Several choices (`n`, or `best_of` for completions) multiply the output: the cap and the
     // estimate are for the whole request, and each choice gets its share.
     let choices = match format {
-        Format::Embeddings | Format::AnthropicMessages => 1,
+        Format::Embeddings | Format::AnthropicMessages | Format::Responses => 1,
         _ => json
             .get("n")
             .and_then(Value::as_u64)
@@ -410,7 +446,7 @@ async fn admit_and_forward(
     let facts = RequestFacts {
         request_id: id.to_owned(),
         identity,
-        input_tokens: count.input_tokens,
+        input_tokens: input,
         max_output_tokens: if format == Format::Embeddings {
             Some(0)
         } else {
@@ -452,11 +488,20 @@ async fn admit_and_forward(
                 r.decision_us = Some(decision_us);
                 sink.emit(r);
             }
-            return Err(match &refused {
+            let mut e = match &refused {
                 Decision::Deny(d) => respond::deny(d),
                 Decision::Killed(k) => respond::killed(k),
                 Decision::Admit(_) => unreachable_admit(),
-            });
+            };
+            if format == Format::Responses {
+                // This API's names for the fields at fault.
+                e.param = e.param.map(|p| match p.as_str() {
+                    "messages" => "input".to_owned(),
+                    "max_tokens" => "max_output_tokens".to_owned(),
+                    _ => p,
+                });
+            }
+            return Err(e);
         }
     };
     let mut ticket = if admitted.fail_open {
@@ -508,6 +553,9 @@ async fn admit_and_forward(
             Format::Completions | Format::AnthropicMessages => {
                 // Anthropic requires it: a request without one gets the admitted default.
                 obj.insert("max_tokens".into(), per_choice.into());
+            }
+            Format::Responses => {
+                obj.insert("max_output_tokens".into(), per_choice.into());
             }
             Format::Embeddings => {}
         }
@@ -563,7 +611,6 @@ async fn admit_and_forward(
     // reallocated as it filled, then merged into the response's map, which grew in turn.
     let mut headers = HeaderMap::with_capacity(RESPONSE_HEADERS);
     respond::admitted_headers(&mut headers, &p, &admitted);
-    let input = count.input_tokens;
     let sent = Instant::now();
     let up = match tokio::time::timeout(cfg.upstream_timeout, upstream.client.request(up_req)).await
     {
@@ -619,15 +666,19 @@ async fn admit_and_forward(
             cached_input_tokens: 0,
             output_tokens: 0,
         });
-        let meter = if format == Format::AnthropicMessages {
-            SseMeter::anthropic(&model)
-        } else {
-            SseMeter::new(&model, strip_usage)
+        let meter = match format {
+            Format::AnthropicMessages => SseMeter::anthropic(&model),
+            Format::Responses => SseMeter::responses(&model),
+            _ => SseMeter::new(&model, strip_usage),
         };
+        // Where the stream's context is remembered at its end.
+        let conversation = conversation_id(&json).filter(|_| format == Format::Responses);
+        let remember = (gw.clone(), conversation.map(str::to_owned));
         let body = up.into_body();
-        let stream =
-            futures_util::stream::unfold(Some((body, meter, ticket)), move |state| async move {
-                let (mut body, mut meter, mut ticket) = state?;
+        let stream = futures_util::stream::unfold(
+            Some((body, meter, ticket, remember)),
+            move |state| async move {
+                let (mut body, mut meter, mut ticket, remember) = state?;
                 loop {
                     match body.frame().await {
                         Some(Ok(frame)) => {
@@ -646,7 +697,7 @@ async fn admit_and_forward(
                             }
                             return Some((
                                 Ok::<Bytes, std::io::Error>(out),
-                                Some((body, meter, ticket)),
+                                Some((body, meter, ticket, remember)),
                             ));
                         }
                         Some(Err(e)) => {
@@ -664,6 +715,12 @@ async fn admit_and_forward(
                                 cached_input_tokens: c,
                                 output_tokens: o,
                             };
+                            let (gw, conversation) = remember;
+                            gw.remember_context(
+                                meter.response_id.as_deref(),
+                                conversation.as_deref(),
+                                usage,
+                            );
                             let _ = ticket.settle(usage).await;
                             if rest.is_empty() {
                                 return None;
@@ -672,7 +729,8 @@ async fn admit_and_forward(
                         }
                     }
                 }
-            });
+            },
+        );
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(with_headers(status, headers, Body::from_stream(stream)));
@@ -697,48 +755,49 @@ async fn admit_and_forward(
     };
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let u = &v["usage"];
-    let usage = if format == Format::AnthropicMessages {
-        match crate::sse::anthropic_usage(u) {
-            Some((input, cached)) => Usage {
-                input_tokens: input,
-                cached_input_tokens: cached,
-                output_tokens: u["output_tokens"].as_u64().unwrap_or(0),
-            },
-            None => Usage {
+    // What the upstream reported as (input, cached input, output).
+    let reported = match format {
+        Format::AnthropicMessages => crate::sse::anthropic_usage(u)
+            .map(|(i, c)| (i, c, u["output_tokens"].as_u64().unwrap_or(0))),
+        Format::Responses => crate::sse::responses_usage(u),
+        _ => u.is_object().then(|| {
+            (
+                u["prompt_tokens"].as_u64().unwrap_or(input),
+                u["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0),
+                u["completion_tokens"].as_u64().unwrap_or(0),
+            )
+        }),
+    };
+    let usage = match reported {
+        Some((input, cached, output)) => Usage {
+            input_tokens: input,
+            cached_input_tokens: cached,
+            output_tokens: output,
+        },
+        None => {
+            // No usage reported: count the output ourselves.
+            let text = match format {
+                Format::AnthropicMessages => crate::sse::anthropic_output_text(&v["content"]),
+                Format::Responses => crate::sse::responses_output_text(&v["output"]),
+                _ => v["choices"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c["message"]["content"].as_str().or(c["text"].as_str()))
+                    .collect(),
+            };
+            Usage {
                 input_tokens: input,
                 cached_input_tokens: 0,
-                output_tokens: cfg
-                    .counter
-                    .count_text(
-                        &count.model,
-                        &crate::sse::anthropic_output_text(&v["content"]),
-                        None,
-                    )
-                    .0,
-            },
-        }
-    } else if u.is_object() {
-        Usage {
-            input_tokens: u["prompt_tokens"].as_u64().unwrap_or(input),
-            cached_input_tokens: u["prompt_tokens_details"]["cached_tokens"]
-                .as_u64()
-                .unwrap_or(0),
-            output_tokens: u["completion_tokens"].as_u64().unwrap_or(0),
-        }
-    } else {
-        // No usage reported: count the output ourselves.
-        let text: String = v["choices"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["message"]["content"].as_str().or(c["text"].as_str()))
-            .collect();
-        Usage {
-            input_tokens: input,
-            cached_input_tokens: 0,
-            output_tokens: cfg.counter.count_text(&count.model, &text, None).0,
+                output_tokens: cfg.counter.count_text(&count.model, &text, None).0,
+            }
         }
     };
+    if format == Format::Responses {
+        gw.remember_context(v["id"].as_str(), conversation_id(&json), usage);
+    }
     let _ = ticket.settle(usage).await;
     Ok(relay(status, content_type, bytes, headers))
 }

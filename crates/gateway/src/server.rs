@@ -72,6 +72,10 @@ pub fn router(gw: Shared) -> Router {
             post(|s, r| proxy::handle(s, Format::Embeddings, "/v1/embeddings", r)),
         )
         .route(
+            "/v1/responses",
+            post(|s, r| proxy::handle(s, Format::Responses, "/v1/responses", r)),
+        )
+        .route(
             "/v1/messages",
             post(|s, r| proxy::handle(s, Format::AnthropicMessages, "/v1/messages", r)),
         )

@@ -1,7 +1,9 @@
 //! Server-sent events passing through: forwarded chunk by chunk, read on the way for usage and
 //! streamed output, with the usage event removed when the client did not ask for it. OpenAI's
 //! chunks carry usage in a last event the gateway asks for; Anthropic's carry the input in
-//! `message_start` and the output, cumulative, in `message_delta`.
+//! `message_start` and the output, cumulative, in `message_delta`; the Responses API's carry
+//! the whole usage in the response of their last event (`response.completed`, `.incomplete` or
+//! `.failed`).
 
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
@@ -22,6 +24,10 @@ pub struct SseMeter {
     pub done: bool,
     /// Anthropic's events rather than OpenAI's chunks.
     anthropic: bool,
+    /// OpenAI Responses API events rather than chat chunks.
+    responses: bool,
+    /// Responses API: the response's id (from `response.created`), to remember its context.
+    pub response_id: Option<String>,
     /// Anthropic: the input (with cache reads and writes) and cache reads of `message_start`.
     anthropic_input: Option<(u64, u64)>,
 }
@@ -51,6 +57,39 @@ pub fn anthropic_usage(u: &Value) -> Option<(u64, u64)> {
     Some((plain.saturating_add(read).saturating_add(written), read))
 }
 
+/// The Responses API's usage object as (input, cached input, output); `None` without
+/// `input_tokens`.
+pub fn responses_usage(u: &Value) -> Option<(u64, u64, u64)> {
+    Some((
+        u["input_tokens"].as_u64()?,
+        u["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+        u["output_tokens"].as_u64().unwrap_or(0),
+    ))
+}
+
+/// The output of a Responses API response as text to count when no usage came: message text
+/// and refusals, function-call arguments, reasoning summaries (all billed as output).
+pub fn responses_output_text(output: &Value) -> String {
+    let mut out = String::new();
+    for item in output.as_array().into_iter().flatten() {
+        if let Some(a) = item["arguments"].as_str() {
+            out.push_str(a);
+        }
+        for part in ["content", "summary"]
+            .iter()
+            .filter_map(|k| item[*k].as_array())
+            .flatten()
+        {
+            if let Some(s) = part["text"].as_str().or(part["refusal"].as_str()) {
+                out.push_str(s);
+            }
+        }
+    }
+    out
+}
+
 impl SseMeter {
     /// A meter; `strip_usage` removes the usage-only event the gateway asked for.
     pub fn new(model: &str, strip_usage: bool) -> Self {
@@ -63,7 +102,17 @@ impl SseMeter {
             counted_output: 0,
             done: false,
             anthropic: false,
+            responses: false,
+            response_id: None,
             anthropic_input: None,
+        }
+    }
+
+    /// A meter of the Responses API's typed events (none removed).
+    pub fn responses(model: &str) -> Self {
+        Self {
+            responses: true,
+            ..Self::new(model, false)
         }
     }
 
@@ -114,6 +163,10 @@ impl SseMeter {
                 self.inspect_anthropic(&v);
                 continue;
             }
+            if self.responses {
+                self.inspect_responses(&v);
+                continue;
+            }
             if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                 self.usage = Some((
                     u["prompt_tokens"].as_u64().unwrap_or(0),
@@ -143,6 +196,31 @@ impl SseMeter {
     pub fn usage_so_far(&self, estimate: u64) -> (u64, u64, u64) {
         let (input, cached) = self.anthropic_input.unwrap_or((estimate, 0));
         (input, cached, self.counted_output)
+    }
+
+    fn inspect_responses(&mut self, v: &Value) {
+        let Some(kind) = v["type"].as_str() else {
+            return;
+        };
+        match kind {
+            "response.created" => {
+                self.response_id = v["response"]["id"].as_str().map(str::to_owned);
+            }
+            // The last event of a response, whatever its end, carries its usage.
+            "response.completed" | "response.incomplete" | "response.failed" => {
+                if let Some(u) = responses_usage(&v["response"]["usage"]) {
+                    self.usage = Some(u);
+                }
+                self.done = true;
+            }
+            // Text, refusals, tool-call arguments and reasoning are all output.
+            _ if kind.ends_with(".delta") => {
+                if let Some(s) = v["delta"].as_str() {
+                    self.counted_output += self.counter.count_text(&self.model, s, None).0;
+                }
+            }
+            _ => {}
+        }
     }
 
     fn inspect_anthropic(&mut self, v: &Value) {
@@ -186,14 +264,14 @@ pub fn fuzz_check(data: &[u8]) {
         return;
     };
     let step = usize::from(seed % 13) + 1;
-    for anthropic in [false, true] {
+    for kind in ["openai", "anthropic", "responses"] {
+        // Only OpenAI's chat meter removes anything (the usage event it asked for).
+        let removes_nothing = kind != "openai";
         for strip in [false, true] {
-            let meter = || {
-                if anthropic {
-                    SseMeter::anthropic("claude-sonnet-4")
-                } else {
-                    SseMeter::new("gpt-4o", strip)
-                }
+            let meter = || match kind {
+                "anthropic" => SseMeter::anthropic("claude-sonnet-4"),
+                "responses" => SseMeter::responses("gpt-4o"),
+                _ => SseMeter::new("gpt-4o", strip),
             };
             let (mut whole, mut split) = (meter(), meter());
             let mut a = whole.feed(body).to_vec();
@@ -205,11 +283,21 @@ pub fn fuzz_check(data: &[u8]) {
             b.extend_from_slice(&split.finish());
             assert_eq!(a, b, "the split changed what is forwarded");
             assert_eq!(
-                (whole.usage, whole.counted_output, whole.done),
-                (split.usage, split.counted_output, split.done),
+                (
+                    whole.usage,
+                    whole.counted_output,
+                    whole.done,
+                    &whole.response_id
+                ),
+                (
+                    split.usage,
+                    split.counted_output,
+                    split.done,
+                    &split.response_id
+                ),
                 "the split changed what is metered"
             );
-            if anthropic || !strip {
+            if removes_nothing || !strip {
                 assert_eq!(a, body, "a meter that removes nothing changed the stream");
             } else {
                 assert!(a.len() <= body.len(), "stripping added bytes");
@@ -301,6 +389,34 @@ mod tests {
         assert_eq!(m.usage, None);
         assert_eq!(m.usage_so_far(99), (27, 20, m.counted_output));
         assert!(m.counted_output > 0);
+    }
+
+    #[test]
+    fn responses_usage_comes_from_the_last_event_and_output_is_counted_on_the_way() {
+        let mut m = SseMeter::responses("gpt-4o");
+        let events = concat!(
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"usage\":null}}\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hello\"}\n\n",
+            "event: response.function_call_arguments.delta\ndata: {\"type\":\"response.function_call_arguments.delta\",\"delta\":\"{\\\"a\\\":1}\"}\n\n",
+        );
+        let out = m.feed(events.as_bytes());
+        assert_eq!(out, events.as_bytes(), "nothing removed");
+        assert_eq!(m.response_id.as_deref(), Some("resp_1"));
+        let counter = TokenCounter::default();
+        let expected = counter.count_text("gpt-4o", "Hello", None).0
+            + counter.count_text("gpt-4o", "{\"a\":1}", None).0;
+        assert_eq!(m.counted_output, expected);
+        // Cut short here: the estimate and what was streamed.
+        assert_eq!((m.usage, m.usage_so_far(40)), (None, (40, 0, expected)));
+        m.feed(b"event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":37,\"input_tokens_details\":{\"cached_tokens\":5},\"output_tokens\":9}}}\n\n");
+        assert_eq!(m.usage, Some((37, 5, 9)));
+        assert!(m.done);
+        let output = serde_json::json!([
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Think."}]},
+            {"type": "function_call", "name": "f", "arguments": "{}"},
+            {"type": "message", "content": [{"type": "output_text", "text": "Hi"}, {"type": "refusal", "refusal": "No"}]}
+        ]);
+        assert_eq!(responses_output_text(&output), "Think.{}HiNo");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Runs the `sse` fuzz target's corpus (`fuzz/corpus/sse`) as an ordinary test on stable:
-//! upstream event streams, well-formed and not, through the meter of both formats.
+//! upstream event streams, well-formed and not, through the meter of each format.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,7 +1,9 @@
 //! # tollgate-sim
 //!
 //! A faithful OpenAI-compatible upstream simulator: chat completions (streamed with real SSE
-//! chunking and the usage chunk, or not), completions, embeddings and models. It counts its
+//! chunking and the usage chunk, or not), the Responses API (streamed as typed events, with
+//! conversations kept by `previous_response_id`), completions, embeddings, Anthropic's
+//! Messages, and models. It counts its
 //! input with the real tokenizer, honours `max_tokens`, sleeps as configured, and counts
 //! in-flight requests per API key so that tests can check concurrency limits from outside. A
 //! request whose connection is dropped before the simulator finished is recorded as cancelled,
@@ -78,6 +80,9 @@ pub struct Sim {
 struct SimState {
     config: SimConfig,
     stats: Mutex<SimStats>,
+    /// Responses API: each response's context (its input and output tokens), which a request
+    /// naming it as `previous_response_id` is billed as input on top of its own.
+    contexts: Mutex<HashMap<String, u64>>,
 }
 
 impl Sim {
@@ -95,6 +100,7 @@ impl Sim {
         let state = Arc::new(SimState {
             config,
             stats: Mutex::new(SimStats::default()),
+            contexts: Mutex::new(HashMap::new()),
         });
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -127,6 +133,7 @@ fn router(state: Arc<SimState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/messages", post(messages))
+        .route("/v1/responses", post(responses))
         .route("/v1/models", get(models))
         .route("/sim/stats", get(stats_json))
         .with_state(state)
@@ -399,6 +406,132 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
     let frames = events
         .iter()
         .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+        .collect();
+    event_stream(frames, state.config.token_delay, guard, (prompt, n))
+}
+
+/// OpenAI's `POST /v1/responses`: `input` counted with the real tokenizer, plus, for a
+/// `previous_response_id`, that response's input and output (the upstream keeps the
+/// conversation and bills it again; an unknown id is a 404, as upstream); `max_output_tokens`
+/// honoured (a response cut by it is `incomplete`); streamed as typed events ending in
+/// `response.completed` or `response.incomplete`, which carry the usage.
+async fn responses(
+    State(state): State<Arc<SimState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !authorized(&state, &headers) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "bad upstream key",
+            "invalid_api_key",
+        );
+    }
+    let (req, own) = match read_request(&body, Format::Responses) {
+        Ok(r) => r,
+        Err(e) => return *e,
+    };
+    if let Ok(mut s) = state.stats.lock() {
+        s.last_body = Some(req.clone());
+    }
+    let previous = req["previous_response_id"].as_str();
+    let earlier = match previous {
+        None => 0,
+        Some(p) => match state.contexts.lock().ok().and_then(|c| c.get(p).copied()) {
+            Some(n) => n,
+            None => {
+                return (
+                    StatusCode::NOT_FOUND,
+                    Json(json!({"error": {
+                    "message": format!("Previous response with id '{p}' not found."),
+                    "type": "invalid_request_error", "param": "previous_response_id",
+                    "code": "previous_response_not_found"}})),
+                )
+                    .into_response();
+            }
+        },
+    };
+    let prompt = own + earlier;
+    let model = req["model"].as_str().unwrap_or("").to_owned();
+    let cap = req["max_output_tokens"].as_u64();
+    let n = state.config.output_tokens.min(cap.unwrap_or(u64::MAX));
+    let incomplete = Some(n) == cap;
+    let id = {
+        let mut c = match state.contexts.lock() {
+            Ok(c) => c,
+            Err(p) => p.into_inner(),
+        };
+        let id = format!("resp_sim_{}", c.len());
+        c.insert(id.clone(), prompt + n);
+        id
+    };
+    let guard = InFlight::new(&state, &headers);
+    tokio::time::sleep(state.config.latency).await;
+    let text = "tok ".repeat(usize::try_from(n).unwrap_or(0));
+    let message = |text: &str, status: &str| {
+        json!({"type": "message", "id": "msg_sim", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
+    };
+    let response = |status: &str, output: Value, usage: Value| {
+        json!({"id": id, "object": "response", "created_at": 0, "status": status,
+            "error": null,
+            "incomplete_details": if status == "incomplete" { json!({"reason": "max_output_tokens"}) } else { Value::Null },
+            "instructions": req["instructions"], "max_output_tokens": cap, "model": model,
+            "output": output, "parallel_tool_calls": true, "previous_response_id": previous,
+            "temperature": 1.0, "tool_choice": "auto", "tools": [], "top_p": 1.0,
+            "truncation": "disabled", "metadata": {}, "text": {"format": {"type": "text"}},
+            "usage": usage})
+    };
+    let usage = json!({"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + n});
+    let status = if incomplete {
+        "incomplete"
+    } else {
+        "completed"
+    };
+    if req["stream"].as_bool() != Some(true) {
+        tokio::time::sleep(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
+        guard.done(prompt, n);
+        let out = json!([message(text.trim_end(), "completed")]);
+        return Json(response(status, out, usage)).into_response();
+    }
+    let mut events: Vec<Value> = vec![
+        json!({"type": "response.created", "response": response("in_progress", json!([]), Value::Null)}),
+        json!({"type": "response.in_progress", "response": response("in_progress", json!([]), Value::Null)}),
+        json!({"type": "response.output_item.added", "output_index": 0,
+            "item": {"type": "message", "id": "msg_sim", "status": "in_progress", "role": "assistant", "content": []}}),
+        json!({"type": "response.content_part.added", "item_id": "msg_sim", "output_index": 0,
+            "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}),
+    ];
+    for _ in 0..n {
+        events.push(
+            json!({"type": "response.output_text.delta", "item_id": "msg_sim",
+            "output_index": 0, "content_index": 0, "delta": "tok ", "logprobs": []}),
+        );
+    }
+    events.push(
+        json!({"type": "response.output_text.done", "item_id": "msg_sim",
+        "output_index": 0, "content_index": 0, "text": text, "logprobs": []}),
+    );
+    events.push(
+        json!({"type": "response.content_part.done", "item_id": "msg_sim",
+        "output_index": 0, "content_index": 0,
+        "part": {"type": "output_text", "text": text, "annotations": [], "logprobs": []}}),
+    );
+    events.push(
+        json!({"type": "response.output_item.done", "output_index": 0,
+        "item": message(&text, "completed")}),
+    );
+    events.push(json!({"type": format!("response.{status}"),
+        "response": response(status, json!([message(&text, "completed")]), usage)}));
+    let frames = events
+        .iter_mut()
+        .enumerate()
+        .map(|(k, e)| {
+            e["sequence_number"] = json!(k);
+            format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap_or(""))
+        })
         .collect();
     event_stream(frames, state.config.token_delay, guard, (prompt, n))
 }

@@ -6,7 +6,7 @@
 //!   build or run time.
 //! - Request formats: OpenAI chat completions (messages, content parts, names, tool calls, tool
 //!   results, tools, response-format schemas, images), completions, embeddings; Anthropic
-//!   Messages as a flagged estimate.
+//!   Messages and OpenAI's Responses API as flagged estimates.
 //! - **Bounded**: given a limit, counting stops as soon as it is passed; a text longer than
 //!   128 bytes × the tokens left is over without counting (no o200k or cl100k token is longer
 //!   than 128 bytes); JSON strings are borrowed, not copied, where they have no escapes; nesting
@@ -34,6 +34,7 @@ mod anthropic;
 pub mod hf;
 mod image;
 mod openai;
+mod responses;
 mod tally;
 
 use std::collections::BTreeMap;
@@ -157,6 +158,7 @@ impl TokenCounter {
             Format::Completions => openai::count_completions(self, body, limit),
             Format::Embeddings => openai::count_embeddings(self, body, limit),
             Format::AnthropicMessages => anthropic::count_messages(self, body, limit),
+            Format::Responses => responses::count_responses(self, body, limit),
         }
     }
 
@@ -185,6 +187,9 @@ pub enum Format {
     Embeddings,
     /// Anthropic `POST /v1/messages` (estimate).
     AnthropicMessages,
+    /// OpenAI's Responses API, `POST /v1/responses` (estimate; the body only, not context the
+    /// upstream keeps).
+    Responses,
 }
 
 /// The count of one request.
@@ -258,6 +263,7 @@ pub fn fuzz_check(data: &[u8]) {
         Format::Completions,
         Format::Embeddings,
         Format::AnthropicMessages,
+        Format::Responses,
     ] {
         let full = counter.count(format, data, None);
         for limit in [0u64, 7, 100] {

@@ -77,8 +77,12 @@ struct Part<'a> {
     text: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     refusal: Option<Cow<'a, str>>,
+    /// An object `{url, detail}` in chat; the URL itself in the Responses API's `input_image`.
     #[serde(default, borrow)]
-    image_url: Option<ImageUrl<'a>>,
+    image_url: Option<&'a RawValue>,
+    /// The Responses API's `input_image` detail.
+    #[serde(default, borrow)]
+    detail: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -204,7 +208,13 @@ fn function_call(t: &mut Tally, f: &FunctionCall<'_>) {
     t.estimated();
 }
 
-fn content(t: &mut Tally, model: &str, raw: &RawValue, path: &str) -> Result<(), RequestError> {
+/// A message's content: a string, null, or an array of parts, chat's or the Responses API's.
+pub(crate) fn content(
+    t: &mut Tally,
+    model: &str,
+    raw: &RawValue,
+    path: &str,
+) -> Result<(), RequestError> {
     match first_byte(raw) {
         b'"' => t.json_string(raw, path)?,
         b'n' => {}
@@ -216,22 +226,27 @@ fn content(t: &mut Tally, model: &str, raw: &RawValue, path: &str) -> Result<(),
                 let p: Part<'_> = serde_json::from_str(raw.get())
                     .map_err(|e| RequestError::invalid(&ppath, e.to_string()))?;
                 match p.kind.as_ref() {
-                    "text" | "input_text" => match &p.text {
+                    "text" | "input_text" | "output_text" => match &p.text {
                         Some(s) => t.text(s),
                         None => {
                             return Err(RequestError::invalid(format!("{ppath}.text"), "missing"));
                         }
                     },
                     "refusal" => t.text(p.refusal.as_deref().unwrap_or("")),
-                    "image_url" => {
-                        let Some(img) = &p.image_url else {
-                            return Err(RequestError::invalid(
-                                format!("{ppath}.image_url"),
-                                "missing",
-                            ));
+                    kind @ ("image_url" | "input_image") => {
+                        let field = format!("{ppath}.image_url");
+                        let Some(raw) = p.image_url else {
+                            return Err(RequestError::invalid(field, "missing"));
                         };
-                        let size = crate::image::data_url_size(&img.url);
-                        let cost = image_tokens(model, img.detail.as_deref(), size);
+                        let (url, detail) = if kind == "image_url" {
+                            let img: ImageUrl<'_> = serde_json::from_str(raw.get())
+                                .map_err(|e| RequestError::invalid(&field, e.to_string()))?;
+                            (img.url, img.detail)
+                        } else {
+                            (string(raw, &field)?, p.detail)
+                        };
+                        let size = crate::image::data_url_size(&url);
+                        let cost = image_tokens(model, detail.as_deref(), size);
                         t.add(cost.tokens);
                         if !cost.exact {
                             t.estimated();
@@ -275,7 +290,7 @@ struct FunctionDef<'a> {
 /// properties block + per property 3 + "name:type:description" (+ enum items: −3, then 3 +
 /// the item each); 12 after all functions. Nested or untyped properties are counted from their
 /// JSON text and flag the count.
-fn tool(
+pub(crate) fn tool(
     t: &mut Tally,
     raw: &RawValue,
     wrapped: bool,

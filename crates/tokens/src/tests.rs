@@ -176,3 +176,99 @@ fn errors_name_the_field() {
         .is_err()
     );
 }
+
+#[test]
+fn responses_messages_count_as_their_chat_equivalent() {
+    let c = TokenCounter::default();
+    let responses = |body: &str| {
+        c.count(Format::Responses, body.as_bytes(), None)
+            .unwrap_or_else(|e| unreachable!("{e}"))
+    };
+    // A string input is one user message; `instructions` a system message before it.
+    let r = responses(r#"{"model":"gpt-4o","input":"Hello there!","max_output_tokens":50}"#);
+    let chat_body = chat("gpt-4o", r#"[{"role":"user","content":"Hello there!"}]"#);
+    assert_eq!(r.input_tokens, count("gpt-4o", &chat_body).input_tokens);
+    assert_eq!(r.max_output_tokens, Some(50));
+    assert!(!r.exact, "no published rule: flagged as an estimate");
+    let r = responses(
+        r#"{"model":"gpt-4o","instructions":"Be brief.","stream":true,
+            "input":[{"role":"user","content":[{"type":"input_text","text":"Hello there!"}]},
+                     {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hi."}]}]}"#,
+    );
+    let chat_body = chat(
+        "gpt-4o",
+        r#"[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello there!"},
+            {"role":"assistant","content":"Hi."}]"#,
+    );
+    assert_eq!(r.input_tokens, count("gpt-4o", &chat_body).input_tokens);
+    assert!(r.stream);
+    // Function tools follow the chat rule for functions (flat in this API).
+    let tool = r#"{"name":"get_weather","description":"Weather.","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}"#;
+    let r = responses(&format!(
+        r#"{{"model":"gpt-4o","input":"x","tools":[{{"type":"function",{}}}]}}"#,
+        &tool[1..tool.len() - 1]
+    ));
+    let chat_tools = format!(
+        r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"x"}}],"tools":[{{"type":"function","function":{tool}}}]}}"#
+    );
+    assert_eq!(
+        r.input_tokens,
+        count("gpt-4o", chat_tools.as_bytes()).input_tokens
+    );
+}
+
+#[test]
+fn responses_items_tools_and_errors() {
+    let c = TokenCounter::default();
+    let n = |body: &str| c.count(Format::Responses, body.as_bytes(), None);
+    let base = n(r#"{"model":"gpt-4o","input":[]}"#).map(|r| r.input_tokens);
+    assert_eq!(base, Ok(3), "only the reply priming");
+    // Function calls and their outputs, reasoning items and built-in tools all count.
+    for body in [
+        r#"{"model":"gpt-4o","input":[{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":1}"}]}"#,
+        r#"{"model":"gpt-4o","input":[{"type":"function_call_output","call_id":"c1","output":"sunny"}]}"#,
+        r#"{"model":"gpt-4o","input":[{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"thought"}]}]}"#,
+        r#"{"model":"gpt-4o","input":[],"tools":[{"type":"web_search"}]}"#,
+        r#"{"model":"gpt-4o","input":[],"text":{"format":{"type":"json_schema","name":"x","schema":{}}}}"#,
+    ] {
+        let r = n(body).map(|r| r.input_tokens);
+        assert!(r.as_ref().is_ok_and(|t| *t > 3), "{body}: {r:?}");
+    }
+    // An image's tiles, as in chat.
+    let img = n(
+        r#"{"model":"gpt-4o","input":[{"role":"user","content":[{"type":"input_image","image_url":"https://example.com/a.png","detail":"low"}]}]}"#,
+    );
+    assert_eq!(img.map(|r| r.input_tokens), Ok(3 + 1 + 85 + 3));
+    // Errors name the field.
+    for (body, field) in [
+        (r#"{"model":"gpt-4o","input":5}"#, "input"),
+        (
+            r#"{"model":"gpt-4o","input":[{"content":"x"}]}"#,
+            "input[0].role",
+        ),
+        (
+            r#"{"model":"gpt-4o","input":[{"role":"user"}]}"#,
+            "input[0].content",
+        ),
+        (
+            r#"{"model":"gpt-4o","input":[{"role":"user","content":[{"type":"input_text"}]}]}"#,
+            "input[0].content[0].text",
+        ),
+        (
+            r#"{"model":"gpt-4o","input":"x","instructions":7}"#,
+            "instructions",
+        ),
+        (
+            r#"{"model":"gpt-4o","input":"x","tools":[{"name":"f"}]}"#,
+            "tools[0]",
+        ),
+    ] {
+        let e = n(body);
+        assert_eq!(
+            e.as_ref().err().and_then(|e| e.field()),
+            Some(field),
+            "{body}"
+        );
+    }
+    assert!(matches!(n(r#"{"input":"x"}"#), Err(RequestError::Json(_))));
+}

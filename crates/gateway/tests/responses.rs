@@ -1,0 +1,211 @@
+//! OpenAI's Responses API (`POST /v1/responses`) through the gateway, against the simulator's
+//! endpoint: the output cap written into `max_output_tokens`, settlement from the usage of the
+//! body or of the stream's last event, and follow-ups (`previous_response_id`) admitted with the
+//! context the upstream bills them for, which their bodies do not hold. Memory store and Redis.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use serde_json::{Value, json};
+use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::sim::{Sim, SimConfig};
+
+mod common;
+
+const KEY: &str = "sk-acme";
+const UPSTREAM_KEY: &str = "upstream-openai-secret";
+
+use common::{Env, Reply};
+
+/// A gateway with an input limit of `max_input` tokens per request and a day's budget.
+async fn env(redis: bool, max_input: u64) -> Env {
+    let sim = Sim::start(SimConfig {
+        api_key: Some(UPSTREAM_KEY.into()),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let redis_server = redis.then(RedisServer::start);
+    let store = match &redis_server {
+        Some(r) => format!("[store]\nurl = \"{}\"\nprefix = \"resp\"\n", r.url()),
+        None => String::new(),
+    };
+    let text = format!(
+        "{store}[responses]\nunknown_context_tokens = 1000\n\
+         [[upstreams]]\nname = \"openai\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+         [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+         [[policy.scopes]]\nkey = \"tenant\"\nrequests = {{ limit = 100, window = \"1m\" }}\n\
+         input_tokens = {max_input}\n\
+         output_tokens = {{ max = 200, mode = \"clamp\", default = 12 }}\n\
+         concurrency = {{ limit = 4, lease_ttl = \"30s\" }}\nbudget = {{ tokens = 100000, period = \"day\" }}\n",
+        sim.base_url(),
+        tollgate_gateway::hash_key(KEY),
+    );
+    Env::start(&text, UPSTREAM_KEY, sim, redis_server).await
+}
+
+async fn send(env: &Env, body: Value) -> Reply {
+    common::post(
+        env.addr,
+        "/v1/responses",
+        &[("authorization", format!("Bearer {KEY}"))],
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await
+}
+
+/// The tenant's settled total once nothing is held and it has reached what the simulator
+/// billed (input, with any earlier context, and output, as it reported them); fails after 3 s.
+async fn settled_as_the_upstream_billed(env: &Env) -> u64 {
+    let billed = || {
+        let s = env.sim.stats();
+        s.prompt_tokens + s.completion_tokens
+    };
+    let what = format!("settled as the upstream billed ({})", billed());
+    common::tenant_usage_when(&env.store, &what, |u| {
+        u.leases == 0 && u.reserved == 0 && u.settled == billed()
+    })
+    .await
+    .settled
+}
+
+/// The `response.*` event types of a stream, in order.
+fn event_types(body: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .map(|v| v["type"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+async fn responses_are_capped_forwarded_and_settled(redis: bool) {
+    let env = env(redis, 1000).await;
+    // Above the cap: clamped to 200, which the upstream gets with its own key.
+    let r = send(
+        &env,
+        json!({"model": "gpt-4o", "input": "Hello there!", "max_output_tokens": 5000}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["usage"]["output_tokens"], 16);
+    assert_eq!(env.sim.stats().last_body.unwrap()["max_output_tokens"], 200);
+    assert_eq!(
+        env.sim
+            .stats()
+            .requests
+            .get(&format!("Bearer {UPSTREAM_KEY}")),
+        Some(&1)
+    );
+    assert!(r.headers.contains_key("x-ratelimit-remaining-requests"));
+    settled_as_the_upstream_billed(&env).await;
+    // No cap: the policy's default is written in.
+    let r = send(
+        &env,
+        json!({"model": "gpt-4o", "instructions": "Be brief.",
+               "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(env.sim.stats().last_body.unwrap()["max_output_tokens"], 12);
+    assert_eq!(r.json()["status"], "incomplete");
+    settled_as_the_upstream_billed(&env).await;
+    // Streamed: the typed events pass unchanged, and the usage of the last one is settled.
+    let r = send(
+        &env,
+        json!({"model": "gpt-4o", "input": "Hello there!", "max_output_tokens": 8, "stream": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let types = event_types(&r.body);
+    assert_eq!(types.first().map(String::as_str), Some("response.created"));
+    assert_eq!(
+        types.last().map(String::as_str),
+        Some("response.incomplete")
+    );
+    assert_eq!(
+        types
+            .iter()
+            .filter(|t| *t == "response.output_text.delta")
+            .count(),
+        8
+    );
+    settled_as_the_upstream_billed(&env).await;
+    // Background responses cannot be settled: refused before anything is counted or sent.
+    let r = send(
+        &env,
+        json!({"model": "gpt-4o", "input": "Hello", "background": true}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    assert_eq!(r.code(), "unsupported_parameter");
+    assert_eq!(r.json()["error"]["param"], "background");
+    assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 3);
+}
+
+async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
+    // Each turn's body is the same few tokens; the conversation the upstream bills grows.
+    let env = env(redis, 50).await;
+    let turn = |previous: Option<&str>, stream: bool| {
+        let mut v = json!({"model": "gpt-4o", "input": "Hello there!", "stream": stream});
+        if let Some(p) = previous {
+            v["previous_response_id"] = p.into();
+        }
+        v
+    };
+    let r = send(&env, turn(None, false)).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let own = r.json()["usage"]["input_tokens"].as_u64().unwrap();
+    let first = r.json()["id"].as_str().unwrap().to_owned();
+    settled_as_the_upstream_billed(&env).await;
+    // Second turn, streamed: billed its own input and the first turn's input and output.
+    let r = send(&env, turn(Some(&first), true)).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let last = text
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .unwrap();
+    let second = last["response"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        last["response"]["usage"]["input_tokens"].as_u64(),
+        Some(own + own + 12)
+    );
+    settled_as_the_upstream_billed(&env).await;
+    // Third turn: its body is as small as the first's, but with what it carries (2 × own + 24
+    // tokens of earlier turns) it passes the input limit of 50, so it is refused unsent.
+    assert!(3 * own + 24 > 50 && 2 * own + 12 <= 50, "own = {own}");
+    let r = send(&env, turn(Some(&second), false)).await;
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    assert_eq!(r.code(), "input_token_limit");
+    assert_eq!(r.json()["error"]["param"], "input");
+    // A response this gateway never served: its context counts as configured (1000 tokens).
+    let r = send(&env, turn(Some("resp_elsewhere"), false)).await;
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    assert_eq!(r.code(), "input_token_limit");
+    assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 2);
+    settled_as_the_upstream_billed(&env).await;
+}
+
+#[tokio::test]
+async fn memory_responses_are_capped_forwarded_and_settled() {
+    responses_are_capped_forwarded_and_settled(false).await;
+}
+
+#[tokio::test]
+async fn redis_responses_are_capped_forwarded_and_settled() {
+    responses_are_capped_forwarded_and_settled(true).await;
+}
+
+#[tokio::test]
+async fn memory_follow_ups_are_admitted_with_the_context_they_carry() {
+    follow_ups_are_admitted_with_the_context_they_carry(false).await;
+}
+
+#[tokio::test]
+async fn redis_follow_ups_are_admitted_with_the_context_they_carry() {
+    follow_ups_are_admitted_with_the_context_they_carry(true).await;
+}
