@@ -64,21 +64,6 @@ fn message(max_tokens: Option<u64>, stream: bool) -> Value {
     v
 }
 
-/// The tenant's settled total once nothing is held and it has reached what the simulator
-/// served (prompt + completion tokens, as it reported them); fails after 3 s.
-async fn settled_as_the_upstream_reported(env: &Env) -> u64 {
-    let served = || {
-        let s = env.sim.stats();
-        s.prompt_tokens + s.completion_tokens
-    };
-    let what = format!("settled as the upstream served ({})", served());
-    common::tenant_usage_when(&env.store, &what, |u| {
-        u.leases == 0 && u.reserved == 0 && u.settled == served()
-    })
-    .await
-    .settled
-}
-
 async fn messages_are_capped_forwarded_and_settled(redis: bool) {
     let env = env(redis, 100_000).await;
     // Above the cap: clamped to 200, which the upstream gets with its own key.
@@ -91,14 +76,14 @@ async fn messages_are_capped_forwarded_and_settled(redis: bool) {
     assert_eq!(sent["max_tokens"], 200);
     assert_eq!(env.sim.stats().requests.get(UPSTREAM_KEY), Some(&1));
     assert!(r.headers.contains_key("x-ratelimit-remaining-requests"));
-    let one = settled_as_the_upstream_reported(&env).await;
+    let one = common::settled_as_the_upstream_served(&env).await;
     assert!(one > 16, "{one}");
     // No max_tokens (Anthropic requires one): the policy's default is written in.
     let r = send(&env, Some(KEY), message(None, false)).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(env.sim.stats().last_body.unwrap()["max_tokens"], 12);
     assert_eq!(r.json()["usage"]["output_tokens"], 12);
-    settled_as_the_upstream_reported(&env).await;
+    common::settled_as_the_upstream_served(&env).await;
     // Streamed: Anthropic's events pass unchanged, and the usage they carry is settled.
     let r = send(&env, Some(KEY), message(Some(8), true)).await;
     assert_eq!(r.status, 200);
@@ -111,7 +96,7 @@ async fn messages_are_capped_forwarded_and_settled(redis: bool) {
             .ends_with("data: {\"type\":\"message_stop\"}"),
         "{text}"
     );
-    settled_as_the_upstream_reported(&env).await;
+    common::settled_as_the_upstream_served(&env).await;
 }
 
 async fn refusals_take_anthropics_error_format(redis: bool) {
@@ -139,7 +124,7 @@ async fn refusals_take_anthropics_error_format(redis: bool) {
         (404, json!("not_found_error"))
     );
     assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 1);
-    settled_as_the_upstream_reported(&env).await;
+    common::settled_as_the_upstream_served(&env).await;
 }
 
 #[tokio::test]

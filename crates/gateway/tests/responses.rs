@@ -53,21 +53,6 @@ async fn send(env: &Env, body: Value) -> Reply {
     .await
 }
 
-/// The tenant's settled total once nothing is held and it has reached what the simulator
-/// billed (input, with any earlier context, and output, as it reported them); fails after 3 s.
-async fn settled_as_the_upstream_billed(env: &Env) -> u64 {
-    let billed = || {
-        let s = env.sim.stats();
-        s.prompt_tokens + s.completion_tokens
-    };
-    let what = format!("settled as the upstream billed ({})", billed());
-    common::tenant_usage_when(&env.store, &what, |u| {
-        u.leases == 0 && u.reserved == 0 && u.settled == billed()
-    })
-    .await
-    .settled
-}
-
 /// The `response.*` event types of a stream, in order.
 fn event_types(body: &[u8]) -> Vec<String> {
     String::from_utf8_lossy(body)
@@ -99,7 +84,7 @@ async fn responses_are_capped_forwarded_and_settled(redis: bool) {
         Some(&1)
     );
     assert!(r.headers.contains_key("x-ratelimit-remaining-requests"));
-    settled_as_the_upstream_billed(&env).await;
+    common::settled_as_the_upstream_served(&env).await;
     // No cap: the policy's default is written in.
     let r = send(
         &env,
@@ -110,7 +95,7 @@ async fn responses_are_capped_forwarded_and_settled(redis: bool) {
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(env.sim.stats().last_body.unwrap()["max_output_tokens"], 12);
     assert_eq!(r.json()["status"], "incomplete");
-    settled_as_the_upstream_billed(&env).await;
+    common::settled_as_the_upstream_served(&env).await;
     // Streamed: the typed events pass unchanged, and the usage of the last one is settled.
     let r = send(
         &env,
@@ -131,7 +116,7 @@ async fn responses_are_capped_forwarded_and_settled(redis: bool) {
             .count(),
         8
     );
-    settled_as_the_upstream_billed(&env).await;
+    common::settled_as_the_upstream_served(&env).await;
     // Background responses cannot be settled: refused before anything is counted or sent.
     let r = send(
         &env,
@@ -158,7 +143,7 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     assert_eq!(r.status, 200, "{:?}", r.body);
     let own = r.json()["usage"]["input_tokens"].as_u64().unwrap();
     let first = r.json()["id"].as_str().unwrap().to_owned();
-    settled_as_the_upstream_billed(&env).await;
+    common::settled_as_the_upstream_served(&env).await;
     // Second turn, streamed: billed its own input and the first turn's input and output.
     let r = send(&env, turn(Some(&first), true)).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
@@ -174,7 +159,7 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
         last["response"]["usage"]["input_tokens"].as_u64(),
         Some(own + own + 12)
     );
-    settled_as_the_upstream_billed(&env).await;
+    common::settled_as_the_upstream_served(&env).await;
     // Third turn: its body is as small as the first's, but with what it carries (2 × own + 24
     // tokens of earlier turns) it passes the input limit of 50, so it is refused unsent.
     assert!(3 * own + 24 > 50 && 2 * own + 12 <= 50, "own = {own}");
@@ -187,7 +172,7 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     assert_eq!(r.status, 400, "{:?}", r.body);
     assert_eq!(r.code(), "input_token_limit");
     assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 2);
-    settled_as_the_upstream_billed(&env).await;
+    common::settled_as_the_upstream_served(&env).await;
 }
 
 #[tokio::test]

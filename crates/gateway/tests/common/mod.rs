@@ -139,3 +139,19 @@ pub async fn tenant_usage_when(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The tenant's settled total once nothing is held and it has reached what the simulator
+/// served (input, with any earlier context it billed, and output, as it reported them); fails
+/// after 3 s.
+pub async fn settled_as_the_upstream_served(env: &Env) -> u64 {
+    let served = || {
+        let s = env.sim.stats();
+        s.prompt_tokens + s.completion_tokens
+    };
+    let what = format!("settled as the upstream served ({})", served());
+    tenant_usage_when(&env.store, &what, |u| {
+        u.leases == 0 && u.reserved == 0 && u.settled == served()
+    })
+    .await
+    .settled
+}
