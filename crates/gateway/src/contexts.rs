@@ -4,9 +4,11 @@
 //! a small request carry a huge input past the input-token limit and the budget's reservation.
 //! So the gateway remembers, for each response it served, the context that a follow-up carries
 //! (the response's input plus its output), by response id and by conversation id, and adds it to
-//! a follow-up's counted input. Context it has not seen (served by another instance, forgotten,
-//! referenced item by item, or a stored prompt) counts as `responses.unknown_context_tokens`.
-//! Settlement charges what the upstream reports, so an estimate only moves the reservation.
+//! a follow-up's counted input: in the Redis store, for every instance that shares it (30 days,
+//! as long as OpenAI keeps a response); with the memory store, in [`Contexts`]. Context it has
+//! not seen (served elsewhere, forgotten, referenced item by item, or a stored prompt) counts as
+//! `responses.unknown_context_tokens`. Settlement charges what the upstream reports, so an
+//! estimate only moves the reservation.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -70,17 +72,37 @@ pub fn conversation_id(request: &Value) -> Option<&str> {
     c.as_str().or(c["id"].as_str())
 }
 
-/// Input tokens of a Responses request that its body does not hold: the remembered context of
-/// its `previous_response_id` or `conversation` (`unknown` for one not remembered), plus
-/// `unknown` once for `item_reference` items or a stored `prompt`.
-pub fn hidden_input(request: &Value, contexts: &Contexts, unknown: u64) -> u64 {
-    let known_or = |id: Option<&str>| id.map_or(0, |id| contexts.get(id).unwrap_or(unknown));
-    let earlier =
-        known_or(request["previous_response_id"].as_str()).max(known_or(conversation_id(request)));
+/// What a Responses request carries beyond its body: the ids of the context it continues (its
+/// `previous_response_id` and its `conversation`), and whether it also holds content kept
+/// upstream that no id here measures (`item_reference` items, a stored `prompt`).
+pub fn carried(request: &Value) -> (Vec<&str>, bool) {
+    let ids = [
+        request["previous_response_id"].as_str(),
+        conversation_id(request),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let references = request["input"]
         .as_array()
         .is_some_and(|items| items.iter().any(|i| i["type"] == "item_reference"))
         || request["prompt"]["id"].is_string();
+    (ids, references)
+}
+
+/// Input tokens of a request that its body does not hold: the largest context of the `known`
+/// ones it continues (`None`: not known, counted as `unknown`), plus `unknown` once for
+/// references.
+pub fn hidden_input(
+    known: impl IntoIterator<Item = Option<u64>>,
+    references: bool,
+    unknown: u64,
+) -> u64 {
+    let earlier = known
+        .into_iter()
+        .map(|k| k.unwrap_or(unknown))
+        .max()
+        .unwrap_or(0);
     earlier.saturating_add(if references { unknown } else { 0 })
 }
 
@@ -94,7 +116,10 @@ mod tests {
         let c = Contexts::default();
         c.remember("resp_1", 500);
         c.remember("conv_1", 700);
-        let hidden = |v: Value| hidden_input(&v, &c, 9_000);
+        let hidden = |v: Value| {
+            let (ids, references) = carried(&v);
+            hidden_input(ids.into_iter().map(|id| c.get(id)), references, 9_000)
+        };
         assert_eq!(hidden(json!({"input": "hi"})), 0);
         assert_eq!(hidden(json!({"previous_response_id": "resp_1"})), 500);
         assert_eq!(hidden(json!({"previous_response_id": "resp_x"})), 9_000);

@@ -22,7 +22,7 @@ use tollgate_core::{
 use tollgate_tokens::{Format, TokenCounter};
 
 use crate::config::{GatewayConfig, KeyConfig, hash_key};
-use crate::contexts::{Contexts, conversation_id, hidden_input};
+use crate::contexts::{Contexts, carried, conversation_id, hidden_input};
 use crate::records::RecordSink;
 use crate::respond::{self, ApiError};
 use crate::sse::SseMeter;
@@ -30,6 +30,9 @@ use crate::store::{AnyStore, Ticket};
 
 /// The `anthropic-version` sent upstream when the client sent none.
 const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// How long the Redis store keeps what a Responses API follow-up carries: as long as OpenAI
+/// keeps a stored response.
+const CONTEXT_KEPT: Duration = Duration::from_secs(30 * 86_400);
 /// Upstream response bodies larger than this are refused (not streamed ones).
 const MAX_UPSTREAM_BODY: usize = 64 << 20;
 /// Headers of an admitted request's response: up to eight quota headers, `content-type`,
@@ -162,11 +165,28 @@ impl Gateway {
     }
 
     /// Remembers what a Responses API follow-up of this response (and of its conversation)
-    /// carries as input: the response's input and output.
-    fn remember_context(&self, response: Option<&str>, conversation: Option<&str>, u: Usage) {
+    /// carries as input: the response's input and output. In the Redis store, for every
+    /// instance; a failure to write it only makes a follow-up count as unknown context.
+    async fn remember_context(&self, response: Option<&str>, conversation: Option<&str>, u: Usage) {
         let carried = u.input_tokens.saturating_add(u.output_tokens);
         for id in [response, conversation].into_iter().flatten() {
-            self.contexts.remember(id, carried);
+            match &self.store {
+                AnyStore::Redis(r) => {
+                    let _ = r
+                        .put_note(&format!("ctx:{id}"), carried, CONTEXT_KEPT)
+                        .await;
+                }
+                AnyStore::Memory(_) => self.contexts.remember(id, carried),
+            }
+        }
+    }
+
+    /// What a follow-up of response or conversation `id` carries, if it is known here.
+    async fn context_of(&self, id: &str) -> Option<u64> {
+        match &self.store {
+            // An unreachable store makes it unknown: counted as the configured worst case.
+            AnyStore::Redis(r) => r.note(&format!("ctx:{id}")).await.ok().flatten(),
+            AnyStore::Memory(_) => self.contexts.get(id),
         }
     }
 
@@ -393,11 +413,12 @@ async fn admit_and_forward(
             )
             .param("background"));
         }
-        input = input.saturating_add(hidden_input(
-            &json,
-            &gw.contexts,
-            cfg.unknown_context_tokens,
-        ));
+        let (ids, references) = carried(&json);
+        let mut known = Vec::with_capacity(ids.len());
+        for id in ids {
+            known.push(gw.context_of(id).await);
+        }
+        input = input.saturating_add(hidden_input(known, references, cfg.unknown_context_tokens));
     }
     let user = if key.allow_user {
         json.get("user")
@@ -720,7 +741,8 @@ async fn admit_and_forward(
                                 meter.response_id.as_deref(),
                                 conversation.as_deref(),
                                 usage,
-                            );
+                            )
+                            .await;
                             let _ = ticket.settle(usage).await;
                             if rest.is_empty() {
                                 return None;
@@ -796,7 +818,8 @@ async fn admit_and_forward(
         }
     };
     if format == Format::Responses {
-        gw.remember_context(v["id"].as_str(), conversation_id(&json), usage);
+        gw.remember_context(v["id"].as_str(), conversation_id(&json), usage)
+            .await;
     }
     let _ = ticket.settle(usage).await;
     Ok(relay(status, content_type, bytes, headers))

@@ -1,7 +1,8 @@
 //! OpenAI's Responses API (`POST /v1/responses`) through the gateway, against the simulator's
 //! endpoint: the output cap written into `max_output_tokens`, settlement from the usage of the
 //! body or of the stream's last event, and follow-ups (`previous_response_id`) admitted with the
-//! context the upstream bills them for, which their bodies do not hold. Memory store and Redis.
+//! context the upstream bills them for, which their bodies do not hold (on Redis, known to every
+//! instance sharing the store). Memory store and Redis.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -16,8 +17,9 @@ const UPSTREAM_KEY: &str = "upstream-openai-secret";
 
 use common::{Env, Reply};
 
-/// A gateway with an input limit of `max_input` tokens per request and a day's budget.
-async fn env(redis: bool, max_input: u64) -> Env {
+/// A gateway with an input limit of `max_input` tokens per request and a day's budget, and its
+/// configuration (for more instances on the same store).
+async fn env(redis: bool, max_input: u64) -> (Env, String) {
     let sim = Sim::start(SimConfig {
         api_key: Some(UPSTREAM_KEY.into()),
         ..SimConfig::default()
@@ -40,12 +42,15 @@ async fn env(redis: bool, max_input: u64) -> Env {
         sim.base_url(),
         tollgate_gateway::hash_key(KEY),
     );
-    Env::start(&text, UPSTREAM_KEY, sim, redis_server).await
+    (
+        Env::start(&text, UPSTREAM_KEY, sim, redis_server).await,
+        text,
+    )
 }
 
-async fn send(env: &Env, body: Value) -> Reply {
+async fn send(addr: std::net::SocketAddr, body: Value) -> Reply {
     common::post(
-        env.addr,
+        addr,
         "/v1/responses",
         &[("authorization", format!("Bearer {KEY}"))],
         serde_json::to_vec(&body).unwrap(),
@@ -64,10 +69,10 @@ fn event_types(body: &[u8]) -> Vec<String> {
 }
 
 async fn responses_are_capped_forwarded_and_settled(redis: bool) {
-    let env = env(redis, 1000).await;
+    let (env, _) = env(redis, 1000).await;
     // Above the cap: clamped to 200, which the upstream gets with its own key.
     let r = send(
-        &env,
+        env.addr,
         json!({"model": "gpt-4o", "input": "Hello there!", "max_output_tokens": 5000}),
     )
     .await;
@@ -87,7 +92,7 @@ async fn responses_are_capped_forwarded_and_settled(redis: bool) {
     common::settled_as_the_upstream_served(&env).await;
     // No cap: the policy's default is written in.
     let r = send(
-        &env,
+        env.addr,
         json!({"model": "gpt-4o", "instructions": "Be brief.",
                "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]}),
     )
@@ -98,7 +103,7 @@ async fn responses_are_capped_forwarded_and_settled(redis: bool) {
     common::settled_as_the_upstream_served(&env).await;
     // Streamed: the typed events pass unchanged, and the usage of the last one is settled.
     let r = send(
-        &env,
+        env.addr,
         json!({"model": "gpt-4o", "input": "Hello there!", "max_output_tokens": 8, "stream": true}),
     )
     .await;
@@ -119,7 +124,7 @@ async fn responses_are_capped_forwarded_and_settled(redis: bool) {
     common::settled_as_the_upstream_served(&env).await;
     // Background responses cannot be settled: refused before anything is counted or sent.
     let r = send(
-        &env,
+        env.addr,
         json!({"model": "gpt-4o", "input": "Hello", "background": true}),
     )
     .await;
@@ -131,7 +136,14 @@ async fn responses_are_capped_forwarded_and_settled(redis: bool) {
 
 async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     // Each turn's body is the same few tokens; the conversation the upstream bills grows.
-    let env = env(redis, 50).await;
+    let (env, text) = env(redis, 50).await;
+    // On Redis, a second instance sharing the store serves every other turn: what a turn carries
+    // is known to every instance.
+    let mut addrs = vec![env.addr];
+    if redis {
+        addrs.push(common::spawn_gateway(&text, UPSTREAM_KEY).await.0);
+    }
+    let at = |turn: usize| addrs[turn % addrs.len()];
     let turn = |previous: Option<&str>, stream: bool| {
         let mut v = json!({"model": "gpt-4o", "input": "Hello there!", "stream": stream});
         if let Some(p) = previous {
@@ -139,13 +151,13 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
         }
         v
     };
-    let r = send(&env, turn(None, false)).await;
+    let r = send(at(0), turn(None, false)).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     let own = r.json()["usage"]["input_tokens"].as_u64().unwrap();
     let first = r.json()["id"].as_str().unwrap().to_owned();
     common::settled_as_the_upstream_served(&env).await;
     // Second turn, streamed: billed its own input and the first turn's input and output.
-    let r = send(&env, turn(Some(&first), true)).await;
+    let r = send(at(1), turn(Some(&first), true)).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     let text = String::from_utf8_lossy(&r.body).into_owned();
     let last = text
@@ -163,12 +175,12 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     // Third turn: its body is as small as the first's, but with what it carries (2 × own + 24
     // tokens of earlier turns) it passes the input limit of 50, so it is refused unsent.
     assert!(3 * own + 24 > 50 && 2 * own + 12 <= 50, "own = {own}");
-    let r = send(&env, turn(Some(&second), false)).await;
+    let r = send(at(2), turn(Some(&second), false)).await;
     assert_eq!(r.status, 400, "{:?}", r.body);
     assert_eq!(r.code(), "input_token_limit");
     assert_eq!(r.json()["error"]["param"], "input");
     // A response this gateway never served: its context counts as configured (1000 tokens).
-    let r = send(&env, turn(Some("resp_elsewhere"), false)).await;
+    let r = send(at(3), turn(Some("resp_elsewhere"), false)).await;
     assert_eq!(r.status, 400, "{:?}", r.body);
     assert_eq!(r.code(), "input_token_limit");
     assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 2);

@@ -940,6 +940,39 @@ impl RedisStore {
         Ok(swept)
     }
 
+    /// Keeps `value` under `name` for `ttl`, for every instance on this store (the gateway's
+    /// note of what a Responses API follow-up carries). Key `P:n:<name>`; a plain `SET`.
+    pub async fn put_note(&self, name: &str, value: u64, ttl: Duration) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        tokio::time::timeout(
+            self.config.call_timeout,
+            redis::cmd("SET")
+                .arg(key(self.shard_prefix(name), "n", name))
+                .arg(value)
+                .arg("PX")
+                .arg(ms)
+                .query_async::<()>(&mut conn),
+        )
+        .await
+        .map_err(|_| StoreError::Unavailable("SET timed out".into()))?
+        .map_err(unavailable)
+    }
+
+    /// The value kept under `name` by [`Self::put_note`], if it has not expired.
+    pub async fn note(&self, name: &str) -> Result<Option<u64>, StoreError> {
+        let mut conn = self.conn.clone();
+        tokio::time::timeout(
+            self.config.call_timeout,
+            redis::cmd("GET")
+                .arg(key(self.shard_prefix(name), "n", name))
+                .query_async::<Option<u64>>(&mut conn),
+        )
+        .await
+        .map_err(|_| StoreError::Unavailable("GET timed out".into()))?
+        .map_err(unavailable)
+    }
+
     /// Whether the store answers (for readiness checks).
     pub async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
