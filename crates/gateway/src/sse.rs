@@ -213,8 +213,9 @@ impl SseMeter {
                 }
                 self.done = true;
             }
-            // Text, refusals, tool-call arguments and reasoning are all output.
-            _ if kind.ends_with(".delta") => {
+            // Text, refusals, tool-call arguments and reasoning are all output (audio deltas
+            // are base64, not text: the usage that ends the stream counts them).
+            _ if kind.ends_with(".delta") && !kind.contains("audio") => {
                 if let Some(s) = v["delta"].as_str() {
                     self.counted_output += self.counter.count_text(&self.model, s, None).0;
                 }
@@ -405,6 +406,9 @@ mod tests {
         let counter = TokenCounter::default();
         let expected = counter.count_text("gpt-4o", "Hello", None).0
             + counter.count_text("gpt-4o", "{\"a\":1}", None).0;
+        assert_eq!(m.counted_output, expected);
+        // Audio deltas are base64: not counted as text.
+        m.feed(b"data: {\"type\":\"response.audio.delta\",\"delta\":\"UklGRiQAAABXQVZFZm10IBAAAAABAAEA\"}\n\n");
         assert_eq!(m.counted_output, expected);
         // Cut short here: the estimate and what was streamed.
         assert_eq!((m.usage, m.usage_so_far(40)), (None, (40, 0, expected)));
