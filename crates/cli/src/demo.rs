@@ -48,8 +48,8 @@ budget = {{ tokens = 600, period = "day" }}
 pub fn banner(addr: SocketAddr, upstream: &str) -> String {
     format!(
         r#"Tollgate demo
-  gateway:   http://{addr}   (OpenAI: /v1/chat/completions, /v1/embeddings, /v1/models;
-                               Anthropic: /v1/messages)
+  gateway:   http://{addr}   (OpenAI: /v1/chat/completions, /v1/responses, /v1/embeddings,
+                               /v1/models; Anthropic: /v1/messages)
   upstream:  {upstream}   (simulated model, 16 tokens per answer)
   API key:   {DEMO_KEY}
   limits:    5 requests/min and 2 at once per key; output clamped to 256; 600 tokens/day per tenant
@@ -58,6 +58,12 @@ Try:
   curl -s http://{addr}/v1/chat/completions -H 'authorization: Bearer {DEMO_KEY}' \
     -H 'content-type: application/json' \
     -d '{{"model":"gpt-4o","max_tokens":100,"messages":[{{"role":"user","content":"Hello!"}}]}}'
+
+  Or through OpenAI's Responses API (a follow-up with previous_response_id is counted with the
+  conversation the upstream bills it for):
+  curl -s http://{addr}/v1/responses -H 'authorization: Bearer {DEMO_KEY}' \
+    -H 'content-type: application/json' \
+    -d '{{"model":"gpt-4o","max_output_tokens":100,"input":"Hello!"}}'
 
   Or as Anthropic's clients do:
   curl -s http://{addr}/v1/messages -H 'x-api-key: {DEMO_KEY}' \

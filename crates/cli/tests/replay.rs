@@ -249,7 +249,8 @@ fn count_prints_what_the_gateway_charges() {
 }
 
 /// `tollgate serve --demo` starts, prints what to try, and does what it says: five requests
-/// pass, the sixth gets 429 with Retry-After; OpenAI's and Anthropic's APIs in turns.
+/// pass, the sixth gets 429 with Retry-After; OpenAI's chat and Responses APIs and Anthropic's
+/// in turns.
 #[test]
 fn the_demo_turns_200s_into_429s() {
     use std::io::{BufRead, Read, Write};
@@ -282,9 +283,14 @@ fn the_demo_turns_200s_into_429s() {
         "x-api-key: sk-tollgate-demo\r\nanthropic-version: 2023-06-01",
         r#"{"model":"claude-sonnet-4","max_tokens":10,"messages":[{"role":"user","content":"Hello!"}]}"#,
     );
+    let responses = (
+        "/v1/responses",
+        "authorization: Bearer sk-tollgate-demo",
+        r#"{"model":"gpt-4o","max_output_tokens":10,"input":"Hello!"}"#,
+    );
     let mut statuses = Vec::new();
     for i in 0..6 {
-        let (path, auth, body) = if i % 2 == 0 { openai } else { anthropic };
+        let (path, auth, body) = [openai, responses, anthropic][i % 3];
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         write!(
             s,

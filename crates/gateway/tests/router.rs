@@ -235,3 +235,24 @@ fn store_shards_and_retention_are_checked_and_passed_on() {
         assert_eq!(e.path, "store.retention", "{e}");
     }
 }
+
+#[test]
+fn unknown_context_tokens_default_to_128k_and_are_bounded() {
+    let base = "[[upstreams]]\nname = \"s\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n";
+    assert_eq!(
+        GatewayConfig::from_toml(base)
+            .unwrap()
+            .unknown_context_tokens,
+        128_000
+    );
+    let c = GatewayConfig::from_toml(&format!("{base}[responses]\nunknown_context_tokens = 0\n"))
+        .unwrap();
+    assert_eq!(c.unknown_context_tokens, 0);
+    let e = GatewayConfig::from_toml(&format!(
+        "{base}[responses]\nunknown_context_tokens = 10000001\n"
+    ))
+    .unwrap_err();
+    assert_eq!(e.path, "responses.unknown_context_tokens", "{e}");
+    let e = GatewayConfig::from_toml(&format!("{base}[responses]\nunknown = 1\n")).unwrap_err();
+    assert!(e.to_string().contains("unknown"), "{e}");
+}
