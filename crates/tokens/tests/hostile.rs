@@ -147,3 +147,57 @@ fn wrong_types_everywhere_are_errors() {
         );
     }
 }
+
+#[test]
+fn responses_bodies_are_bounded_too() {
+    let c = TokenCounter::default();
+    let count = |body: serde_json::Value| {
+        c.count(
+            Format::Responses,
+            &serde_json::to_vec(&body).unwrap(),
+            Some(LIMIT),
+        )
+    };
+    let big = "a".repeat(TEN_MB);
+    for body in [
+        serde_json::json!({"model": "gpt-4o", "input": big}),
+        serde_json::json!({"model": "gpt-4o", "instructions": big, "input": "hi"}),
+        serde_json::json!({"model": "gpt-4o", "input": [{"role": "user", "content": [{"type": "input_text", "text": big}]}]}),
+        serde_json::json!({"model": "gpt-4o", "input": [{"type": "function_call_output", "call_id": "c", "output": big}]}),
+        serde_json::json!({"model": "gpt-4o", "input": [{"type": "reasoning", "summary": big}]}),
+    ] {
+        let r = count(body).unwrap();
+        assert!(
+            r.over_limit && r.input_tokens == LIMIT + 1,
+            "{}",
+            r.input_tokens
+        );
+    }
+    // A hundred thousand small messages: over the limit, and the count stops there.
+    let items: Vec<_> = (0..100_000)
+        .map(|_| serde_json::json!({"role": "user", "content": "hello"}))
+        .collect();
+    let r = count(serde_json::json!({"model": "gpt-4o", "input": items})).unwrap();
+    assert!(r.over_limit, "{}", r.input_tokens);
+    // An item nested 100,000 deep is skipped over by the parser without recursion (no stack
+    // overflow) and counted from its text: over the limit.
+    let deep = format!(
+        r#"{{"model":"gpt-4o","input":[{{"type":"x","v":{}1{}}}]}}"#,
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let r = c.count(Format::Responses, deep.as_bytes(), Some(LIMIT));
+    assert!(r.as_ref().is_ok_and(|r| r.over_limit), "{r:?}");
+    // As a message's content, the same nesting is the parser's error, named by field.
+    let deep = format!(
+        r#"{{"model":"gpt-4o","input":[{{"role":"user","content":[{}1{}]}}]}}"#,
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let e = c.count(Format::Responses, deep.as_bytes(), Some(LIMIT));
+    assert_eq!(
+        e.as_ref().err().and_then(|e| e.field()),
+        Some("input[0].content[0]"),
+        "{e:?}"
+    );
+}
