@@ -416,7 +416,9 @@ async fn admit_and_forward(
         let (ids, references) = carried(&json);
         let mut known = Vec::with_capacity(ids.len());
         for id in ids {
-            known.push(gw.context_of(id).await);
+            let k = gw.context_of(id).await;
+            crate::telemetry::followup_context(k.is_some());
+            known.push(k);
         }
         input = input.saturating_add(hidden_input(known, references, cfg.unknown_context_tokens));
     }

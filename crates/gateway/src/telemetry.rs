@@ -157,3 +157,10 @@ pub fn budget_remaining(scope: &str, unit: &'static str, limit: u64, remaining: 
 pub fn fail_open() {
     counter!("tollgate_fail_open_total").increment(1);
 }
+
+/// A Responses API follow-up's earlier context was looked up: known (what the upstream bills
+/// is counted), or not (counted as `unknown_context_tokens`, which may refuse it).
+pub fn followup_context(known: bool) {
+    counter!("tollgate_followup_context_total", "context" => if known { "known" } else { "unknown" })
+        .increment(1);
+}

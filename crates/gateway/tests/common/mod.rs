@@ -89,6 +89,11 @@ impl Reply {
     }
 }
 
+/// `GET http://ADDR{path}`.
+pub async fn get(addr: SocketAddr, path: &str) -> Reply {
+    send(Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new()))).await
+}
+
 /// `POST http://ADDR{path}` with a JSON body and `headers`.
 pub async fn post(
     addr: SocketAddr,
@@ -96,16 +101,18 @@ pub async fn post(
     headers: &[(&str, String)],
     body: impl Into<Bytes>,
 ) -> Reply {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut b =
         Request::post(format!("http://{addr}{path}")).header("content-type", "application/json");
     for (name, value) in headers {
         b = b.header(*name, value.as_str());
     }
-    let resp = client
-        .request(b.body(Full::new(body.into())).unwrap())
-        .await
-        .unwrap();
+    send(b.body(Full::new(body.into()))).await
+}
+
+/// Sends a request and reads its response whole.
+async fn send(req: hyper::http::Result<Request<Full<Bytes>>>) -> Reply {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let resp = client.request(req.unwrap()).await.unwrap();
     let (parts, body) = resp.into_parts();
     Reply {
         status: parts.status.as_u16(),
