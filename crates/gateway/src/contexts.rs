@@ -15,7 +15,8 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-/// Most contexts remembered; beyond it the oldest are forgotten (about 10 MB at 100 bytes each).
+/// Most contexts remembered by the memory store's gateway; beyond it the oldest are forgotten,
+/// so memory stays bounded whatever the number of conversations.
 pub const REMEMBERED: usize = 100_000;
 
 /// Response and conversation ids → the input tokens a follow-up carries.
