@@ -138,6 +138,14 @@ fn governor_check_key(bencher: Bencher) {
     });
 }
 
+/// The store's clock (`SystemClock::now()`, the system's wall clock in ms), which an admit +
+/// settle reads twice: once per call.
+#[divan::bench(sample_count = 200, sample_size = 50)]
+fn system_clock_now(bencher: Bencher) {
+    use tollgate_core::Clock;
+    bencher.bench(|| divan::black_box(SystemClock.now()));
+}
+
 #[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 50)]
 fn governor_check(bencher: Bencher) {
     let q = Quota::per_second(NonZeroU32::new(u32::MAX).unwrap());
