@@ -19,6 +19,15 @@ use serde_json::Value;
 /// so memory stays bounded whatever the number of conversations.
 pub const REMEMBERED: usize = 100_000;
 
+/// The longest response or conversation id kept or looked up (OpenAI's are about 50 bytes).
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Whether `id` may be kept or looked up: ids come from clients, and neither Redis keys nor the
+/// map below should grow with whatever a client sends. A longer one is unknown context.
+pub fn keepable(id: &str) -> bool {
+    id.len() <= MAX_ID_BYTES
+}
+
 /// Response and conversation ids → the input tokens a follow-up carries.
 #[derive(Debug, Default)]
 pub struct Contexts {
@@ -35,11 +44,17 @@ struct Inner {
 impl Contexts {
     /// The context remembered for `id`.
     pub fn get(&self, id: &str) -> Option<u64> {
+        if !keepable(id) {
+            return None;
+        }
         self.inner.lock().ok()?.tokens.get(id).copied()
     }
 
     /// Remembers (or updates: a conversation grows) the context of `id`.
     pub fn remember(&self, id: &str, tokens: u64) {
+        if !keepable(id) {
+            return;
+        }
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
@@ -138,6 +153,18 @@ mod tests {
         // A conversation grows: its context is replaced, not added to.
         c.remember("conv_1", 1_200);
         assert_eq!(hidden(json!({"conversation": "conv_1"})), 1_200);
+    }
+
+    #[test]
+    fn ids_longer_than_any_kept_are_neither_kept_nor_found() {
+        let c = Contexts::default();
+        let long = "c".repeat(MAX_ID_BYTES + 1);
+        c.remember(&long, 5);
+        assert!(c.is_empty());
+        assert_eq!(c.get(&long), None);
+        let longest = "c".repeat(MAX_ID_BYTES);
+        c.remember(&longest, 5);
+        assert_eq!(c.get(&longest), Some(5));
     }
 
     #[test]

@@ -169,7 +169,8 @@ impl Gateway {
     /// instance; a failure to write it only makes a follow-up count as unknown context.
     async fn remember_context(&self, response: Option<&str>, conversation: Option<&str>, u: Usage) {
         let carried = u.input_tokens.saturating_add(u.output_tokens);
-        for id in [response, conversation].into_iter().flatten() {
+        let ids = [response, conversation].into_iter().flatten();
+        for id in ids.filter(|id| crate::contexts::keepable(id)) {
             match &self.store {
                 AnyStore::Redis(r) => {
                     let _ = r
@@ -183,6 +184,10 @@ impl Gateway {
 
     /// What a follow-up of response or conversation `id` carries, if it is known here.
     async fn context_of(&self, id: &str) -> Option<u64> {
+        if !crate::contexts::keepable(id) {
+            // Not an id this gateway kept: unknown, and not looked up.
+            return None;
+        }
         match &self.store {
             // An unreachable store makes it unknown: counted as the configured worst case.
             AnyStore::Redis(r) => r.note(&format!("ctx:{id}")).await.ok().flatten(),

@@ -183,14 +183,18 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     let r = send(at(3), turn(Some("resp_elsewhere"), false)).await;
     assert_eq!(r.status, 400, "{:?}", r.body);
     assert_eq!(r.code(), "input_token_limit");
+    // An id longer than any kept (256 bytes) is not looked up: unknown too.
+    let long = "r".repeat(10_000);
+    let r = send(at(4), turn(Some(&long), false)).await;
+    assert_eq!((r.status, r.code()), (400, "input_token_limit".to_owned()));
     assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 2);
     common::settled_as_the_upstream_served(&env).await;
-    // Two follow-ups found what they carry, one did not (the process's one recorder).
+    // Two follow-ups found what they carry, two did not (the process's one recorder).
     let metrics = common::get(env.addr, "/metrics").await;
     let text = String::from_utf8_lossy(&metrics.body);
     for line in [
         "tollgate_followup_context_total{context=\"known\"} 2",
-        "tollgate_followup_context_total{context=\"unknown\"} 1",
+        "tollgate_followup_context_total{context=\"unknown\"} 2",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
     }
