@@ -81,6 +81,10 @@ pub struct RawResponses {
     /// `previous_response_id` or `conversation` it did not serve, `item_reference` items, a
     /// stored `prompt`): default 128,000, at most 10,000,000.
     pub unknown_context_tokens: Option<u64>,
+    /// How long the Redis store keeps what a follow-up of a response carries (default `1d`,
+    /// from 1 minute to 30 days, OpenAI's retention of a stored response). Each response
+    /// kept costs Redis about 120 bytes.
+    pub context_ttl: Option<String>,
 }
 
 /// `[records]`
@@ -231,6 +235,8 @@ pub struct GatewayConfig {
     pub counter: tollgate_tokens::TokenCounter,
     /// Responses API: input tokens assumed for upstream-kept context this gateway has not seen.
     pub unknown_context_tokens: u64,
+    /// Responses API: how long the Redis store keeps what a follow-up carries.
+    pub context_ttl: Duration,
 }
 
 /// Where counters live.
@@ -543,9 +549,21 @@ impl GatewayConfig {
                 "must be at most 10000000",
             ));
         }
+        let context_ttl = duration(
+            &raw.responses.context_ttl,
+            Duration::from_secs(86_400),
+            "responses.context_ttl",
+        )?;
+        if !(Duration::from_secs(60)..=Duration::from_secs(30 * 86_400)).contains(&context_ttl) {
+            return Err(err(
+                "responses.context_ttl",
+                "must be from 1 minute to 30 days",
+            ));
+        }
         Ok(Self {
             counter,
             unknown_context_tokens,
+            context_ttl,
             listen,
             max_body_bytes,
             header_timeout: duration(

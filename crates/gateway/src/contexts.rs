@@ -4,8 +4,8 @@
 //! a small request carry a huge input past the input-token limit and the budget's reservation.
 //! So the gateway remembers, for each response it served, the context that a follow-up carries
 //! (the response's input plus its output), by response id and by conversation id, and adds it to
-//! a follow-up's counted input: in the Redis store, for every instance that shares it (30 days,
-//! as long as OpenAI keeps a response); with the memory store, in [`Contexts`]. Context it has
+//! a follow-up's counted input: in the Redis store, for every instance that shares it (for
+//! `responses.context_ttl`); with the memory store, in [`Contexts`]. Context it has
 //! not seen (served elsewhere, forgotten, referenced item by item, or a stored prompt) counts as
 //! `responses.unknown_context_tokens`. Settlement charges what the upstream reports, so an
 //! estimate only moves the reservation.

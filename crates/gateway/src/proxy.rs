@@ -30,9 +30,6 @@ use crate::store::{AnyStore, Ticket};
 
 /// The `anthropic-version` sent upstream when the client sent none.
 const ANTHROPIC_VERSION: &str = "2023-06-01";
-/// How long the Redis store keeps what a Responses API follow-up carries: as long as OpenAI
-/// keeps a stored response.
-const CONTEXT_KEPT: Duration = Duration::from_secs(30 * 86_400);
 /// Upstream response bodies larger than this are refused (not streamed ones).
 const MAX_UPSTREAM_BODY: usize = 64 << 20;
 /// Headers of an admitted request's response: up to eight quota headers, `content-type`,
@@ -166,16 +163,21 @@ impl Gateway {
 
     /// Remembers what a Responses API follow-up of this response (and of its conversation)
     /// carries as input: the response's input and output. In the Redis store, for every
-    /// instance; a failure to write it only makes a follow-up count as unknown context.
-    async fn remember_context(&self, response: Option<&str>, conversation: Option<&str>, u: Usage) {
+    /// instance, for `ttl`; a failure to write it only makes a follow-up count as unknown
+    /// context.
+    async fn remember_context(
+        &self,
+        response: Option<&str>,
+        conversation: Option<&str>,
+        u: Usage,
+        ttl: Duration,
+    ) {
         let carried = u.input_tokens.saturating_add(u.output_tokens);
         let ids = [response, conversation].into_iter().flatten();
         for id in ids.filter(|id| crate::contexts::keepable(id)) {
             match &self.store {
                 AnyStore::Redis(r) => {
-                    let _ = r
-                        .put_note(&format!("ctx:{id}"), carried, CONTEXT_KEPT)
-                        .await;
+                    let _ = r.put_note(&format!("ctx:{id}"), carried, ttl).await;
                 }
                 AnyStore::Memory(_) => self.contexts.remember(id, carried),
             }
@@ -558,6 +560,11 @@ async fn admit_and_forward(
         .param("n"));
     }
     let stream = json.get("stream").and_then(Value::as_bool) == Some(true);
+    // A Responses API response that the upstream stores (the default) can be followed up:
+    // what that follow-up carries is kept for this long.
+    let keep_context = (format == Format::Responses
+        && json.get("store").and_then(Value::as_bool) != Some(false))
+    .then_some(cfg.context_ttl);
     let mut strip_usage = false;
     if let Some(obj) = json.as_object_mut() {
         match format {
@@ -699,9 +706,12 @@ async fn admit_and_forward(
             Format::Responses => SseMeter::responses(&model),
             _ => SseMeter::new(&model, strip_usage),
         };
-        // Where the stream's context is remembered at its end.
-        let conversation = conversation_id(&json).filter(|_| format == Format::Responses);
-        let remember = (gw.clone(), conversation.map(str::to_owned));
+        // Where and for how long the stream's context is remembered at its end.
+        let remember = (
+            gw.clone(),
+            conversation_id(&json).map(str::to_owned),
+            keep_context,
+        );
         let body = up.into_body();
         let stream = futures_util::stream::unfold(
             Some((body, meter, ticket, remember)),
@@ -743,13 +753,16 @@ async fn admit_and_forward(
                                 cached_input_tokens: c,
                                 output_tokens: o,
                             };
-                            let (gw, conversation) = remember;
-                            gw.remember_context(
-                                meter.response_id.as_deref(),
-                                conversation.as_deref(),
-                                usage,
-                            )
-                            .await;
+                            let (gw, conversation, keep) = remember;
+                            if let Some(ttl) = keep {
+                                gw.remember_context(
+                                    meter.response_id.as_deref(),
+                                    conversation.as_deref(),
+                                    usage,
+                                    ttl,
+                                )
+                                .await;
+                            }
                             let _ = ticket.settle(usage).await;
                             if rest.is_empty() {
                                 return None;
@@ -824,8 +837,8 @@ async fn admit_and_forward(
             }
         }
     };
-    if format == Format::Responses {
-        gw.remember_context(v["id"].as_str(), conversation_id(&json), usage)
+    if let Some(ttl) = keep_context {
+        gw.remember_context(v["id"].as_str(), conversation_id(&json), usage, ttl)
             .await;
     }
     let _ = ticket.settle(usage).await;

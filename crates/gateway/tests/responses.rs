@@ -32,7 +32,7 @@ async fn env(redis: bool, max_input: u64) -> (Env, String) {
         None => String::new(),
     };
     let text = format!(
-        "{store}[responses]\nunknown_context_tokens = 1000\n\
+        "{store}[responses]\nunknown_context_tokens = 1000\ncontext_ttl = \"2h\"\n\
          [[upstreams]]\nname = \"openai\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
          [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
          [[policy.scopes]]\nkey = \"tenant\"\nrequests = {{ limit = 100, window = \"1m\" }}\n\
@@ -156,6 +156,16 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     let own = r.json()["usage"]["input_tokens"].as_u64().unwrap();
     let first = r.json()["id"].as_str().unwrap().to_owned();
     common::settled_as_the_upstream_served(&env).await;
+    if let Some(redis) = &env._redis {
+        // Kept in Redis for the configured two hours, in about 120 bytes.
+        let key = format!("resp:n:ctx:{first}");
+        let ttl: u64 = redis_cli(redis.port(), &["PTTL", &key]).parse().unwrap();
+        assert!((7_190_000..=7_200_000).contains(&ttl), "{ttl}");
+        let bytes: u64 = redis_cli(redis.port(), &["MEMORY", "USAGE", &key])
+            .parse()
+            .unwrap();
+        assert!(bytes <= 160, "{bytes}");
+    }
     // Second turn, streamed: billed its own input and the first turn's input and output.
     let r = send(at(1), turn(Some(&first), true)).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
@@ -187,14 +197,23 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     let long = "r".repeat(10_000);
     let r = send(at(4), turn(Some(&long), false)).await;
     assert_eq!((r.status, r.code()), (400, "input_token_limit".to_owned()));
-    assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 2);
+    // A response the upstream does not store (`store: false`) cannot be followed up upstream,
+    // so nothing is kept for it: a follow-up naming it is unknown context.
+    let mut unstored = turn(None, false);
+    unstored["store"] = false.into();
+    let r = send(at(5), unstored).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let r = send(at(6), turn(Some(&id), false)).await;
+    assert_eq!((r.status, r.code()), (400, "input_token_limit".to_owned()));
+    assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 3);
     common::settled_as_the_upstream_served(&env).await;
-    // Two follow-ups found what they carry, two did not (the process's one recorder).
+    // Two follow-ups found what they carry, three did not (the process's one recorder).
     let metrics = common::get(env.addr, "/metrics").await;
     let text = String::from_utf8_lossy(&metrics.body);
     for line in [
         "tollgate_followup_context_total{context=\"known\"} 2",
-        "tollgate_followup_context_total{context=\"unknown\"} 2",
+        "tollgate_followup_context_total{context=\"unknown\"} 3",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
     }
@@ -218,4 +237,15 @@ async fn memory_follow_ups_are_admitted_with_the_context_they_carry() {
 #[tokio::test]
 async fn redis_follow_ups_are_admitted_with_the_context_they_carry() {
     follow_ups_are_admitted_with_the_context_they_carry(true).await;
+}
+
+/// `redis-cli -p PORT ARGS...`, its output trimmed.
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }

@@ -237,7 +237,7 @@ fn store_shards_and_retention_are_checked_and_passed_on() {
 }
 
 #[test]
-fn unknown_context_tokens_default_to_128k_and_are_bounded() {
+fn responses_settings_have_defaults_and_bounds() {
     let base = "[[upstreams]]\nname = \"s\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n";
     assert_eq!(
         GatewayConfig::from_toml(base)
@@ -255,4 +255,12 @@ fn unknown_context_tokens_default_to_128k_and_are_bounded() {
     assert_eq!(e.path, "responses.unknown_context_tokens", "{e}");
     let e = GatewayConfig::from_toml(&format!("{base}[responses]\nunknown = 1\n")).unwrap_err();
     assert!(e.to_string().contains("unknown"), "{e}");
+    // What a follow-up carries is kept a day by default, from a minute to 30 days.
+    let c = GatewayConfig::from_toml(base).unwrap();
+    assert_eq!(c.context_ttl, std::time::Duration::from_secs(86_400));
+    for bad in ["\"59s\"", "\"31d\"", "\"soon\""] {
+        let e = GatewayConfig::from_toml(&format!("{base}[responses]\ncontext_ttl = {bad}\n"))
+            .unwrap_err();
+        assert_eq!(e.path, "responses.context_ttl", "{e}");
+    }
 }
