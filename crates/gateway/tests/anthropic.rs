@@ -6,8 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use serde_json::{Value, json};
-use tollgate_testkit::redis_server::RedisServer;
-use tollgate_testkit::sim::{Sim, SimConfig};
+use tollgate_testkit::sim::SimConfig;
 
 mod common;
 
@@ -18,17 +17,8 @@ const MODEL: &str = "claude-sonnet-4";
 use common::{Env, Reply};
 
 async fn env(redis: bool, budget: u64) -> Env {
-    let sim = Sim::start(SimConfig {
-        api_key: Some(UPSTREAM_KEY.into()),
-        ..SimConfig::default()
-    })
-    .await
-    .unwrap();
-    let redis_server = redis.then(RedisServer::start);
-    let store = match &redis_server {
-        Some(r) => format!("[store]\nurl = \"{}\"\nprefix = \"ant\"\n", r.url()),
-        None => String::new(),
-    };
+    let (sim, redis_server, store) =
+        common::upstream_and_store(redis, UPSTREAM_KEY, SimConfig::default(), "ant").await;
     let text = format!(
         "{store}[[upstreams]]\nname = \"anthropic\"\nbase_url = \"{}\"\nmodels = [\"{MODEL}\"]\n\
          [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\

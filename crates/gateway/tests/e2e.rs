@@ -16,8 +16,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_core::{Period, Store};
-use tollgate_testkit::redis_server::RedisServer;
-use tollgate_testkit::sim::{Sim, SimConfig};
+use tollgate_testkit::sim::SimConfig;
 
 const KEY: &str = "sk-test-acme";
 const OTHER_KEY: &str = "sk-test-other";
@@ -26,20 +25,8 @@ const UPSTREAM_KEY: &str = "upstream-secret";
 use common::{Env, Reply};
 
 async fn env(redis: bool, policy: &str, extra: &str, sim: SimConfig) -> Env {
-    let sim = Sim::start(SimConfig {
-        api_key: Some(UPSTREAM_KEY.into()),
-        ..sim
-    })
-    .await
-    .unwrap();
-    let redis_server = redis.then(RedisServer::start);
-    let store_cfg = match &redis_server {
-        Some(r) => format!(
-            "[store]\nurl = \"{}\"\nprefix = \"e2e\"\ncall_timeout = \"2s\"\n",
-            r.url()
-        ),
-        None => String::new(),
-    };
+    let (sim, redis_server, store_cfg) =
+        common::upstream_and_store(redis, UPSTREAM_KEY, sim, "e2e").await;
     let text = format!(
         "{store_cfg}{extra}\n\
          [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\", \"gpt-4o-fail\", \"text-embedding-3-small\", \"gpt-3.5-turbo-instruct\"]\n\

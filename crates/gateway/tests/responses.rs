@@ -7,8 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use serde_json::{Value, json};
-use tollgate_testkit::redis_server::RedisServer;
-use tollgate_testkit::sim::{Sim, SimConfig};
+use tollgate_testkit::sim::SimConfig;
 
 mod common;
 
@@ -20,17 +19,8 @@ use common::{Env, Reply};
 /// A gateway with an input limit of `max_input` tokens per request and a day's budget, and its
 /// configuration (for more instances on the same store).
 async fn env(redis: bool, max_input: u64) -> (Env, String) {
-    let sim = Sim::start(SimConfig {
-        api_key: Some(UPSTREAM_KEY.into()),
-        ..SimConfig::default()
-    })
-    .await
-    .unwrap();
-    let redis_server = redis.then(RedisServer::start);
-    let store = match &redis_server {
-        Some(r) => format!("[store]\nurl = \"{}\"\nprefix = \"resp\"\n", r.url()),
-        None => String::new(),
-    };
+    let (sim, redis_server, store) =
+        common::upstream_and_store(redis, UPSTREAM_KEY, SimConfig::default(), "resp").await;
     let text = format!(
         "{store}[responses]\nunknown_context_tokens = 1000\ncontext_ttl = \"2h\"\n\
          [[upstreams]]\nname = \"openai\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\

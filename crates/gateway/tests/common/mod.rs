@@ -17,7 +17,7 @@ use tollgate_gateway::config::GatewayConfig;
 use tollgate_gateway::proxy::Gateway;
 use tollgate_gateway::store::AnyStore;
 use tollgate_testkit::redis_server::RedisServer;
-use tollgate_testkit::sim::Sim;
+use tollgate_testkit::sim::{Sim, SimConfig};
 
 /// A gateway under test, its upstream and its store.
 pub struct Env {
@@ -161,4 +161,29 @@ pub async fn settled_as_the_upstream_served(env: &Env) -> u64 {
     })
     .await
     .settled
+}
+
+/// A simulator that requires `upstream_key`, a Redis server of its own when `redis`, and the
+/// `[store]` section that points a gateway at it under `prefix` (empty for the memory store).
+pub async fn upstream_and_store(
+    redis: bool,
+    upstream_key: &str,
+    sim: SimConfig,
+    prefix: &str,
+) -> (Sim, Option<RedisServer>, String) {
+    let sim = Sim::start(SimConfig {
+        api_key: Some(upstream_key.into()),
+        ..sim
+    })
+    .await
+    .unwrap();
+    let redis_server = redis.then(RedisServer::start);
+    let store = match &redis_server {
+        Some(r) => format!(
+            "[store]\nurl = \"{}\"\nprefix = \"{prefix}\"\ncall_timeout = \"2s\"\n",
+            r.url()
+        ),
+        None => String::new(),
+    };
+    (sim, redis_server, store)
 }
