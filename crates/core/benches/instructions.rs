@@ -98,8 +98,8 @@ fn main() {
             let policy = common::policy(op);
             let store = MemoryStore::new().retention_ms(1_000);
             let plans: Vec<_> = (0..n).map(|i| plan(&policy, &facts(i)).unwrap()).collect();
-            // The first call calibrates the store's clock (quanta), as governor's first check
-            // does its own: not part of an admission's work.
+            // The first call makes the scope (and `MemoryStore::new` has calibrated the clock,
+            // as governor's first check does its own): not part of an admission's work.
             let warm = plan(&policy, &facts(n)).unwrap();
             assert!(matches!(store.admit_sync(&warm), Ok(Decision::Admit(_))));
             store.settle_sync(&warm.request_id, USAGE).unwrap();
