@@ -39,7 +39,7 @@ async fn env(drain_timeout: &str, token_delay: Duration) -> Env {
         latency: Duration::from_millis(5),
         token_delay,
         output_tokens: 1000,
-        api_key: None,
+        ..SimConfig::default()
     })
     .await
     .unwrap();

@@ -42,7 +42,7 @@ async fn instances_sharing_redis_never_exceed_limits_as_the_upstream_sees_it() {
         latency: Duration::from_millis(20),
         token_delay: Duration::from_millis(1),
         output_tokens: 30,
-        api_key: None,
+        ..SimConfig::default()
     })
     .await
     .unwrap();

@@ -47,6 +47,9 @@ pub struct RawConfig {
     /// OpenAI's Responses API.
     #[serde(default)]
     pub responses: RawResponses,
+    /// Tools the upstream runs itself (web search and the like).
+    #[serde(default)]
+    pub upstream_tools: RawUpstreamTools,
     /// How models are counted: `o200k_base`, `cl100k_base`, `estimate`, or a `tokenizer.json`.
     #[serde(default)]
     pub tokenizers: BTreeMap<String, String>,
@@ -85,6 +88,19 @@ pub struct RawResponses {
     /// from 1 minute to 30 days, OpenAI's retention of a stored response). Each response
     /// kept costs Redis about 120 bytes.
     pub context_ttl: Option<String>,
+}
+
+/// `[upstream_tools]`: tools the upstream runs during a call, whose fetched input it bills (see
+/// [`crate::upstream_tools`]).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstreamTools {
+    /// Input tokens admitted (checked against the input and total limits, reserved in budgets)
+    /// for each call a request may make: default 8,000, at most 1,000,000.
+    pub tokens_per_call: Option<u64>,
+    /// The most calls a request may make, written into its body (`max_tool_calls`, Anthropic's
+    /// `max_uses`): default 4, from 1 to 100.
+    pub max_calls: Option<u64>,
 }
 
 /// `[records]`
@@ -237,6 +253,8 @@ pub struct GatewayConfig {
     pub unknown_context_tokens: u64,
     /// Responses API: how long the Redis store keeps what a follow-up carries.
     pub context_ttl: Duration,
+    /// Tools the upstream runs: the input admitted per call, and the most calls.
+    pub upstream_tools: crate::upstream_tools::UpstreamTools,
 }
 
 /// Where counters live.
@@ -560,10 +578,27 @@ impl GatewayConfig {
                 "must be from 1 minute to 30 days",
             ));
         }
+        let defaults = crate::upstream_tools::UpstreamTools::default();
+        let tools = &raw.upstream_tools;
+        let tokens_per_call = tools.tokens_per_call.unwrap_or(defaults.tokens_per_call);
+        if tokens_per_call > 1_000_000 {
+            return Err(err(
+                "upstream_tools.tokens_per_call",
+                "must be at most 1000000",
+            ));
+        }
+        let max_calls = tools.max_calls.unwrap_or(defaults.max_calls);
+        if !(1..=100).contains(&max_calls) {
+            return Err(err("upstream_tools.max_calls", "must be from 1 to 100"));
+        }
         Ok(Self {
             counter,
             unknown_context_tokens,
             context_ttl,
+            upstream_tools: crate::upstream_tools::UpstreamTools {
+                tokens_per_call,
+                max_calls,
+            },
             listen,
             max_body_bytes,
             header_timeout: duration(

@@ -40,6 +40,7 @@ pub mod sse;
 pub mod store;
 pub mod telemetry;
 pub mod upstream;
+pub mod upstream_tools;
 
 pub use config::{GatewayConfig, hash_key};
 pub use server::{router, serve, serve_with, start_store};

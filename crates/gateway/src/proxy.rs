@@ -429,6 +429,12 @@ async fn admit_and_forward(
         }
         input = input.saturating_add(hidden_input(known, references, cfg.unknown_context_tokens));
     }
+    // What tools the upstream runs will fetch is input too; their calls are bounded in the body.
+    input = input.saturating_add(crate::upstream_tools::bound(
+        format,
+        &mut json,
+        cfg.upstream_tools,
+    ));
     let user = if key.allow_user {
         json.get("user")
             .and_then(|u| u.as_str())

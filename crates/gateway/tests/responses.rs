@@ -17,12 +17,12 @@ const UPSTREAM_KEY: &str = "upstream-openai-secret";
 use common::{Env, Reply};
 
 /// A gateway with an input limit of `max_input` tokens per request and a day's budget, and its
-/// configuration (for more instances on the same store).
-async fn env(redis: bool, max_input: u64) -> (Env, String) {
+/// configuration (for more instances on the same store); `extra` is more configuration.
+async fn env(redis: bool, max_input: u64, extra: &str) -> (Env, String) {
     let (sim, redis_server, store) =
         common::upstream_and_store(redis, UPSTREAM_KEY, SimConfig::default(), "resp").await;
     let text = format!(
-        "{store}[responses]\nunknown_context_tokens = 1000\ncontext_ttl = \"2h\"\n\
+        "{store}{extra}[responses]\nunknown_context_tokens = 1000\ncontext_ttl = \"2h\"\n\
          [[upstreams]]\nname = \"openai\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
          [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
          [[policy.scopes]]\nkey = \"tenant\"\nrequests = {{ limit = 100, window = \"1m\" }}\n\
@@ -59,7 +59,7 @@ fn event_types(body: &[u8]) -> Vec<String> {
 }
 
 async fn responses_are_capped_forwarded_and_settled(redis: bool) {
-    let (env, _) = env(redis, 1000).await;
+    let (env, _) = env(redis, 1000, "").await;
     // Above the cap: clamped to 200, which the upstream gets with its own key.
     let r = send(
         env.addr,
@@ -126,7 +126,7 @@ async fn responses_are_capped_forwarded_and_settled(redis: bool) {
 
 async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     // Each turn's body is the same few tokens; the conversation the upstream bills grows.
-    let (env, text) = env(redis, 50).await;
+    let (env, text) = env(redis, 50, "").await;
     // On Redis, a second instance sharing the store serves every other turn: what a turn carries
     // is known to every instance.
     let mut addrs = vec![env.addr];
@@ -207,6 +207,76 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     ] {
         assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
     }
+}
+
+/// Tools the upstream runs: the simulator's model calls each one ten times unless the request
+/// bounds it, and each call fetches 500 tokens of input. The gateway bounds the calls in the
+/// body the upstream gets (at most 2 here) and admits 500 input tokens for each.
+async fn upstream_tools_are_bounded_and_admitted_with_their_input(redis: bool) {
+    let tools = "[upstream_tools]\ntokens_per_call = 500\nmax_calls = 2\n";
+    let (env, _) = env(redis, 1100, tools).await;
+    let calls = || env.sim.stats().requests.values().sum::<u64>();
+    let ask = |input: &str, tools: Value, bound: Option<u64>| {
+        let mut v = json!({"model": "gpt-4o", "input": input, "tools": tools});
+        if let Some(b) = bound {
+            v["max_tool_calls"] = b.into();
+        }
+        v
+    };
+    let search = || json!([{"type": "web_search"}]);
+    // A client-run tool: nothing admitted for it, nothing written.
+    let f = json!([{"type": "function", "name": "f", "parameters": {"type": "object"}}]);
+    let r = send(env.addr, ask("What is new?", f, None)).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert!(
+        env.sim
+            .stats()
+            .last_body
+            .unwrap()
+            .get("max_tool_calls")
+            .is_none()
+    );
+    common::settled_as_the_upstream_served(&env).await;
+    // Web search without a bound: two calls written in and admitted (1,000 tokens); the
+    // upstream bills both calls' fetched input, and settlement charges it.
+    let r = send(env.addr, ask("What is new?", search(), None)).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(env.sim.stats().last_body.unwrap()["max_tool_calls"], 2);
+    let billed = r.json()["usage"]["input_tokens"].as_u64().unwrap();
+    assert!((1_000..1_050).contains(&billed), "{billed}");
+    common::settled_as_the_upstream_served(&env).await;
+    // A bound above the gateway's is lowered to it.
+    let r = send(env.addr, ask("What is new?", search(), Some(50))).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(env.sim.stats().last_body.unwrap()["max_tool_calls"], 2);
+    common::settled_as_the_upstream_served(&env).await;
+    // A longer question fits the 1,100-token input limit alone, but not with two calls'
+    // fetching: refused unsent. Bounded to one call by the client, it fits.
+    let long = "Tell me what is new in the world of tokens today. ".repeat(12);
+    let served = calls();
+    let r = send(env.addr, ask(&long, json!([]), None)).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let own = r.json()["usage"]["input_tokens"].as_u64().unwrap();
+    assert!(own + 1_000 > 1_100 && own + 500 < 1_100, "own = {own}");
+    let r = send(env.addr, ask(&long, search(), None)).await;
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    assert_eq!(r.code(), "input_token_limit");
+    assert_eq!(r.json()["error"]["param"], "input");
+    let r = send(env.addr, ask(&long, search(), Some(1))).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(env.sim.stats().last_body.unwrap()["max_tool_calls"], 1);
+    assert_eq!(calls(), served + 2);
+    common::settled_as_the_upstream_served(&env).await;
+}
+
+#[tokio::test]
+async fn memory_upstream_tools_are_bounded_and_admitted_with_their_input() {
+    upstream_tools_are_bounded_and_admitted_with_their_input(false).await;
+}
+
+#[tokio::test]
+async fn redis_upstream_tools_are_bounded_and_admitted_with_their_input() {
+    upstream_tools_are_bounded_and_admitted_with_their_input(true).await;
 }
 
 #[tokio::test]

@@ -264,3 +264,41 @@ fn responses_settings_have_defaults_and_bounds() {
         assert_eq!(e.path, "responses.context_ttl", "{e}");
     }
 }
+
+#[test]
+fn upstream_tools_settings_have_defaults_and_bounds() {
+    use tollgate_gateway::upstream_tools::UpstreamTools;
+    let base = "[[upstreams]]\nname = \"s\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n";
+    let c = GatewayConfig::from_toml(base).unwrap();
+    assert_eq!(
+        c.upstream_tools,
+        UpstreamTools {
+            tokens_per_call: 8_000,
+            max_calls: 4
+        }
+    );
+    let c = GatewayConfig::from_toml(&format!(
+        "{base}[upstream_tools]\ntokens_per_call = 0\nmax_calls = 100\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.upstream_tools,
+        UpstreamTools {
+            tokens_per_call: 0,
+            max_calls: 100
+        }
+    );
+    for (bad, path) in [
+        (
+            "tokens_per_call = 1000001",
+            "upstream_tools.tokens_per_call",
+        ),
+        ("max_calls = 0", "upstream_tools.max_calls"),
+        ("max_calls = 101", "upstream_tools.max_calls"),
+    ] {
+        let e = GatewayConfig::from_toml(&format!("{base}[upstream_tools]\n{bad}\n")).unwrap_err();
+        assert_eq!(e.path, path, "{e}");
+    }
+    let e = GatewayConfig::from_toml(&format!("{base}[upstream_tools]\ncalls = 1\n")).unwrap_err();
+    assert!(e.to_string().contains("calls"), "{e}");
+}

@@ -7,7 +7,9 @@
 //! input with the real tokenizer, honours `max_tokens`, sleeps as configured, and counts
 //! in-flight requests per API key so that tests can check concurrency limits from outside. A
 //! request whose connection is dropped before the simulator finished is recorded as cancelled,
-//! with the time.
+//! with the time. Tools that the upstream runs (web search and the like) are called
+//! [`SimConfig::tool_calls`] times each unless the request bounds them, each call billed as
+//! [`SimConfig::tool_call_input_tokens`] of input.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -34,6 +36,12 @@ pub struct SimConfig {
     pub output_tokens: u64,
     /// The API key the simulator requires (`None`: any).
     pub api_key: Option<String>,
+    /// Calls made to each tool the upstream runs (web search and the like) that a request
+    /// enables, within the request's own bound (`max_tool_calls`, Anthropic's `max_uses`): a
+    /// model that searches until it is stopped.
+    pub tool_calls: u64,
+    /// Input tokens billed for what each such call fetches.
+    pub tool_call_input_tokens: u64,
 }
 
 impl Default for SimConfig {
@@ -43,6 +51,8 @@ impl Default for SimConfig {
             token_delay: Duration::from_millis(1),
             output_tokens: 16,
             api_key: None,
+            tool_calls: 10,
+            tool_call_input_tokens: 500,
         }
     }
 }
@@ -215,7 +225,7 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
             "invalid_api_key",
         );
     }
-    let (req, prompt) = match read_request(&body, Format::ChatCompletions) {
+    let (req, prompt) = match read_request(&body, Format::ChatCompletions, &state.config) {
         Ok(r) => r,
         Err(e) => return *e,
     };
@@ -342,7 +352,7 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
             "anthropic-version: header is required",
         );
     }
-    let (req, prompt) = match read_request(&body, Format::AnthropicMessages) {
+    let (req, prompt) = match read_request(&body, Format::AnthropicMessages, &state.config) {
         Ok(r) => r,
         Err(e) => return *e,
     };
@@ -427,7 +437,7 @@ async fn responses(
             "invalid_api_key",
         );
     }
-    let (req, own) = match read_request(&body, Format::Responses) {
+    let (req, own) = match read_request(&body, Format::Responses, &state.config) {
         Ok(r) => r,
         Err(e) => return *e,
     };
@@ -537,7 +547,49 @@ async fn responses(
 }
 
 /// The request's JSON and its prompt tokens, counted with the real tokenizer; or the 400 to send.
-fn read_request(body: &Bytes, format: Format) -> Result<(Value, u64), Box<Response>> {
+/// The Responses API's built-in tools that fetch input during a call, as the upstream knows them.
+const FETCHING_TOOLS: &[&str] = &[
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "mcp",
+    "code_interpreter",
+    "image_generation",
+];
+
+/// Input billed for what the tools the upstream runs fetched: [`SimConfig::tool_calls`] calls
+/// per such tool, within the request's bound.
+fn fetched_input(req: &Value, format: Format, config: &SimConfig) -> u64 {
+    let tools = req["tools"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let kind = |t: &Value| t["type"].as_str().unwrap_or("").to_owned();
+    let calls = match format {
+        Format::Responses => {
+            let n = tools
+                .iter()
+                .filter(|t| FETCHING_TOOLS.contains(&kind(t).as_str()))
+                .count() as u64;
+            (n * config.tool_calls).min(req["max_tool_calls"].as_u64().unwrap_or(u64::MAX))
+        }
+        Format::ChatCompletions if !req["web_search_options"].is_null() => config.tool_calls,
+        Format::AnthropicMessages => tools
+            .iter()
+            .filter(|t| kind(t).starts_with("web_search_") || kind(t).starts_with("web_fetch_"))
+            .map(|t| {
+                config
+                    .tool_calls
+                    .min(t["max_uses"].as_u64().unwrap_or(u64::MAX))
+            })
+            .sum(),
+        _ => 0,
+    };
+    calls * config.tool_call_input_tokens
+}
+
+fn read_request(
+    body: &Bytes,
+    format: Format,
+    config: &SimConfig,
+) -> Result<(Value, u64), Box<Response>> {
     let req = serde_json::from_slice::<Value>(body).map_err(|_| {
         Box::new(error(
             StatusCode::BAD_REQUEST,
@@ -549,7 +601,8 @@ fn read_request(body: &Bytes, format: Format) -> Result<(Value, u64), Box<Respon
         .count(format, body, None)
         .map(|c| c.input_tokens)
         .unwrap_or(0);
-    Ok((req, prompt))
+    let fetched = fetched_input(&req, format, config);
+    Ok((req, prompt + fetched))
 }
 
 async fn completions(
@@ -557,7 +610,7 @@ async fn completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (req, prompt) = match read_request(&body, Format::Completions) {
+    let (req, prompt) = match read_request(&body, Format::Completions, &state.config) {
         Ok(r) => r,
         Err(e) => return *e,
     };
@@ -579,7 +632,7 @@ async fn embeddings(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (req, prompt) = match read_request(&body, Format::Embeddings) {
+    let (req, prompt) = match read_request(&body, Format::Embeddings, &state.config) {
         Ok(r) => r,
         Err(e) => return *e,
     };
