@@ -87,6 +87,19 @@ async fn messages_are_capped_forwarded_and_settled(redis: bool) {
         "{text}"
     );
     common::settled_as_the_upstream_served(&env).await;
+    // Web search, which the upstream runs: its `max_uses` is lowered to the gateway's bound
+    // (the default, 4), and the input the upstream bills for each use is settled.
+    let mut m = message(Some(8), false);
+    m["tools"] = json!([{"type": "web_search_20250305", "name": "web_search", "max_uses": 9}]);
+    let r = send(&env, Some(KEY), m).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(
+        env.sim.stats().last_body.unwrap()["tools"][0]["max_uses"],
+        4
+    );
+    let input = r.json()["usage"]["input_tokens"].as_u64().unwrap();
+    assert!((2_000..2_100).contains(&input), "{input}");
+    common::settled_as_the_upstream_served(&env).await;
 }
 
 async fn refusals_take_anthropics_error_format(redis: bool) {
