@@ -410,6 +410,7 @@ async fn admit_and_forward(
         .map_err(|e| ApiError::invalid("invalid_json", e.to_string()))?;
     // Responses API: context the upstream keeps is input too (see `contexts`).
     let mut input = count.input_tokens;
+    let mut kept_context = 0;
     if format == Format::Responses {
         if json.get("background").and_then(Value::as_bool) == Some(true) {
             // Its usage arrives after the call returns, where no settlement can see it.
@@ -427,14 +428,12 @@ async fn admit_and_forward(
             crate::telemetry::followup_context(k.is_some());
             known.push(k);
         }
-        input = input.saturating_add(hidden_input(known, references, cfg.unknown_context_tokens));
+        kept_context = hidden_input(known, references, cfg.unknown_context_tokens);
+        input = input.saturating_add(kept_context);
     }
     // What tools the upstream runs will fetch is input too; their calls are bounded in the body.
-    input = input.saturating_add(crate::upstream_tools::bound(
-        format,
-        &mut json,
-        cfg.upstream_tools,
-    ));
+    let tool_input = crate::upstream_tools::bound(format, &mut json, cfg.upstream_tools);
+    input = input.saturating_add(tool_input);
     let user = if key.allow_user {
         json.get("user")
             .and_then(|u| u.as_str())
@@ -529,6 +528,9 @@ async fn admit_and_forward(
                 Decision::Killed(k) => respond::killed(k),
                 Decision::Admit(_) => unreachable_admit(),
             };
+            if let Decision::Deny(d) = &refused {
+                explain_allowances(&mut e, d.reason, kept_context, tool_input);
+            }
             if format == Format::Responses {
                 // This API's names for the fields at fault.
                 e.param = e.param.map(|p| match p.as_str() {
@@ -1016,4 +1018,32 @@ pub async fn metrics(State(gw): State<Shared>) -> Response {
         )
         .into_response(),
     }
+}
+
+/// Says, in a refusal by a control that counts input, how much of it the body does not hold: a
+/// client that sent a few tokens would not otherwise see why it passed the limit.
+fn explain_allowances(e: &mut ApiError, reason: Reason, kept_context: u64, tool_input: u64) {
+    let counts_input = matches!(
+        reason,
+        Reason::InputTokenLimit | Reason::TotalTokenLimit | Reason::BudgetLimit
+    );
+    if !counts_input || kept_context.saturating_add(tool_input) == 0 {
+        return;
+    }
+    let mut parts = Vec::new();
+    if kept_context > 0 {
+        parts.push(format!(
+            "{kept_context} for the earlier context the upstream keeps"
+        ));
+    }
+    if tool_input > 0 {
+        parts.push(format!(
+            "{tool_input} for what the tools the upstream runs may fetch"
+        ));
+    }
+    e.message = format!(
+        "{} The input counted includes {}.",
+        e.message,
+        parts.join(" and ")
+    );
 }

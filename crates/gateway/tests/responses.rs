@@ -179,6 +179,14 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     assert_eq!(r.status, 400, "{:?}", r.body);
     assert_eq!(r.code(), "input_token_limit");
     assert_eq!(r.json()["error"]["param"], "input");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    let kept = 2 * own + 12 + 12;
+    assert!(
+        message.ends_with(&format!(
+            "The input counted includes {kept} for the earlier context the upstream keeps."
+        )),
+        "{message}"
+    );
     // A response this gateway never served: its context counts as configured (1000 tokens).
     let r = send(at(3), turn(Some("resp_elsewhere"), false)).await;
     assert_eq!(r.status, 400, "{:?}", r.body);
@@ -262,6 +270,14 @@ async fn upstream_tools_are_bounded_and_admitted_with_their_input(redis: bool) {
     assert_eq!(r.status, 400, "{:?}", r.body);
     assert_eq!(r.code(), "input_token_limit");
     assert_eq!(r.json()["error"]["param"], "input");
+    // The message says what of the input counted the body does not hold.
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.ends_with(
+            "The input counted includes 1000 for what the tools the upstream runs may fetch."
+        ),
+        "{message}"
+    );
     let r = send(env.addr, ask(&long, search(), Some(1))).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(env.sim.stats().last_body.unwrap()["max_tool_calls"], 1);
