@@ -10,8 +10,11 @@
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, VecDeque};
+
+mod tickets;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
+use tickets::{Ticket, Tickets};
 
 use hashbrown::HashTable;
 use smol_str::SmolStr;
@@ -20,7 +23,7 @@ use crate::clock::{Clock, Millis, SystemClock};
 use crate::decision::{Admitted, Decision, Deny, Quota, Reason};
 use crate::ledger::{Period, RateWindow, Usage};
 use crate::pipeline::{Plan, charge};
-use crate::policy::{Price, Unit};
+use crate::policy::Unit;
 use crate::scope::ScopeKey;
 use crate::store::{Ending, Finish, Renewal, ScopeUsage, Store, StoreError};
 
@@ -103,20 +106,32 @@ impl<T> BlockQueue<T> {
     }
 }
 
-/// Scope slots in blocks of at most [`BLOCK`], for the same reasons as [`BlockQueue`]: a vector
+/// A vector in blocks of at most [`BLOCK`], for the same reasons as [`BlockQueue`]: a vector
 /// of a million scopes (about 140 MB) moved when it doubled.
-#[derive(Debug, Default)]
-struct Slots {
-    blocks: Vec<Vec<ScopeState>>,
+#[derive(Debug)]
+struct Blocks<T> {
+    blocks: Vec<Vec<T>>,
     len: usize,
 }
 
-impl Slots {
-    fn get(&self, i: usize) -> Option<&ScopeState> {
+impl<T> Default for Blocks<T> {
+    fn default() -> Self {
+        Self {
+            blocks: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+/// Every scope's state, by slot.
+type Slots = Blocks<ScopeState>;
+
+impl<T> Blocks<T> {
+    fn get(&self, i: usize) -> Option<&T> {
         self.blocks.get(i / BLOCK)?.get(i % BLOCK)
     }
 
-    fn get_mut(&mut self, i: usize) -> Option<&mut ScopeState> {
+    fn get_mut(&mut self, i: usize) -> Option<&mut T> {
         self.blocks.get_mut(i / BLOCK)?.get_mut(i % BLOCK)
     }
 
@@ -125,7 +140,7 @@ impl Slots {
     }
 
     /// Appends a slot and returns its index.
-    fn push(&mut self, s: ScopeState) -> usize {
+    fn push(&mut self, s: T) -> usize {
         match self.blocks.last_mut() {
             Some(b) if b.len() < BLOCK => b.push(s),
             _ => {
@@ -273,16 +288,10 @@ struct State {
     /// In-flight requests and, for the retention time, how finished ones ended: one map, so an
     /// admission checks for a duplicate id with one lookup.
     requests: ShardedMap<Id, Request>,
-    in_flight: usize,
-    /// In-flight tickets by (expiry, ticket number), to their request ids. A ticket's entry
-    /// leaves when it ends, so the sweep never meets a stale one and nothing needs rebuilding:
-    /// a heap with entries left behind had to be rebuilt from every remembered request, a
-    /// pause of about 16 ms at 1,000,000 of them. The number, not the id, breaks ties: keys
-    /// compare as integers, and an id in the key was moved through the tree's search in a way
-    /// that stalled the CPU (a 7-byte tail copied in two overlapping halves, then read back).
-    expiries: BTreeMap<(Millis, u64), Id>,
-    /// The next ticket number.
-    next_ticket: u64,
+    /// In-flight tickets, in order of expiry. A ticket leaves when it ends, so the sweep never
+    /// meets a stale one and nothing needs rebuilding: a heap with entries left behind had to
+    /// be rebuilt from every remembered request, a pause of about 16 ms at 1,000,000 of them.
+    tickets: Tickets,
     kills: BTreeMap<String, String>,
     /// Finished ids in the order they may be forgotten (times only grow: the clock is monotonic
     /// inside the store and the retention is fixed).
@@ -321,9 +330,9 @@ impl ScopeState {
 
 #[derive(Debug)]
 enum Request {
-    /// Boxed: most entries are remembered ids (`Ended`), and the map's buckets are sized for
-    /// its largest value. Unboxed, each bucket took about 120 bytes instead of 32.
-    InFlight(Box<Ticket>),
+    /// Its ticket's slot in [`Tickets`]: most entries are remembered ids (`Ended`), and the
+    /// map's buckets are sized for its largest value.
+    InFlight(u32),
     Ended(Ending),
 }
 
@@ -333,20 +342,6 @@ struct Cell {
     reserved: u64,
     outstanding: u64,
     end: Millis,
-}
-
-#[derive(Debug)]
-struct Ticket {
-    /// The ticket's number, unique in this store: its place in the expiry index.
-    number: u64,
-    expires_at: Millis,
-    ttl_ms: u64,
-    /// Leases and reservations in one allocation. (Kept inline in the ticket, four of them saved
-    /// 85 instructions per admit + settle with one scope and cost 192 with five: the larger
-    /// ticket is copied.)
-    holds: Vec<Hold>,
-    price: Option<Price>,
-    expired_usage: Usage,
 }
 
 #[derive(Debug)]
@@ -429,15 +424,6 @@ impl<C: Clock> MemoryStore<C> {
             quotas: Vec::with_capacity(
                 plan.rate.len() + plan.concurrency.len() + plan.budget.len(),
             ),
-            // Made before locking, like the rest, and filled in place under the lock.
-            ticket: Box::new(Ticket {
-                number: 0,
-                expires_at: 0,
-                ttl_ms: plan.ttl_ms,
-                holds: Vec::with_capacity(plan.concurrency.len() + plan.budget.len()),
-                price: plan.price,
-                expired_usage: plan.expired_usage,
-            }),
         };
         let (mut st, now) = self.lock()?;
         st.admit(plan, now, fresh)
@@ -455,11 +441,7 @@ impl<C: Clock> MemoryStore<C> {
         how: Ending,
     ) -> Result<Finish, StoreError> {
         let (mut st, now) = self.lock()?;
-        let (finish, ticket) = st.finish(request_id, usage, how, now, self.retention_ms);
-        // The ended ticket is freed after the lock is let go.
-        drop(st);
-        drop(ticket);
-        Ok(finish)
+        Ok(st.finish(request_id, usage, how, now, self.retention_ms))
     }
 
     /// [`Store::release`], synchronously.
@@ -474,16 +456,13 @@ impl<C: Clock> MemoryStore<C> {
     /// [`Store::renew`], synchronously.
     pub fn renew_sync(&self, request_id: &str) -> Result<Renewal, StoreError> {
         let (mut st, now) = self.lock()?;
-        let Some((id, Request::InFlight(t))) = st.requests.get_entry_mut(request_id) else {
+        let Some(&Request::InFlight(slot)) = st.requests.get(request_id) else {
             return Ok(Renewal::NotInFlight);
         };
-        let id = id.clone();
-        let old = t.expires_at;
-        t.expires_at = now.saturating_add(t.ttl_ms);
-        let (new, number) = (t.expires_at, t.number);
-        st.expiries.remove(&(old, number));
-        st.expiries.insert((new, number), id);
-        Ok(Renewal::Renewed { expires_at: new })
+        match st.tickets.renew(slot, now) {
+            Some(expires_at) => Ok(Renewal::Renewed { expires_at }),
+            None => Err(lost_ticket()),
+        }
     }
 
     /// [`Store::set_kill`], synchronously.
@@ -522,8 +501,8 @@ impl<C: Clock> MemoryStore<C> {
             rate_scopes: st.live_scopes().filter(|s| s.rate.is_some()).count(),
             lease_scopes: st.live_scopes().filter(|s| s.leases > 0).count(),
             budget_cells: st.live_scopes().map(|s| s.cells.len()).sum(),
-            in_flight: st.in_flight,
-            remembered: st.requests.len() - st.in_flight,
+            in_flight: st.tickets.len(),
+            remembered: st.requests.len() - st.tickets.len(),
         })
     }
 
@@ -554,7 +533,6 @@ pub struct Footprint {
 struct Fresh {
     id: Id,
     quotas: Vec<Quota>,
-    ticket: Box<Ticket>,
 }
 
 /// The slots of a plan's scopes found so far in one admission. A plan's checks share their
@@ -590,6 +568,10 @@ impl Resolved {
 
 fn lost_slot() -> StoreError {
     StoreError::Protocol("memory store: a scope slot is missing".into())
+}
+
+fn lost_ticket() -> StoreError {
+    StoreError::Protocol("memory store: a ticket slot is missing".into())
 }
 
 impl State {
@@ -635,22 +617,16 @@ impl State {
     /// second, passes over the scopes to drop state nothing needs: the pass a little per call,
     /// unless `complete`.
     fn sweep(&mut self, now: Millis, retention: u64, max_remembered: usize, complete: bool) {
-        while let Some(entry) = self.expiries.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let ((at, _), id) = entry.remove_entry();
-            // Every entry is an in-flight ticket's; checked all the same.
-            let Some(slot) = self.requests.get_mut(&id) else {
-                continue;
-            };
-            if !matches!(slot, Request::InFlight(t) if t.expires_at == at) {
-                continue;
-            }
-            if let Request::InFlight(t) = std::mem::replace(slot, Request::Ended(Ending::Expired)) {
-                self.in_flight -= 1;
-                self.end_ticket(&t, None);
-                self.forget.push_back((now.saturating_add(retention), id));
+        while let Some((slot, id, t)) = self.tickets.due(now) {
+            let id = id.clone();
+            end_ticket(&mut self.slots, t, None);
+            self.tickets.remove(slot);
+            // Every ticket is an in-flight request's; checked all the same.
+            if let Some(r) = self.requests.get_mut(&id) {
+                if matches!(r, Request::InFlight(s) if *s == slot) {
+                    *r = Request::Ended(Ending::Expired);
+                    self.forget.push_back((now.saturating_add(retention), id));
+                }
             }
         }
         let mut forgotten = 0;
@@ -705,36 +681,6 @@ impl State {
         }
     }
 
-    /// Returns leases and replaces reservations with the charge for `usage` (`None`: the
-    /// ticket's expired usage).
-    fn end_ticket(&mut self, t: &Ticket, usage: Option<Usage>) -> Vec<u64> {
-        let usage = usage.unwrap_or(t.expired_usage);
-        let mut charged = Vec::with_capacity(t.holds.len());
-        for hold in &t.holds {
-            let r = match hold {
-                Hold::Lease(slot) => {
-                    if let Some(s) = self.slots.get_mut(*slot) {
-                        s.leases = s.leases.saturating_sub(1);
-                    }
-                    continue;
-                }
-                Hold::Budget(r) => r,
-            };
-            let amount = charge(r.unit, t.price, &usage);
-            if let Some(c) = self
-                .slots
-                .get_mut(r.slot)
-                .and_then(|s| s.cell_mut((r.period, r.period_id)))
-            {
-                c.reserved = c.reserved.saturating_sub(r.amount);
-                c.settled = c.settled.saturating_add(amount);
-                c.outstanding = c.outstanding.saturating_sub(1);
-            }
-            charged.push(amount);
-        }
-        charged
-    }
-
     fn finish(
         &mut self,
         request_id: &str,
@@ -742,28 +688,26 @@ impl State {
         how: Ending,
         now: Millis,
         retention: u64,
-    ) -> (Finish, Option<Box<Ticket>>) {
+    ) -> Finish {
         let (id, slot) = match self.requests.get_entry_mut(request_id) {
-            None => return (Finish::Unknown, None),
-            Some((_, Request::Ended(e))) => return (Finish::AlreadyEnded(*e), None),
+            None => return Finish::Unknown,
+            Some((_, Request::Ended(e))) => return Finish::AlreadyEnded(*e),
             Some((id, slot)) => (id.clone(), slot),
         };
         let Request::InFlight(t) = std::mem::replace(slot, Request::Ended(how)) else {
-            return (Finish::Unknown, None);
+            return Finish::Unknown;
         };
-        self.in_flight -= 1;
-        self.expiries.remove(&(t.expires_at, t.number));
-        let charged = self.end_ticket(&t, usage);
+        let charged = match self.tickets.get(t) {
+            Some(ticket) => end_ticket(&mut self.slots, ticket, usage),
+            None => Vec::new(),
+        };
+        self.tickets.remove(t);
         self.forget.push_back((now.saturating_add(retention), id));
-        (Finish::Done { charged }, Some(t))
+        Finish::Done { charged }
     }
 
     fn admit(&mut self, plan: &Plan, now: Millis, fresh: Fresh) -> Result<Decision, StoreError> {
-        let Fresh {
-            id,
-            mut quotas,
-            mut ticket,
-        } = fresh;
+        let Fresh { id, mut quotas } = fresh;
         // The kill switch comes before everything, attempt counting included.
         if !self.kills.is_empty() {
             if let Some((target, reason)) = plan
@@ -897,6 +841,9 @@ impl State {
         }
         // Everything passed: take the leases and make the reservations.
         let expires_at = now.saturating_add(plan.ttl_ms);
+        let mut holds = self
+            .tickets
+            .spare_holds(plan.concurrency.len() + plan.budget.len());
         for c in &plan.concurrency {
             let slot = self.slot(&c.scope, &mut seen);
             let Some(scope) = self.slots.get_mut(slot) else {
@@ -908,7 +855,7 @@ impl State {
                 scope.soonest.min(expires_at)
             };
             scope.leases += 1;
-            ticket.holds.push(Hold::Lease(slot));
+            holds.push(Hold::Lease(slot));
         }
         for (i, c) in plan.budget.iter().enumerate() {
             // The same period as checked above: `now` has not moved.
@@ -938,7 +885,7 @@ impl State {
             let cell = &mut scope.cells[at].1;
             cell.reserved += c.amount;
             cell.outstanding += 1;
-            ticket.holds.push(Hold::Budget(Reservation {
+            holds.push(Hold::Budget(Reservation {
                 slot,
                 period: c.period,
                 period_id: pid,
@@ -946,15 +893,21 @@ impl State {
                 amount: c.amount,
             }));
         }
-        self.in_flight += 1;
-        let number = self.next_ticket;
-        self.next_ticket += 1;
-        ticket.number = number;
-        ticket.expires_at = expires_at;
+        let ticket = Ticket {
+            expires_at,
+            ttl_ms: plan.ttl_ms,
+            holds,
+            price: plan.price,
+            expired_usage: plan.expired_usage,
+        };
+        let Some(slot) = self.tickets.insert(id.clone(), ticket) else {
+            return Err(StoreError::Protocol(
+                "memory store: over 2^32 requests in flight".into(),
+            ));
+        };
         // Absent: checked at the top, under the same lock.
         self.requests
-            .insert_new_hashed(id_hash, id.clone(), Request::InFlight(ticket));
-        self.expiries.insert((expires_at, number), id);
+            .insert_new_hashed(id_hash, id, Request::InFlight(slot));
         Ok(Decision::Admit(Admitted {
             max_output_tokens: plan.max_output_tokens,
             expires_at,
@@ -962,6 +915,35 @@ impl State {
             fail_open: false,
         }))
     }
+}
+
+/// Returns leases and replaces reservations with the charge for `usage` (`None`: the ticket's
+/// expired usage).
+fn end_ticket(slots: &mut Slots, t: &Ticket, usage: Option<Usage>) -> Vec<u64> {
+    let usage = usage.unwrap_or(t.expired_usage);
+    let mut charged = Vec::with_capacity(t.holds.len());
+    for hold in &t.holds {
+        let r = match hold {
+            Hold::Lease(slot) => {
+                if let Some(s) = slots.get_mut(*slot) {
+                    s.leases = s.leases.saturating_sub(1);
+                }
+                continue;
+            }
+            Hold::Budget(r) => r,
+        };
+        let amount = charge(r.unit, t.price, &usage);
+        if let Some(c) = slots
+            .get_mut(r.slot)
+            .and_then(|s| s.cell_mut((r.period, r.period_id)))
+        {
+            c.reserved = c.reserved.saturating_sub(r.amount);
+            c.settled = c.settled.saturating_add(amount);
+            c.outstanding = c.outstanding.saturating_sub(1);
+        }
+        charged.push(amount);
+    }
+    charged
 }
 
 impl<C: Clock> Store for MemoryStore<C> {

@@ -19,6 +19,9 @@ const W: u64 = 10_000; // rate window
 const L: u64 = 4; // attempts per window
 const C: u64 = 2; // leases per user
 const TTL: u64 = 15_000;
+/// User 2's requests are planned by the same policy with this shorter lease lifetime, so that
+/// tickets of two lifetimes are in flight at once (the store orders each lifetime on its own).
+const SHORT_TTL: u64 = 7_000;
 const B: u64 = 300; // per-user budget per period
 const G: u64 = 500; // global budget per period
 const P: u64 = 60_000; // budget period
@@ -154,8 +157,8 @@ impl Model {
             input,
             est,
             period,
-            expires_at: self.now + TTL,
-            ttl: TTL,
+            expires_at: self.now + ttl_of(user),
+            ttl: ttl_of(user),
             ended: None,
         });
         None
@@ -176,8 +179,13 @@ impl Model {
     }
 }
 
+fn ttl_of(user: u8) -> u64 {
+    if user == 2 { SHORT_TTL } else { TTL }
+}
+
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let p = policy(POLICY);
+    let short = policy(&POLICY.replace(r#"lease_ttl = "15s""#, r#"lease_ttl = "7s""#));
     let clock = ManualClock::new(T0);
     let store = MemoryStore::with_clock(clock.clone());
     let mut m = Model::default();
@@ -200,7 +208,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Admit { user, input, max } => {
                 let id = format!("r{n}");
                 let f = facts(&id, &format!("u{user}"), input, max);
-                let got = store.admit_sync(&plan(&p, &f).unwrap()).unwrap();
+                let p = if user == 2 { &short } else { &p };
+                let got = store.admit_sync(&plan(p, &f).unwrap()).unwrap();
                 let want = m.admit(id.clone(), user, input, max);
                 prop_assert_eq!(
                     got.deny().map(|d| d.reason),
