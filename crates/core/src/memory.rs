@@ -6,7 +6,8 @@
 //! the scopes that starts once a second and goes a little per call, so that no call pays for a
 //! million scopes), leases and reservations when their request ends or expires, and finished
 //! request ids after the retention time or, beyond [`DEFAULT_MAX_REMEMBERED`] of them, oldest
-//! first.
+//! first. The slots of ended tickets are kept for the next ones (with their holds' allocation),
+//! so ticket memory stays at its peak of requests in flight at once.
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, VecDeque};

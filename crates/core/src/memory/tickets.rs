@@ -33,7 +33,8 @@ struct Entry {
     /// The request's id, to end it when it expires.
     id: Id,
     ticket: Ticket,
-    /// Neighbours in its list; `NIL` at the ends.
+    /// Its list, and its neighbours there (`NIL` at the ends).
+    list: u32,
     prev: u32,
     next: u32,
 }
@@ -79,28 +80,28 @@ impl Tickets {
 
     /// Records a ticket and returns its slot; `None` beyond 2^32 - 1 tickets in flight.
     pub fn insert(&mut self, id: Id, ticket: Ticket) -> Option<u32> {
-        let ttl = ticket.ttl_ms;
-        let entry = Entry {
-            id,
-            ticket,
-            prev: NIL,
-            next: NIL,
-        };
+        let list = self.list(ticket.ttl_ms);
         let i = match self.free.pop() {
             Some(i) => {
-                *self.entries.get_mut(i as usize)? = entry;
+                let e = self.entries.get_mut(i as usize)?;
+                e.id = id;
+                e.ticket = ticket;
                 i
             }
             None => {
                 let i = u32::try_from(self.entries.len())
                     .ok()
                     .filter(|&i| i != NIL)?;
-                self.entries.push(entry);
+                self.entries.push(Entry {
+                    id,
+                    ticket,
+                    ..Entry::default()
+                });
                 i
             }
         };
         self.len += 1;
-        self.append(i, ttl);
+        self.append(i, list);
         Some(i)
     }
 
@@ -132,41 +133,54 @@ impl Tickets {
     pub fn renew(&mut self, i: u32, now: Millis) -> Option<Millis> {
         let e = self.entries.get_mut(i as usize)?;
         e.ticket.expires_at = now.saturating_add(e.ticket.ttl_ms);
-        let (at, ttl) = (e.ticket.expires_at, e.ticket.ttl_ms);
+        let (at, list) = (e.ticket.expires_at, e.list);
         self.unlink(i);
-        self.append(i, ttl);
+        self.append(i, list);
         Some(at)
     }
 
-    fn list(&mut self, ttl: u64) -> &mut List {
+    /// The list of lifetime `ttl`: an empty one is given to it when it has none, so lists of
+    /// lifetimes no longer in use are taken over, and there are never more lists than
+    /// lifetimes in flight at once (plus one).
+    fn list(&mut self, ttl: u64) -> u32 {
         let at = match self.lists.iter().position(|l| l.ttl_ms == ttl) {
             Some(at) => at,
-            None => {
-                // Lists of lifetimes no longer in use go when another one comes.
-                self.lists.retain(|l| l.head != NIL);
-                self.lists.push(List {
-                    ttl_ms: ttl,
-                    head: NIL,
-                    tail: NIL,
-                });
-                self.lists.len() - 1
-            }
+            None => match self.lists.iter().position(|l| l.head == NIL) {
+                Some(at) => {
+                    if let Some(l) = self.lists.get_mut(at) {
+                        l.ttl_ms = ttl;
+                    }
+                    at
+                }
+                None => {
+                    self.lists.push(List {
+                        ttl_ms: ttl,
+                        head: NIL,
+                        tail: NIL,
+                    });
+                    self.lists.len() - 1
+                }
+            },
         };
-        &mut self.lists[at]
+        // As many lists as slots at most: far below u32::MAX.
+        at as u32
     }
 
-    /// Appends slot `i` to the list of lifetime `ttl` (its expiry is the latest in it).
-    fn append(&mut self, i: u32, ttl: u64) {
-        let list = self.list(ttl);
-        let tail = list.tail;
-        list.tail = i;
+    /// Appends slot `i` to list `list` (its expiry is the latest in it).
+    fn append(&mut self, i: u32, list: u32) {
+        let Some(l) = self.lists.get_mut(list as usize) else {
+            return;
+        };
+        let tail = l.tail;
+        l.tail = i;
         if tail == NIL {
-            list.head = i;
+            l.head = i;
         }
         if let Some(t) = self.entries.get_mut(tail as usize) {
             t.next = i;
         }
         if let Some(e) = self.entries.get_mut(i as usize) {
+            e.list = list;
             e.prev = tail;
             e.next = NIL;
         }
@@ -176,16 +190,24 @@ impl Tickets {
         let Some(e) = self.entries.get_mut(i as usize) else {
             return;
         };
-        let (prev, next, ttl) = (e.prev, e.next, e.ticket.ttl_ms);
+        let (prev, next, list) = (e.prev, e.next, e.list);
         e.prev = NIL;
         e.next = NIL;
         match self.entries.get_mut(prev as usize) {
             Some(p) => p.next = next,
-            None => self.list(ttl).head = next,
+            None => {
+                if let Some(l) = self.lists.get_mut(list as usize) {
+                    l.head = next;
+                }
+            }
         }
         match self.entries.get_mut(next as usize) {
             Some(n) => n.prev = prev,
-            None => self.list(ttl).tail = prev,
+            None => {
+                if let Some(l) = self.lists.get_mut(list as usize) {
+                    l.tail = prev;
+                }
+            }
         }
     }
 }
@@ -256,9 +278,9 @@ mod tests {
         );
     }
 
-    /// Lists of lifetimes that have gone are dropped when another lifetime comes.
+    /// Lists of lifetimes that have gone are taken over by the next lifetime that comes.
     #[test]
-    fn unused_lifetimes_are_dropped() {
+    fn unused_lifetimes_are_taken_over() {
         let mut t = Tickets::default();
         for ttl in 1..=100 {
             let i = t.insert("x".into(), ticket(ttl, ttl)).unwrap();
