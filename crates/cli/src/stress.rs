@@ -130,6 +130,7 @@ async fn task_loop(
                 .with(Dimension::Model, args.model.clone()),
             input_tokens: input,
             max_output_tokens: Some(max),
+            cache_write_tokens: 0,
         };
         let Ok(p) = plan(policy, &facts) else {
             lines.push(json!({"op": "plan_error", "id": id}).to_string());
@@ -169,6 +170,7 @@ async fn task_loop(
             input_tokens: input,
             cached_input_tokens: 0,
             output_tokens: rng.below(max + 1),
+            ..Usage::default()
         };
         let (op, t0) = (if i % 3 == 0 { "release" } else { "settle" }, now_ns());
         let f = if op == "release" {

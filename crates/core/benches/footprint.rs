@@ -89,6 +89,7 @@ fn measure(label: &str, retention: u64, long_ids: bool) {
                 identity: Identity::default().with(Dimension::User, format!("user-{i:012}")),
                 input_tokens: 10,
                 max_output_tokens: Some(10),
+                cache_write_tokens: 0,
             };
             let Decision::Admit(_) = store.admit_sync(&plan(&policy, &f).unwrap()).unwrap() else {
                 panic!("denied");
@@ -97,6 +98,7 @@ fn measure(label: &str, retention: u64, long_ids: bool) {
                 input_tokens: 10,
                 cached_input_tokens: 0,
                 output_tokens: 5,
+                ..Usage::default()
             };
             store.settle_sync(&f.request_id, u).unwrap();
             if retention == 0 && i % 1024 == 0 {

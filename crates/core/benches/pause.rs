@@ -50,6 +50,7 @@ fn run(label: &str, users: u64) {
         input_tokens: 100,
         cached_input_tokens: 0,
         output_tokens: 50,
+        ..Usage::default()
     };
     let mut times = Vec::with_capacity(TIMED as usize);
     let (mut fill_admit, mut fill_settle) = (Duration::ZERO, Duration::ZERO);
@@ -62,6 +63,7 @@ fn run(label: &str, users: u64) {
                 .with(Dimension::Tenant, "acme"),
             input_tokens: 100,
             max_output_tokens: Some(100),
+            cache_write_tokens: 0,
         };
         let p = plan(&policy, &f).unwrap();
         let start = Instant::now();

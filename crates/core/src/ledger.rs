@@ -170,6 +170,16 @@ pub struct Usage {
     pub cached_input_tokens: u64,
     /// Output tokens.
     pub output_tokens: u64,
+    /// Of the input that was not read from a cache, the tokens written to the provider's prompt
+    /// cache for five minutes (Anthropic's `cache_creation.ephemeral_5m_input_tokens`, or all
+    /// of `cache_creation_input_tokens` without that breakdown): billed at 1.25 times the input
+    /// price.
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// Of the same, the tokens written for one hour (`ephemeral_1h_input_tokens`): billed at
+    /// twice the input price.
+    #[serde(default)]
+    pub cache_write_1h_tokens: u64,
 }
 
 impl Usage {
@@ -181,13 +191,24 @@ impl Usage {
 
 impl Price {
     /// Cost in micro-units, rounded up so that a budget is never under-charged.
+    ///
+    /// Prompt-cache writes are input billed at a multiple of the input price, by Anthropic's
+    /// rule (also Bedrock's and Vertex's for Claude): 1.25 times for five minutes, twice for one
+    /// hour. They are charged as input, plus a surcharge of a quarter or one whole input price,
+    /// rounded up on its own (at most one micro-unit above the exact sum). The Redis ledger's
+    /// `cost` computes the same.
     pub fn cost(&self, u: &Usage) -> u64 {
         let cached = u.cached_input_tokens.min(u.input_tokens);
         let fresh = u.input_tokens - cached;
         let micro_per_mtok = u128::from(fresh) * u128::from(self.input)
             + u128::from(cached) * u128::from(self.cached_input)
             + u128::from(u.output_tokens) * u128::from(self.output);
-        u64::try_from(micro_per_mtok.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+        // Writes are part of the fresh input; what the upstream reports beyond it is not charged.
+        let w5 = u.cache_write_tokens.min(fresh);
+        let w1h = u.cache_write_1h_tokens.min(fresh - w5);
+        let quarters = (u128::from(w5) + 4 * u128::from(w1h)) * u128::from(self.input);
+        let cost = micro_per_mtok.div_ceil(1_000_000) + quarters.div_ceil(4_000_000);
+        u64::try_from(cost).unwrap_or(u64::MAX)
     }
 }
 

@@ -23,6 +23,7 @@
 //!     identity: Identity::default().with(Dimension::User, "alice"),
 //!     input_tokens: input,
 //!     max_output_tokens: Some(max),
+//!     ..RequestFacts::default()
 //! };
 //!
 //! // Admitted: 100 tokens reserved (input + max output), one lease taken.
@@ -33,7 +34,7 @@
 //! let d = store.admit_sync(&plan(&policy, &facts("r2", 80, 80)).unwrap()).unwrap();
 //! assert_eq!(d.deny().unwrap().reason, Reason::TotalTokenLimit);
 //! // Settlement replaces the reservation with input + actual output; a duplicate is a no-op.
-//! store.settle_sync("r1", Usage { input_tokens: 50, cached_input_tokens: 0, output_tokens: 10 }).unwrap();
+//! store.settle_sync("r1", Usage { input_tokens: 50, output_tokens: 10, ..Usage::default() }).unwrap();
 //! ```
 //!
 //! See `docs/design.md` in the repository for the invariants and how the Redis store mirrors

@@ -1021,6 +1021,7 @@ mod tests {
                 identity: Identity::default().with(Dimension::User, "u"),
                 input_tokens: 10,
                 max_output_tokens: Some(10),
+                cache_write_tokens: 0,
             };
             store.admit_sync(&plan(&policy, &facts).unwrap()).unwrap()
         };

@@ -11,7 +11,7 @@ use crate::policy::{OutputMode, Policy, Price, Unit};
 use crate::scope::{Dimension, Identity, ScopeKey};
 
 /// What the gateway knows about a request before admission.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestFacts {
     /// Unique id; settlement is idempotent by it.
     pub request_id: String,
@@ -21,6 +21,11 @@ pub struct RequestFacts {
     pub input_tokens: u64,
     /// The output cap the request asked for, if any.
     pub max_output_tokens: Option<u64>,
+    /// Of the input, the tokens the request may write to the provider's prompt cache (an
+    /// Anthropic request that marks blocks with `cache_control`): a money budget reserves them
+    /// at the dearest write price, twice the input price, so that settlement stays within the
+    /// reservation.
+    pub cache_write_tokens: u64,
 }
 
 /// A rate check in one scope.
@@ -302,6 +307,8 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
         input_tokens: input,
         cached_input_tokens: 0,
         output_tokens: granted,
+        cache_write_tokens: 0,
+        cache_write_1h_tokens: facts.cache_write_tokens.min(input),
     };
     let mut budget = Vec::new();
     for (i, k) in &scopes {
@@ -326,6 +333,12 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
             amount,
         });
     }
+    // Without cache writes: the Redis ticket keeps input, cached input and output only, and
+    // what an abandoned request wrote to a cache is not known.
+    let estimate = Usage {
+        cache_write_1h_tokens: 0,
+        ..estimate
+    };
     let expired_usage = match policy.expired_charge {
         crate::policy::ExpiredCharge::Full => estimate,
         crate::policy::ExpiredCharge::Input => Usage {

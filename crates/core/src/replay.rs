@@ -207,6 +207,7 @@ impl Fixture {
                                 identity,
                                 input_tokens: input,
                                 max_output_tokens: e.max_output_tokens,
+                                cache_write_tokens: 0,
                             },
                             expect,
                         }
@@ -493,6 +494,7 @@ async fn run_case<S: Store>(
                                 input_tokens: 0,
                                 cached_input_tokens: 0,
                                 output_tokens: *output_tokens,
+                                ..Usage::default()
                             },
                         )
                         .await
@@ -509,6 +511,7 @@ async fn run_case<S: Store>(
                     input_tokens: input,
                     cached_input_tokens: 0,
                     output_tokens: *output_tokens,
+                    ..Usage::default()
                 };
                 if let Finish::Done { .. } = store.settle(id, usage).await.map_err(serr)? {
                     path.settled_tokens += usage.total();

@@ -33,6 +33,7 @@ async fn generate(Extension(admission): Extension<AdmissionHandle>, prompt: Stri
             input_tokens: input,
             cached_input_tokens: 0,
             output_tokens: 12,
+            ..Usage::default()
         })
         .await;
     answer
@@ -69,6 +70,7 @@ async fn main() {
                 .count_text("gpt-4o", &text, Some(100_000))
                 .0,
             max_output_tokens: None,
+            cache_write_tokens: 0,
         })
     });
     let app = Router::new()

@@ -487,6 +487,13 @@ async fn admit_and_forward(
         } else {
             count.max_output_tokens.map(|m| m.saturating_mul(choices))
         },
+        // Anthropic bills what a request writes to its prompt cache above the input price: a
+        // request that marks any block may write all of its input.
+        cache_write_tokens: if format == Format::AnthropicMessages && marks_cache(&json) {
+            input
+        } else {
+            0
+        },
     };
     let mut p = plan(policy, &facts).map_err(|e| {
         ApiError::new(
@@ -708,6 +715,7 @@ async fn admit_and_forward(
             input_tokens: input,
             cached_input_tokens: 0,
             output_tokens: 0,
+            ..Usage::default()
         });
         let meter = match format {
             Format::AnthropicMessages => SseMeter::anthropic(&model),
@@ -737,6 +745,8 @@ async fn admit_and_forward(
                                 input_tokens: i,
                                 cached_input_tokens: c,
                                 output_tokens: o,
+                                cache_write_tokens: meter.cache_writes.0,
+                                cache_write_1h_tokens: meter.cache_writes.1,
                             });
                             if out.is_empty() {
                                 continue;
@@ -760,6 +770,8 @@ async fn admit_and_forward(
                                 input_tokens: p,
                                 cached_input_tokens: c,
                                 output_tokens: o,
+                                cache_write_tokens: meter.cache_writes.0,
+                                cache_write_1h_tokens: meter.cache_writes.1,
                             };
                             let (gw, conversation, keep) = remember;
                             if let Some(ttl) = keep {
@@ -820,11 +832,17 @@ async fn admit_and_forward(
             )
         }),
     };
+    let (cache_write_tokens, cache_write_1h_tokens) = match format {
+        Format::AnthropicMessages => crate::sse::anthropic_cache_writes(u),
+        _ => (0, 0),
+    };
     let usage = match reported {
         Some((input, cached, output)) => Usage {
             input_tokens: input,
             cached_input_tokens: cached,
             output_tokens: output,
+            cache_write_tokens,
+            cache_write_1h_tokens,
         },
         None => {
             // No usage reported: count the output ourselves.
@@ -842,6 +860,7 @@ async fn admit_and_forward(
                 input_tokens: input,
                 cached_input_tokens: 0,
                 output_tokens: cfg.counter.count_text(&count.model, &text, None).0,
+                ..Usage::default()
             }
         }
     };
@@ -851,6 +870,25 @@ async fn admit_and_forward(
     }
     let _ = ticket.settle(usage).await;
     Ok(relay(status, content_type, bytes, headers))
+}
+
+/// Whether an Anthropic request marks anything for its prompt cache (`cache_control` on a
+/// block, a tool, or the request). Searched without recursion: a body may nest deeply.
+fn marks_cache(json: &Value) -> bool {
+    let mut stack = vec![json];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(m) => {
+                if m.contains_key("cache_control") {
+                    return true;
+                }
+                stack.extend(m.values());
+            }
+            Value::Array(a) => stack.extend(a),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// The upstream's answer passed on, with the gateway's headers added.

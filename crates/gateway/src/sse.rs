@@ -30,6 +30,9 @@ pub struct SseMeter {
     pub response_id: Option<String>,
     /// Anthropic: the input (with cache reads and writes) and cache reads of `message_start`.
     anthropic_input: Option<(u64, u64)>,
+    /// Anthropic: the prompt-cache writes of `message_start`, for five minutes and for one hour
+    /// (see [`anthropic_cache_writes`]).
+    pub cache_writes: (u64, u64),
 }
 
 /// The output of Anthropic's content blocks as text to count when no usage came: text,
@@ -55,6 +58,24 @@ pub fn anthropic_usage(u: &Value) -> Option<(u64, u64)> {
     let written = u["cache_creation_input_tokens"].as_u64().unwrap_or(0);
     // Saturating: the numbers are the upstream's, whatever they are.
     Some((plain.saturating_add(read).saturating_add(written), read))
+}
+
+/// Anthropic's prompt-cache writes as (five-minute, one-hour) tokens, billed at 1.25 and 2 times
+/// the input price: `cache_creation_input_tokens`, split by its `cache_creation` breakdown where
+/// there is one (what the breakdown does not place counts as five-minute, the cheaper).
+pub fn anthropic_cache_writes(u: &Value) -> (u64, u64) {
+    let split = &u["cache_creation"];
+    let hour = split["ephemeral_1h_input_tokens"].as_u64().unwrap_or(0);
+    let total = u["cache_creation_input_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| {
+            split["ephemeral_5m_input_tokens"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_add(hour)
+        });
+    let hour = hour.min(total);
+    (total - hour, hour)
 }
 
 /// The Responses API's usage object as (input, cached input, output); `None` without
@@ -105,6 +126,7 @@ impl SseMeter {
             responses: false,
             response_id: None,
             anthropic_input: None,
+            cache_writes: (0, 0),
         }
     }
 
@@ -228,6 +250,7 @@ impl SseMeter {
         match v["type"].as_str() {
             Some("message_start") => {
                 self.anthropic_input = anthropic_usage(&v["message"]["usage"]);
+                self.cache_writes = anthropic_cache_writes(&v["message"]["usage"]);
             }
             Some("content_block_delta") => {
                 let d = &v["delta"];
@@ -378,6 +401,31 @@ mod tests {
             .0;
         assert!(expected > 0);
         assert_eq!(m.counted_output, expected);
+    }
+
+    /// Cache writes by their breakdown; without one, all five-minute; a breakdown that claims
+    /// more than the total is held to it.
+    #[test]
+    fn cache_writes_follow_anthropics_breakdown() {
+        use serde_json::json;
+        let w = |u: Value| anthropic_cache_writes(&u);
+        assert_eq!(w(json!({"input_tokens": 5})), (0, 0));
+        assert_eq!(w(json!({"cache_creation_input_tokens": 70})), (70, 0));
+        assert_eq!(
+            w(json!({"cache_creation_input_tokens": 70, "cache_creation":
+                {"ephemeral_5m_input_tokens": 30, "ephemeral_1h_input_tokens": 40}})),
+            (30, 40)
+        );
+        assert_eq!(
+            w(json!({"cache_creation": {"ephemeral_5m_input_tokens": 3,
+                "ephemeral_1h_input_tokens": 4}})),
+            (3, 4)
+        );
+        assert_eq!(
+            w(json!({"cache_creation_input_tokens": 10, "cache_creation":
+                {"ephemeral_1h_input_tokens": 40}})),
+            (0, 10)
+        );
     }
 
     #[test]

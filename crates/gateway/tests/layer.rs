@@ -39,6 +39,7 @@ fn app(store: AnyStore) -> Router {
                 .with(Dimension::User, parts.headers["x-user"].to_str().unwrap()),
             input_tokens: body.len() as u64,
             max_output_tokens: Some(500),
+            cache_write_tokens: 0,
         })
     })
     .max_body_bytes(64);
@@ -50,6 +51,7 @@ fn app(store: AnyStore) -> Router {
                     input_tokens: 5,
                     cached_input_tokens: 0,
                     output_tokens: 7,
+                    ..Usage::default()
                 })
                 .await;
                 h.max_output_tokens.to_string()

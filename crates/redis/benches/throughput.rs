@@ -65,6 +65,7 @@ async fn tollgate(store: &RedisStore, policy: &Arc<Policy>, clients: u64, settle
                             .with(Dimension::Tenant, "acme"),
                         input_tokens: 100,
                         max_output_tokens: Some(100),
+                        cache_write_tokens: 0,
                     };
                     let p = plan(&policy, &f).unwrap();
                     match store.admit(&p).await.unwrap() {
@@ -76,6 +77,7 @@ async fn tollgate(store: &RedisStore, policy: &Arc<Policy>, clients: u64, settle
                             input_tokens: 100,
                             cached_input_tokens: 0,
                             output_tokens: 50,
+                            ..Usage::default()
                         };
                         store.settle(&id, u).await.unwrap();
                     }

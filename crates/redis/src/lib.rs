@@ -583,7 +583,9 @@ fn finish_invocation(
         ending.to_owned(),
         if usage.is_some() { "1" } else { "0" }.to_owned(),
     ];
-    args.extend(usage_args(&usage.unwrap_or_default()));
+    let u = usage.unwrap_or_default();
+    args.extend(usage_args(&u));
+    args.extend([num(u.cache_write_tokens), num(u.cache_write_1h_tokens)]);
     Invocation {
         keys: vec![key(prefix, "ts", id)],
         args,

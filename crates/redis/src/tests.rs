@@ -31,6 +31,7 @@ fn admit_sends_exactly_these_arguments() {
             .with(Dimension::Model, "gpt-4o"),
         input_tokens: 40,
         max_output_tokens: Some(60),
+        cache_write_tokens: 0,
     };
     let p = plan(&policy, &facts).unwrap_or_else(|e| unreachable!("{e}"));
     let item = admit_invocation("tg", &p, 3_600_000);
@@ -94,22 +95,26 @@ fn admit_sends_exactly_these_arguments() {
             "700",
         ]
     );
-    let settle = Invocation {
-        keys: vec!["tg:ts:req-0".into()],
-        args: ["req-0", "3600000", "settled", "1", "40", "0", "25"]
-            .map(String::from)
-            .to_vec(),
+    // A settlement's usage: input, cached input, output, then the prompt-cache writes for five
+    // minutes and for one hour.
+    let usage = tollgate_core::Usage {
+        input_tokens: 40,
+        cached_input_tokens: 0,
+        output_tokens: 25,
+        cache_write_tokens: 7,
+        cache_write_1h_tokens: 3,
     };
+    let settle = finish_invocation("tg", "req-0", 3_600_000, Some(usage), "settled");
     let both = batch_invocation("tg", 0, 3_600_000, [("f", &settle), ("a", &item)]);
     assert_eq!(both.keys[3..4], ["tg:ts:req-0"]);
     assert_eq!(both.keys[4..], inv.keys[3..]);
     assert_eq!(
-        both.args[3..12],
+        both.args[3..14],
         [
-            "f", "7", "req-0", "3600000", "settled", "1", "40", "0", "25"
+            "f", "9", "req-0", "3600000", "settled", "1", "40", "0", "25", "7", "3"
         ]
     );
-    assert_eq!(both.args[12..], inv.args[3..]);
+    assert_eq!(both.args[14..], inv.args[3..]);
 }
 
 /// A sharded store forgets remembered admissions long past their expiry once it holds many:

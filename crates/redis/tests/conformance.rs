@@ -80,6 +80,7 @@ async fn scripts_are_loaded_again_after_noscript() {
         input_tokens: 10,
         cached_input_tokens: 0,
         output_tokens: 5,
+        ..Usage::default()
     };
     assert_eq!(
         store.settle("a", u).await.unwrap(),
@@ -118,6 +119,7 @@ fn plan_of(policy: &tollgate_core::Policy, id: String) -> tollgate_core::Plan {
         identity: Identity::default().with(Dimension::User, "u"),
         input_tokens: 10,
         max_output_tokens: Some(10),
+        cache_write_tokens: 0,
     };
     tollgate_core::plan(policy, &facts).unwrap()
 }
@@ -181,6 +183,7 @@ async fn batched_items_decide_as_single_ones() {
         input_tokens: 10,
         cached_input_tokens: 0,
         output_tokens: 5,
+        ..Usage::default()
     };
     let day = Some(tollgate_core::Period::Fixed(86_400_000));
     let calls0 = evalsha_calls(server.port());
@@ -249,6 +252,7 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
         input_tokens: 10,
         cached_input_tokens: 0,
         output_tokens: 5,
+        ..Usage::default()
     };
     let day = Some(tollgate_core::Period::Fixed(86_400_000));
     let admitted = |ds: &[Result<Decision, _>]| {
@@ -423,6 +427,7 @@ async fn big_lease_sets_are_skiplists_and_count_exactly() {
         input_tokens: 10,
         cached_input_tokens: 0,
         output_tokens: 5,
+        ..Usage::default()
     };
     for i in 0..10 {
         store.settle(&format!("a{i:02}"), used).await.unwrap();

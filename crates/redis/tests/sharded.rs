@@ -125,6 +125,7 @@ async fn refusal_in_a_later_shard_undoes_the_earlier_parts() {
             input_tokens: 50,
             cached_input_tokens: 0,
             output_tokens: 20,
+            ..Usage::default()
         };
         assert_eq!(
             s.settle("a", usage_a).await.unwrap(),
@@ -243,6 +244,7 @@ async fn contention_across_shards_never_exceeds_a_limit() {
                                 input_tokens: 30,
                                 cached_input_tokens: 0,
                                 output_tokens: 20,
+                                ..Usage::default()
                             };
                             s.settle(&id, full).await.unwrap();
                         }

@@ -93,6 +93,8 @@ struct SimState {
     /// Responses API: each response's context (its input and output tokens), which a request
     /// naming it as `previous_response_id` is billed as input on top of its own.
     contexts: Mutex<HashMap<String, u64>>,
+    /// Anthropic: the prompts written to the prompt cache (see [`cache_usage`]).
+    cached_prompts: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Sim {
@@ -111,6 +113,7 @@ impl Sim {
             config,
             stats: Mutex::new(SimStats::default()),
             contexts: Mutex::new(HashMap::new()),
+            cached_prompts: Mutex::new(std::collections::HashSet::new()),
         });
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -369,6 +372,7 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
     let model = req["model"].as_str().unwrap_or("").to_owned();
     let n = state.config.output_tokens.min(cap);
     let stop = if n == cap { "max_tokens" } else { "end_turn" };
+    let usage = cache_usage(&state, &req, prompt);
     let guard = InFlight::new(&state, &headers);
     tokio::time::sleep(state.config.latency).await;
     if req["stream"].as_bool() != Some(true) {
@@ -378,7 +382,7 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
         return Json(
             json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text.trim_end()}], "stop_reason": stop,
-            "stop_sequence": null, "usage": {"input_tokens": prompt, "output_tokens": n}}),
+            "stop_sequence": null, "usage": with_output(usage, n)}),
         )
         .into_response();
     }
@@ -388,7 +392,7 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
             json!({"type": "message_start", "message": {"id": "msg_sim",
             "type": "message", "role": "assistant", "model": model, "content": [],
             "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": prompt, "output_tokens": 1}}}),
+            "usage": with_output(usage, 1)}}),
         ),
         (
             "content_block_start",
@@ -418,6 +422,42 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
         .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
         .collect();
     event_stream(frames, state.config.token_delay, guard, (prompt, n))
+}
+
+/// Anthropic's usage object for a prompt of `prompt` tokens, without its output tokens. A request
+/// with `cache_control` on any block is simulated as caching its whole prompt (system,
+/// messages and tools): written the first time that prompt is seen (for one hour when a
+/// `cache_control` says `"ttl": "1h"`, else for five minutes), read from the cache after that;
+/// `input_tokens`, the part after the last cache breakpoint, is then 0.
+fn cache_usage(state: &SimState, req: &Value, prompt: u64) -> Value {
+    let cached = ["system", "messages", "tools"]
+        .iter()
+        .any(|k| req[k].to_string().contains("\"cache_control\""));
+    if !cached {
+        return json!({"input_tokens": prompt});
+    }
+    let key = format!("{}|{}|{}", req["system"], req["messages"], req["tools"]);
+    let first = state
+        .cached_prompts
+        .lock()
+        .map(|mut seen| seen.insert(key))
+        .unwrap_or(true);
+    if !first {
+        return json!({"input_tokens": 0, "cache_read_input_tokens": prompt,
+            "cache_creation_input_tokens": 0});
+    }
+    let hour = ["system", "messages", "tools"]
+        .iter()
+        .any(|k| req[k].to_string().contains("\"ttl\":\"1h\""));
+    let (m5, h1) = if hour { (0, prompt) } else { (prompt, 0) };
+    json!({"input_tokens": 0, "cache_read_input_tokens": 0, "cache_creation_input_tokens": prompt,
+        "cache_creation": {"ephemeral_5m_input_tokens": m5, "ephemeral_1h_input_tokens": h1}})
+}
+
+/// `usage` with its `output_tokens` set.
+fn with_output(mut usage: Value, output: u64) -> Value {
+    usage["output_tokens"] = json!(output);
+    usage
 }
 
 /// OpenAI's `POST /v1/responses`: `input` counted with the real tokenizer, plus, for a

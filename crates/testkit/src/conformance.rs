@@ -39,6 +39,7 @@ fn usage(input: u64, output: u64) -> Usage {
         input_tokens: input,
         cached_input_tokens: 0,
         output_tokens: output,
+        ..Usage::default()
     }
 }
 
@@ -492,6 +493,7 @@ pub async fn money_budget<H: Harness>(h: &H) {
         input_tokens: 1000,
         cached_input_tokens: 400,
         output_tokens: 100,
+        ..Usage::default()
     };
     // 600 x 2.5 + 400 x 1.25 + 100 x 10 = 3000.
     assert_eq!(
@@ -502,6 +504,35 @@ pub async fn money_budget<H: Harness>(h: &H) {
     );
     assert_eq!(budget_of(&s, "tenant|tenant:acme", DAY).await, (3000, 0));
     assert_eq!(p.scopes[0].budget.map(|b| b.unit), Some(Unit::MicroUsd));
+    // Prompt-cache writes cost 1.25 (five minutes) and 2 (one hour) times the input price.
+    assert_eq!(reason(&s, &p, facts("c", "u", 1000, 100)).await, None);
+    let u = Usage {
+        input_tokens: 1000,
+        cached_input_tokens: 100,
+        output_tokens: 10,
+        cache_write_tokens: 301,
+        cache_write_1h_tokens: 201,
+    };
+    // 900 x 2.5 + 100 x 1.25 + 10 x 10 = 2475, plus 301 x 0.625 + 201 x 2.5 = 690.625, rounded
+    // up to 691: 3166.
+    assert_eq!(
+        settle(&s, "c", u).await,
+        Finish::Done {
+            charged: vec![3166]
+        }
+    );
+    // Writes beyond the fresh input are not charged: 10 x 2.5 + 10 x 2.5 = 50.
+    assert_eq!(reason(&s, &p, facts("d", "u", 10, 10)).await, None);
+    let u = Usage {
+        input_tokens: 10,
+        cache_write_1h_tokens: 1_000_000,
+        ..Usage::default()
+    };
+    assert_eq!(settle(&s, "d", u).await, Finish::Done { charged: vec![50] });
+    assert_eq!(
+        budget_of(&s, "tenant|tenant:acme", DAY).await,
+        (3000 + 3166 + 50, 0)
+    );
 }
 
 /// Retry hints: when the rate admits again, budget at the period end, none for token limits.

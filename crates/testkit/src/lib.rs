@@ -41,6 +41,7 @@ pub fn facts(id: &str, user: &str, input: u64, max_output: u64) -> RequestFacts 
             .with(Dimension::Model, "gpt-4o"),
         input_tokens: input,
         max_output_tokens: Some(max_output),
+        cache_write_tokens: 0,
     }
 }
 

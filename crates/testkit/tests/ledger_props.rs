@@ -229,6 +229,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     input_tokens: input,
                     cached_input_tokens: 0,
                     output_tokens: output,
+                    ..Usage::default()
                 };
                 let got = store.settle_sync(&id, u).unwrap();
                 prop_assert_eq!(got, m.finish(&id, Ending::Settled, Some(input + output)));
@@ -240,6 +241,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     input_tokens: input,
                     cached_input_tokens: 0,
                     output_tokens: o,
+                    ..Usage::default()
                 });
                 let got = store.release_sync(&id, u).unwrap();
                 prop_assert_eq!(
@@ -356,6 +358,7 @@ fn threads_never_overshoot_and_nothing_leaks() {
                                 input_tokens: input,
                                 cached_input_tokens: 0,
                                 output_tokens: i % 10,
+                                ..Usage::default()
                             };
                             let f = if i % 3 == 0 {
                                 store.release_sync(&id, Some(u))

@@ -29,6 +29,7 @@ fn remembered_ids_are_capped_oldest_first() {
         input_tokens: 1,
         cached_input_tokens: 0,
         output_tokens: 1,
+        ..Usage::default()
     };
     for i in 0..5 {
         let id = format!("r{i}");
@@ -76,6 +77,7 @@ fn slots_of_dropped_scopes_are_reused_without_mixing_scopes() {
         input_tokens: 10,
         cached_input_tokens: 0,
         output_tokens: 5,
+        ..Usage::default()
     };
     admit("a1", "a");
     assert!(matches!(

@@ -16,6 +16,8 @@ pub const USAGE: Usage = Usage {
     input_tokens: 500,
     cached_input_tokens: 0,
     output_tokens: 100,
+    cache_write_tokens: 0,
+    cache_write_1h_tokens: 0,
 };
 
 pub const FIVE_SCOPES: &str = r#"
@@ -57,6 +59,7 @@ pub fn facts(request_id: String, user: u64) -> RequestFacts {
             .with(Dimension::Model, "gpt-4o"),
         input_tokens: 500,
         max_output_tokens: Some(200),
+        cache_write_tokens: 0,
     }
 }
 

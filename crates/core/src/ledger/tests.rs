@@ -55,12 +55,14 @@ fn cost_rounds_up() {
         input_tokens: 1,
         cached_input_tokens: 0,
         output_tokens: 0,
+        ..Usage::default()
     };
     assert_eq!(p.cost(&u), 3); // 2.5 micro-USD rounds up
     let u = Usage {
         input_tokens: 1_000_000,
         cached_input_tokens: 500_000,
         output_tokens: 1_000,
+        ..Usage::default()
     };
     assert_eq!(p.cost(&u), 1_250_000 + 625_000 + 10_000);
 }
@@ -94,8 +96,39 @@ proptest! {
     #[test]
     fn cost_is_monotonic(a in 0u64..10_000_000, b in 0u64..10_000_000, o in 0u64..1_000_000) {
         let p = Price { input: 3_000_000, cached_input: 300_000, output: 15_000_000 };
-        let lo = Usage { input_tokens: a.min(b), cached_input_tokens: 0, output_tokens: o };
-        let hi = Usage { input_tokens: a.max(b), cached_input_tokens: 0, output_tokens: o };
+        let lo = Usage { input_tokens: a.min(b), cached_input_tokens: 0, output_tokens: o, ..Usage::default() };
+        let hi = Usage { input_tokens: a.max(b), cached_input_tokens: 0, output_tokens: o, ..Usage::default() };
         prop_assert!(p.cost(&lo) <= p.cost(&hi));
+    }
+}
+
+proptest! {
+    /// Cache writes are charged at 1.25 and 2 times the input price: never less than the exact
+    /// cost, at most two micro-units more (each of the two parts rounded up on its own), and
+    /// writes beyond the fresh input are not charged.
+    #[test]
+    fn cache_writes_cost_their_multiple_of_the_input_price(
+        input in 0u64..2_000_000, cached in 0u64..2_000_000, output in 0u64..100_000,
+        w5 in 0u64..3_000_000, w1h in 0u64..3_000_000,
+        pi in 0u64..30_000_000, pc in 0u64..30_000_000, po in 0u64..100_000_000,
+    ) {
+        let p = Price { input: pi, cached_input: pc, output: po };
+        let u = Usage {
+            input_tokens: input,
+            cached_input_tokens: cached,
+            output_tokens: output,
+            cache_write_tokens: w5,
+            cache_write_1h_tokens: w1h,
+        };
+        let c = cached.min(input);
+        let fresh = input - c;
+        let (w5, w1h) = (w5.min(fresh), w1h.min(fresh - w5.min(fresh)));
+        // In quarter micro-units per million tokens.
+        let exact = 4 * (u128::from(fresh) * u128::from(pi) + u128::from(c) * u128::from(pc)
+            + u128::from(output) * u128::from(po))
+            + (u128::from(w5) + 4 * u128::from(w1h)) * u128::from(pi);
+        let got = u128::from(p.cost(&u)) * 4_000_000;
+        prop_assert!(got >= exact, "never under-charged");
+        prop_assert!(got < exact + 2 * 4_000_000, "at most two micro-units over");
     }
 }

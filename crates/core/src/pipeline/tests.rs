@@ -14,6 +14,7 @@ fn facts(input: u64, max: Option<u64>) -> RequestFacts {
             .with(Dimension::Model, "gpt-4o"),
         input_tokens: input,
         max_output_tokens: max,
+        cache_write_tokens: 0,
     }
 }
 
@@ -112,6 +113,17 @@ fn money_budgets_reserve_the_estimated_cost() {
     let mut f = facts(1, Some(1));
     f.identity.model = Some("unpriced".into());
     assert!(matches!(plan(&p, &f), Err(PlanError::UnpricedModel { .. })));
+    // Input that may be written to a prompt cache is reserved at twice the input price (at
+    // most all of the input); an expired request is still charged its plain estimate.
+    let mut f = facts(1000, Some(500));
+    f.cache_write_tokens = 600;
+    let pl = plan(&p, &f).unwrap_or_else(|e| unreachable!("{e}"));
+    assert_eq!(pl.budget[0].amount, 7500 + 600 * 5 / 2);
+    assert_eq!(pl.expired_usage.cache_write_1h_tokens, 0);
+    assert_eq!(pl.expired_usage.total(), 1500);
+    f.cache_write_tokens = 5000;
+    let pl = plan(&p, &f).unwrap_or_else(|e| unreachable!("{e}"));
+    assert_eq!(pl.budget[0].amount, 7500 + 2500);
 }
 
 #[test]

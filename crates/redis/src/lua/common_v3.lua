@@ -281,10 +281,13 @@ local function retry_after(w, now, window, limit)
 end
 
 -- Cost in micro-units, rounded up: exact while tokens per request stay under 10^9. (No tables:
--- inside Redis a table costs its allocation, its growth and its collection.)
-local function cost(price, input, cached, output)
+-- inside Redis a table costs its allocation, its growth and its collection.) Prompt-cache
+-- writes (w5: five minutes, w1h: one hour; part of the fresh input) add a quarter or one whole
+-- input price, rounded up on their own, as Price::cost in crates/core/src/ledger.rs does.
+local function cost(price, input, cached, output, w5, w1h)
   if cached > input then cached = input end
   local whole, frac, n = 0, 0, input - cached
+  local fresh = n
   for k = 1, 3 do
     if k == 2 then n = cached elseif k == 3 then n = output end
     local p = price[k]
@@ -292,7 +295,18 @@ local function cost(price, input, cached, output)
     whole = whole + n * a
     frac = frac + n * (p - a * 1000000)
   end
-  return whole + math.ceil(frac / 1000000)
+  whole = whole + math.ceil(frac / 1000000)
+  if w5 > 0 or w1h > 0 then
+    if w5 > fresh then w5 = fresh end
+    if w1h > fresh - w5 then w1h = fresh - w5 end
+    -- (w5 / 4 + w1h) * p / 10^6, in quarter micro-units for the fractions: each product stays
+    -- under 2^53 (4 * 10^15 apiece) while tokens per request stay under 10^9.
+    local p = price[1]
+    local a5, a1 = math.floor(p / 4000000), math.floor(p / 1000000)
+    whole = whole + w5 * a5 + w1h * a1
+      + math.ceil((w5 * (p - a5 * 4000000) + 4 * w1h * (p - a1 * 1000000)) / 4000000)
+  end
+  return whole
 end
 
 -- A ticket is a msgpack array of strings: [1] exp, [2] ttl, [3..5] price, [6..8] expired usage,
@@ -329,9 +343,10 @@ local function take_ticket(tkey, ending, retention)
 end
 
 -- Ends a ticket `v` that take_ticket took: leases back, each reservation replaced by the charge
--- for the usage (input, cached input, output; without it, the ticket's expired usage), out of
--- the expiry index. Appends the charges to `out` when given.
-local function end_ticket(id, v, now, out, input, cached, output)
+-- for the usage (input, cached input, output, cache writes for five minutes and for one hour;
+-- without it, the ticket's expired usage), out of the expiry index. Appends the charges to
+-- `out` when given.
+local function end_ticket(id, v, now, out, input, cached, output, w5, w1h)
   -- A lease whose expiry is ahead is in its set (only the sweep and the clean-up of a full set
   -- take members out, and only expired ones), so a known count goes down by one; otherwise the
   -- count is read again when next needed.
@@ -352,7 +367,7 @@ local function end_ticket(id, v, now, out, input, cached, output)
       if live then l[1] = l[1] - 1 else l[1] = false end
     end
   end
-  if input == nil then input, cached, output = num(v[6]), num(v[7]), num(v[8]) end
+  if input == nil then input, cached, output, w5, w1h = num(v[6]), num(v[7]), num(v[8]), 0, 0 end
   local price = nil
   for i = 10 + n, #v, 6 do
     local bkey, field, amount = v[i], v[i + 1], v[i + 3]
@@ -361,7 +376,7 @@ local function end_ticket(id, v, now, out, input, cached, output)
       charge = input + output
     else
       if price == nil then price = {num(v[3]), num(v[4]), num(v[5])} end
-      charge = cost(price, input, cached, output)
+      charge = cost(price, input, cached, output, w5, w1h)
     end
     if field == v[i + 5] .. '@' .. int(period_at(num(v[i + 4]), now)) then
       local cell, reserved = budget(bkey, field), num(amount)
@@ -607,7 +622,8 @@ end
 -- One settlement or release. Idempotent: a second call answers how the request ended.
 --
 -- A[a], ...: request id, retention, ending (settled|released), whether usage follows (0/1),
---   usage: input, cached input, output (without usage: the ticket's expired usage).
+--   usage: input, cached input, output, cache writes for five minutes and for one hour
+--   (without usage: the ticket's expired usage).
 -- Returns {'done', charges...} | {'ended', ending} | {'unknown'}.
 local function finish_one(A, a, now)
   ITEMS = ITEMS + 1
@@ -620,7 +636,8 @@ local function finish_one(A, a, now)
   end
   local out = {'done'}
   if A[a + 3] == '1' then
-    end_ticket(id, v, now, out, 0 + A[a + 4], 0 + A[a + 5], 0 + A[a + 6])
+    end_ticket(id, v, now, out, 0 + A[a + 4], 0 + A[a + 5], 0 + A[a + 6], 0 + A[a + 7],
+      0 + A[a + 8])
   else
     end_ticket(id, v, now, out)
   end
