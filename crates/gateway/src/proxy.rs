@@ -495,6 +495,7 @@ async fn admit_and_forward(
             0
         },
     };
+    let facts_cache_writes = facts.cache_write_tokens;
     let mut p = plan(policy, &facts).map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -537,6 +538,19 @@ async fn admit_and_forward(
             };
             if let Decision::Deny(d) = &refused {
                 explain_allowances(&mut e, d.reason, kept_context, tool_input);
+                // A money budget reserved marked input at the dearest cache-write price.
+                let money = p
+                    .budget
+                    .iter()
+                    .any(|b| b.unit == tollgate_core::Unit::MicroUsd && b.scope == d.scope);
+                if d.reason == Reason::BudgetLimit && money && facts_cache_writes > 0 {
+                    e.message = format!(
+                        "{} The reservation prices the {facts_cache_writes} input tokens that \
+                         may be written to the prompt cache at twice the input price, the \
+                         one-hour write price.",
+                        e.message
+                    );
+                }
             }
             if format == Format::Responses {
                 // This API's names for the fields at fault.

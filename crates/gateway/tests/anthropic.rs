@@ -301,6 +301,11 @@ async fn cache_marked_requests_reserve_the_dearest_write(redis: bool) {
     let r = send(&env, Some(KEY), cached(&long_prompt(), None, false)).await;
     assert_eq!(r.status, 429, "{:?}", r.body);
     assert_eq!(r.json()["error"]["code"], "budget_limit", "{:?}", r.body);
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("may be written to the prompt cache at twice the input price"),
+        "{message}"
+    );
     assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 0);
     let r = send(&env, Some(KEY), plain).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
