@@ -44,7 +44,7 @@ for i = 1, N do
   local r = admit_one(A, 1, now, {}, false)
   if r[1] ~= 'admit' then return r end
   if mode == 'p' and i > F then
-    r = finish_one({ids[i - F], '3600000', 'settled', '1', '100', '0', '50'}, 1, now)
+    r = finish_one({ids[i - F], '3600000', 'settled', '1', '100', '0', '50', '0', '0'}, 1, now)
     if r[1] ~= 'done' then return r end
   end
 end
