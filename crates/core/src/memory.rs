@@ -294,6 +294,10 @@ struct State {
     /// be rebuilt from every remembered request, a pause of about 16 ms at 1,000,000 of them.
     tickets: Tickets,
     kills: BTreeMap<String, String>,
+    /// Budget periods found by recent admissions: a period's id, start and end hold for every
+    /// instant from its start to its end, so a calendar month's arithmetic runs once a month
+    /// rather than once per admission.
+    periods: PeriodCache,
     /// Finished ids in the order they may be forgotten (times only grow: the clock is monotonic
     /// inside the store and the retention is fixed).
     forget: BlockQueue<(Millis, Id)>,
@@ -530,6 +534,35 @@ pub struct Footprint {
     pub remembered: usize,
 }
 
+/// The last [`PeriodCache::N`] periods found, each with the span its answer holds for.
+#[derive(Debug, Default)]
+struct PeriodCache {
+    /// (period, id, start, end); an entry with `start == end` (the default) matches no instant.
+    found: [(Option<Period>, u64, Millis, Millis); PeriodCache::N],
+    next: usize,
+}
+
+impl PeriodCache {
+    const N: usize = 4;
+
+    /// [`Period::at`], from the cache when `now` is in a span found before.
+    fn at(&mut self, period: Period, now: Millis) -> (u64, Millis, Millis) {
+        if let Some(&(_, id, start, end)) = self
+            .found
+            .iter()
+            .find(|(p, _, start, end)| *p == Some(period) && *start <= now && now < *end)
+        {
+            return (id, start, end);
+        }
+        let (id, start, end) = period.at(now);
+        if let Some(e) = self.found.get_mut(self.next % Self::N) {
+            *e = (Some(period), id, start, end);
+        }
+        self.next = self.next.wrapping_add(1);
+        (id, start, end)
+    }
+}
+
 /// What an admission allocates, made before the store is locked.
 struct Fresh {
     id: Id,
@@ -569,6 +602,10 @@ impl Resolved {
 
 fn lost_slot() -> StoreError {
     StoreError::Protocol("memory store: a scope slot is missing".into())
+}
+
+fn too_many_in_flight() -> StoreError {
+    StoreError::Protocol("memory store: 2^32 - 1 requests in flight".into())
 }
 
 fn lost_ticket() -> StoreError {
@@ -724,6 +761,11 @@ impl State {
         if self.requests.contains_hashed(id_hash, &plan.request_id) {
             return Err(StoreError::DuplicateRequestId(plan.request_id.clone()));
         }
+        // Checked before anything is counted or taken, so that the ticket's insertion at the
+        // end cannot fail after the leases and reservations are made.
+        if !self.tickets.has_room() {
+            return Err(too_many_in_flight());
+        }
         let mut seen = Resolved::default();
         // 1. Every attempt counts in every rate scope, admitted or not.
         let mut rate_deny: Option<Deny> = None;
@@ -806,7 +848,7 @@ impl State {
         // takes some arithmetic) and kept for the reservations, up to eight of them.
         let mut periods = [(0, 0); 8];
         for (i, c) in plan.budget.iter().enumerate() {
-            let (pid, start, end) = c.period.at(now);
+            let (pid, start, end) = self.periods.at(c.period, now);
             if let Some(p) = periods.get_mut(i) {
                 *p = (pid, end);
             }
@@ -863,7 +905,7 @@ impl State {
             let (pid, end) = match periods.get(i) {
                 Some(&p) => p,
                 None => {
-                    let (pid, _, end) = c.period.at(now);
+                    let (pid, _, end) = self.periods.at(c.period, now);
                     (pid, end)
                 }
             };
@@ -902,9 +944,7 @@ impl State {
             expired_usage: plan.expired_usage,
         };
         let Some(slot) = self.tickets.insert(id.clone(), ticket) else {
-            return Err(StoreError::Protocol(
-                "memory store: over 2^32 requests in flight".into(),
-            ));
+            return Err(too_many_in_flight());
         };
         // Absent: checked at the top, under the same lock.
         self.requests
@@ -1045,6 +1085,32 @@ mod tests {
         assert!(matches!(admit("f"), Decision::Admit(_)));
         assert_eq!(leases(&store), 1);
         assert_eq!(store.footprint().unwrap().in_flight, 1);
+    }
+
+    /// The cache answers what `Period::at` answers, across period ends, for more periods than
+    /// it holds at once.
+    #[test]
+    fn period_cache_answers_as_period_at() {
+        let periods = [
+            Period::CalendarMonth,
+            Period::Fixed(86_400_000),
+            Period::Fixed(3_600_000),
+            Period::Fixed(7_000),
+            Period::Fixed(1),
+            Period::Fixed(604_800_000),
+        ];
+        let mut cache = PeriodCache::default();
+        // From 2028-02-28 (a leap year) over the end of February, in uneven steps.
+        let mut now = 1_835_308_800_000;
+        for step in 0..5_000u64 {
+            for p in periods {
+                let (_, start, end) = p.at(now);
+                for t in [now, end - 1, end, start] {
+                    assert_eq!(cache.at(p, t), p.at(t), "{p:?} at {t}");
+                }
+            }
+            now += 17_000 + (step % 7) * 1_234_567;
+        }
     }
 
     /// Order is kept across block boundaries, with pushes and pops interleaved.

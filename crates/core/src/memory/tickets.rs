@@ -62,6 +62,11 @@ impl Tickets {
         self.len
     }
 
+    /// Whether [`Self::insert`] has a slot to give: below 2^32 - 1 tickets in flight.
+    pub fn has_room(&self) -> bool {
+        !self.free.is_empty() || self.entries.len() < NIL as usize
+    }
+
     /// An empty holds vector for the next [`Self::insert`], with the allocation of the slot it
     /// will take when there is one.
     pub fn spare_holds(&mut self, n: usize) -> Vec<Hold> {
