@@ -832,32 +832,35 @@ async fn admit_and_forward(
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let u = &v["usage"];
     // What the upstream reported as (input, cached input, output).
+    let plain = |(input_tokens, cached_input_tokens, output_tokens)| Usage {
+        input_tokens,
+        cached_input_tokens,
+        output_tokens,
+        ..Usage::default()
+    };
+    // What the upstream reported, with Anthropic's prompt-cache writes.
     let reported = match format {
-        Format::AnthropicMessages => crate::sse::anthropic_usage(u)
-            .map(|(i, c)| (i, c, u["output_tokens"].as_u64().unwrap_or(0))),
-        Format::Responses => crate::sse::responses_usage(u),
+        Format::AnthropicMessages => crate::sse::anthropic_usage(u).map(|(i, c)| {
+            let (w5, w1h) = crate::sse::anthropic_cache_writes(u);
+            Usage {
+                cache_write_tokens: w5,
+                cache_write_1h_tokens: w1h,
+                ..plain((i, c, u["output_tokens"].as_u64().unwrap_or(0)))
+            }
+        }),
+        Format::Responses => crate::sse::responses_usage(u).map(plain),
         _ => u.is_object().then(|| {
-            (
+            plain((
                 u["prompt_tokens"].as_u64().unwrap_or(input),
                 u["prompt_tokens_details"]["cached_tokens"]
                     .as_u64()
                     .unwrap_or(0),
                 u["completion_tokens"].as_u64().unwrap_or(0),
-            )
+            ))
         }),
     };
-    let (cache_write_tokens, cache_write_1h_tokens) = match format {
-        Format::AnthropicMessages => crate::sse::anthropic_cache_writes(u),
-        _ => (0, 0),
-    };
     let usage = match reported {
-        Some((input, cached, output)) => Usage {
-            input_tokens: input,
-            cached_input_tokens: cached,
-            output_tokens: output,
-            cache_write_tokens,
-            cache_write_1h_tokens,
-        },
+        Some(usage) => usage,
         None => {
             // No usage reported: count the output ourselves.
             let text = match format {
