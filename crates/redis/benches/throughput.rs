@@ -2,6 +2,10 @@
 //! EVALSHA (`return 1`) on the same server in the same run.
 //!
 //! `cargo bench -p tollgate-redis --bench throughput`
+//!
+//! For experiments, without changing the defaults: `TOLLGATE_BENCH_CALLERS=8,64` runs only those
+//! rows; `TOLLGATE_BENCH_BATCHES_IN_FLIGHT` and `TOLLGATE_BENCH_MAX_BATCH` set the store's
+//! `RedisConfig::batches_in_flight` and `max_batch`.
 
 #![allow(
     clippy::unwrap_used,
@@ -137,7 +141,27 @@ fn own_cpu_us() -> f64 {
     (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) * 10_000.0
 }
 
+/// A number from the environment; a value that is not one stops the bench.
+fn env_number(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    Some(
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v} is not a number")),
+    )
+}
+
 fn main() {
+    let callers: Vec<u64> = match std::env::var("TOLLGATE_BENCH_CALLERS") {
+        Ok(list) => list
+            .split(',')
+            .map(|c| {
+                c.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("TOLLGATE_BENCH_CALLERS: {c} is not a number"))
+            })
+            .collect(),
+        Err(_) => vec![1, 8, 64],
+    };
     let server = RedisServer::start();
     let sha = {
         let out = Command::new("redis-cli")
@@ -205,13 +229,19 @@ fn main() {
         ),
     ] {
         println!("tokio {flavour} runtime:");
-        for clients in [1u64, 8, 64] {
+        for &clients in &callers {
             let baseline = redis_benchmark(server.port(), clients, &sha);
             let port = server.port();
             let (admit, pair, cpu, client) = rt.block_on(async {
                 let mut cfg = RedisConfig::new(server.url());
                 cfg.prefix = format!("bench-{flavour}-{clients}");
                 cfg.call_timeout = Duration::from_secs(5);
+                if let Some(n) = env_number("TOLLGATE_BENCH_BATCHES_IN_FLIGHT") {
+                    cfg.batches_in_flight = n as usize;
+                }
+                if let Some(n) = env_number("TOLLGATE_BENCH_MAX_BATCH") {
+                    cfg.max_batch = n as usize;
+                }
                 let store = RedisStore::connect(cfg).await.unwrap();
                 tollgate(&store, &policy, clients, false).await; // warm up, load the script
                 let (before, own0) = (redis_cpu_us(port), own_cpu_us());
