@@ -889,21 +889,27 @@ async fn admit_and_forward(
     Ok(relay(status, content_type, bytes, headers))
 }
 
-/// Whether an Anthropic request marks anything for its prompt cache (`cache_control` on a
-/// block, a tool, or the request). Searched without recursion: a body may nest deeply.
+/// Whether an Anthropic request marks anything for its prompt cache, where Anthropic reads a
+/// `cache_control`: on the request itself (automatic caching), on a tool, on a system block, on
+/// a message's content block, or on a block inside one (a tool result's, a search result's). A
+/// key of that name anywhere else, such as a property in a tool's input schema or in a tool
+/// call's arguments, marks nothing. Walked without recursion: blocks may nest deeply.
 fn marks_cache(json: &Value) -> bool {
-    let mut stack = vec![json];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::Object(m) => {
-                if m.contains_key("cache_control") {
-                    return true;
-                }
-                stack.extend(m.values());
-            }
-            Value::Array(a) => stack.extend(a),
-            _ => {}
+    fn list(v: Option<&Value>) -> impl Iterator<Item = &Value> {
+        v.and_then(Value::as_array).into_iter().flatten()
+    }
+    let marked = |v: &Value| v.get("cache_control").is_some_and(|c| !c.is_null());
+    if marked(json) || list(json.get("tools")).any(marked) || list(json.get("system")).any(marked) {
+        return true;
+    }
+    let mut blocks: Vec<&Value> = list(json.get("messages"))
+        .flat_map(|m| list(m.get("content")))
+        .collect();
+    while let Some(b) = blocks.pop() {
+        if marked(b) {
+            return true;
         }
+        blocks.extend(list(b.get("content")));
     }
     false
 }
@@ -1101,4 +1107,54 @@ fn explain_allowances(e: &mut ApiError, reason: Reason, kept_context: u64, tool_
         e.message,
         parts.join(" and ")
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::marks_cache;
+    use serde_json::json;
+
+    #[test]
+    fn cache_marks_are_found_where_anthropic_reads_them() {
+        let mark = json!({"type": "ephemeral"});
+        let marked = [
+            json!({"cache_control": mark, "messages": []}),
+            json!({"tools": [{"name": "a"}, {"name": "b", "cache_control": mark}]}),
+            json!({"system": [{"type": "text", "text": "s", "cache_control": mark}]}),
+            json!({"messages": [{"role": "user", "content": [
+                {"type": "text", "text": "a"},
+                {"type": "text", "text": "b", "cache_control": mark},
+            ]}]}),
+            json!({"messages": [{"role": "user", "content": [{"type": "tool_result",
+            "tool_use_id": "t", "content": [{"type": "search_result", "content": [
+                {"type": "text", "text": "r", "cache_control": mark},
+            ]}]}]}]}),
+        ];
+        for body in marked {
+            assert!(marks_cache(&body), "{body}");
+        }
+    }
+
+    #[test]
+    fn a_key_named_cache_control_elsewhere_marks_nothing() {
+        let mark = json!({"type": "ephemeral"});
+        let unmarked = [
+            // A tool whose input has a property of that name.
+            json!({"tools": [{"name": "t", "input_schema": {"type": "object",
+                "properties": {"cache_control": {"type": "string"}}}}]}),
+            // A tool call's arguments, and a document's metadata.
+            json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use",
+                "id": "t", "name": "t", "input": {"cache_control": mark}}]}]}),
+            json!({"messages": [{"role": "user", "content": [{"type": "document",
+                "source": {"type": "text", "data": "d", "cache_control": mark}}]}]}),
+            // Text that only mentions it, and a null marker.
+            json!({"system": "cache_control", "messages": [{"role": "user",
+                "content": "{\"cache_control\": 1}"}]}),
+            json!({"cache_control": null, "system": [{"type": "text", "text": "s",
+                "cache_control": null}]}),
+        ];
+        for body in unmarked {
+            assert!(!marks_cache(&body), "{body}");
+        }
+    }
 }
