@@ -141,27 +141,27 @@ fn own_cpu_us() -> f64 {
     (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) * 10_000.0
 }
 
-/// A number from the environment; a value that is not one stops the bench.
-fn env_number(name: &str) -> Option<u64> {
+/// Numbers from the environment, comma-separated; a value that is not one stops the bench.
+fn env_numbers(name: &str) -> Option<Vec<u64>> {
     let v = std::env::var(name).ok()?;
     Some(
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}={v} is not a number")),
+        v.split(',')
+            .map(|n| {
+                n.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{name}: {n} is not a number"))
+            })
+            .collect(),
     )
 }
 
+/// One number from the environment (the first, when a list is given).
+fn env_number(name: &str) -> Option<u64> {
+    env_numbers(name)?.first().copied()
+}
+
 fn main() {
-    let callers: Vec<u64> = match std::env::var("TOLLGATE_BENCH_CALLERS") {
-        Ok(list) => list
-            .split(',')
-            .map(|c| {
-                c.trim()
-                    .parse()
-                    .unwrap_or_else(|_| panic!("TOLLGATE_BENCH_CALLERS: {c} is not a number"))
-            })
-            .collect(),
-        Err(_) => vec![1, 8, 64],
-    };
+    let callers = env_numbers("TOLLGATE_BENCH_CALLERS").unwrap_or_else(|| vec![1, 8, 64]);
     let server = RedisServer::start();
     let sha = {
         let out = Command::new("redis-cli")
