@@ -45,11 +45,11 @@ P=bf
 # throughput bench's: id, ttl, retention, token verdict, one rate, lease and budget scope, price,
 # expired usage, three kill-switch targets, the three scopes.
 item() { # user [id] -> the item's arguments
-  local u="user|user:u$1" id="${2:-b__rand_int__}"
+  local u="user|tenant:acme/user:u$1" id="${2:-b__rand_int__}"
   echo "a 28 $id 60000 3600000 0 1 1 1 0 0 0 100 0 100 3 all tenant:acme user:u$1" \
     "$P:r:$u 1000000000 60000 $P:l:$u 1000000 $P:b:$u 1000000000000 t 86400000 fixed:86400000 200"
 }
-item_keys() { local u="user|user:u$1"; echo "$P:ts:${2:-b__rand_int__} $P:r:$u $P:l:$u $P:b:$u"; }
+item_keys() { local u="user|tenant:acme/user:u$1"; echo "$P:ts:${2:-b__rand_int__} $P:r:$u $P:l:$u $P:b:$u"; }
 ratio() { python3 -c "print(f'{$1:.0f}/s {$1 / $2:.2f}x')"; }
 echo "$(redis-server --version | awk '{print $3}'), N = $N admissions per cell, one redis-server on 127.0.0.1"
 echo

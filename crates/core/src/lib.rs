@@ -57,5 +57,5 @@ pub use ledger::{Period, Usage};
 pub use memory::MemoryStore;
 pub use pipeline::{KillTargets, Plan, PlanError, RequestFacts, plan};
 pub use policy::{Policy, PolicyError, Unit};
-pub use scope::{Dimension, Identity, ScopeKey};
+pub use scope::{Dimension, Identity, IpPrefix, ScopeKey};
 pub use store::{Ending, Finish, Renewal, ScopeUsage, Store, StoreError};

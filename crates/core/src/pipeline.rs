@@ -213,7 +213,12 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
             .filter_map(|(i, rule)| {
                 let key = match &rule.global_key {
                     Some(k) => k.clone(),
-                    None => ScopeKey::derive(&rule.name, &rule.dims, &facts.identity)?,
+                    None => ScopeKey::derive_in(
+                        &rule.name,
+                        &rule.dims,
+                        &facts.identity,
+                        rule.ip_prefix,
+                    )?,
                 };
                 Some((i, key))
             }),

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use crate::clock::Millis;
 use crate::ledger::Period;
-use crate::scope::{Dimension, Identity, ScopeKey};
+use crate::scope::{Dimension, Identity, IpPrefix, ScopeKey};
 
 /// A policy that failed validation: the path of the field and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +95,19 @@ pub struct RawScope {
     pub concurrency: Option<RawConcurrency>,
     /// Budget per period, in tokens or money.
     pub budget: Option<RawBudget>,
+    /// For a rule keyed on `ip`: how many leading bits of an address make one scope
+    /// (default `{ v4 = 32, v6 = 64 }`).
+    pub ip_prefix: Option<RawIpPrefix>,
+}
+
+/// `ip_prefix = { v4 = 24, v6 = 48 }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIpPrefix {
+    /// Prefix length of IPv4 networks, 1 to 32 (default 32: one address).
+    pub v4: Option<u8>,
+    /// Prefix length of IPv6 networks, 1 to 128 (default 64).
+    pub v6: Option<u8>,
 }
 
 /// `requests = { limit = 60, window = "1m" }`
@@ -217,6 +230,8 @@ pub struct ScopeRule {
     pub concurrency: Option<ConcurrencyLimit>,
     /// Budget.
     pub budget: Option<BudgetLimit>,
+    /// How client addresses are grouped into `ip` scopes.
+    pub ip_prefix: IpPrefix,
     /// The one key of a rule with no dimensions (`name|global`), derived once here so that
     /// a plan shares it instead of building it per request.
     pub global_key: Option<ScopeKey>,
@@ -459,6 +474,33 @@ fn validate_scope(
         }
     }
     dims.sort();
+    let ip_prefix = match &s.ip_prefix {
+        None => IpPrefix::default(),
+        Some(p) => {
+            if !dims.contains(&Dimension::Ip) {
+                return Err(PolicyError::new(
+                    format!("{path}.ip_prefix"),
+                    "applies only to a rule keyed on ip",
+                ));
+            }
+            let d = IpPrefix::default();
+            let v4 = p.v4.unwrap_or(d.v4);
+            let v6 = p.v6.unwrap_or(d.v6);
+            if !(1..=32).contains(&v4) {
+                return Err(PolicyError::new(
+                    format!("{path}.ip_prefix.v4"),
+                    "must be from 1 to 32",
+                ));
+            }
+            if !(1..=128).contains(&v6) {
+                return Err(PolicyError::new(
+                    format!("{path}.ip_prefix.v6"),
+                    "must be from 1 to 128",
+                ));
+            }
+            IpPrefix { v4, v6 }
+        }
+    };
     let name: Arc<str> = s.name.unwrap_or_else(|| s.key.trim().to_owned()).into();
     if name.is_empty()
         || !name
@@ -565,6 +607,7 @@ fn validate_scope(
         .flatten();
     Ok(ScopeRule {
         global_key,
+        ip_prefix,
         name,
         dims,
         matches,

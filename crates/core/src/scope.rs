@@ -94,6 +94,49 @@ impl Identity {
     }
 }
 
+/// How many leading bits of a client address make one `ip` scope: by default each IPv4 address
+/// is its own scope and IPv6 addresses are grouped by /64, the block one subscriber is usually
+/// given (a client holding a /64 would otherwise have 2^64 fresh scopes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpPrefix {
+    /// Prefix length for IPv4 addresses, 1 to 32.
+    pub v4: u8,
+    /// Prefix length for IPv6 addresses, 1 to 128.
+    pub v6: u8,
+}
+
+impl Default for IpPrefix {
+    fn default() -> Self {
+        Self { v4: 32, v6: 64 }
+    }
+}
+
+impl IpPrefix {
+    /// The network `ip` falls in, written as the address (a whole one) or `network/len`.
+    pub fn network(self, ip: std::net::IpAddr) -> String {
+        use std::net::IpAddr;
+        match ip {
+            IpAddr::V4(a) => {
+                let len = self.v4.min(32);
+                let bits = u32::from(a) & u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+                let net = std::net::Ipv4Addr::from(bits);
+                if len == 32 { net.to_string() } else { format!("{net}/{len}") }
+            }
+            IpAddr::V6(a) => {
+                // An IPv4 client seen through a dual-stack socket is an IPv4 client.
+                if let Some(v4) = a.to_ipv4_mapped() {
+                    return self.network(IpAddr::V4(v4));
+                }
+                let len = self.v6.min(128);
+                let bits =
+                    u128::from(a) & u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+                let net = std::net::Ipv6Addr::from(bits);
+                if len == 128 { net.to_string() } else { format!("{net}/{len}") }
+            }
+        }
+    }
+}
+
 /// A scope a request belongs to under one policy rule, e.g. rule `per-user`, key `user:alice`.
 ///
 /// [`ScopeKey::id`] is the storage identity (`rule|key`): two rules over the same dimensions keep
@@ -109,6 +152,16 @@ pub struct ScopeKey {
 impl ScopeKey {
     /// Builds the key of `rule` over `dims` for `identity`; `None` when a dimension is unknown.
     pub fn derive(rule: &str, dims: &[Dimension], identity: &Identity) -> Option<Self> {
+        Self::derive_in(rule, dims, identity, IpPrefix::default())
+    }
+
+    /// [`ScopeKey::derive`] with the rule's own grouping of client addresses.
+    pub fn derive_in(
+        rule: &str,
+        dims: &[Dimension],
+        identity: &Identity,
+        ip_prefix: IpPrefix,
+    ) -> Option<Self> {
         // Built in a buffer kept per thread, then copied once into the shared id: one
         // allocation per key instead of two (a `String`, then the `Arc`).
         thread_local! {
@@ -116,30 +169,53 @@ impl ScopeKey {
         }
         BUF.with(|buf| match buf.try_borrow_mut() {
             Ok(mut buf) => {
-                let key = Self::build(&mut buf, rule, dims, identity);
+                let key = Self::build(&mut buf, rule, dims, identity, ip_prefix);
                 if buf.capacity() > 4096 {
                     *buf = String::new(); // one huge id does not stay held by the thread
                 }
                 key
             }
-            Err(_) => Self::build(&mut String::new(), rule, dims, identity),
+            Err(_) => Self::build(&mut String::new(), rule, dims, identity, ip_prefix),
         })
     }
 
-    fn build(id: &mut String, rule: &str, dims: &[Dimension], identity: &Identity) -> Option<Self> {
+    fn build(
+        id: &mut String,
+        rule: &str,
+        dims: &[Dimension],
+        identity: &Identity,
+        ip_prefix: IpPrefix,
+    ) -> Option<Self> {
         id.clear();
         id.push_str(rule);
         id.push('|');
         if dims.is_empty() {
             id.push_str("global");
         }
-        for (i, d) in dims.iter().enumerate() {
-            if i > 0 {
+        // An end user is named by the client, so a user scope is always inside its tenant
+        // where one is known: two tenants' `alice` are two scopes.
+        let mut first = true;
+        if dims.contains(&Dimension::User) && !dims.contains(&Dimension::Tenant) {
+            if let Some(t) = identity.tenant.as_deref() {
+                id.push_str("tenant:");
+                escape_into(t, id);
+                first = false;
+            }
+        }
+        for d in dims {
+            if !std::mem::take(&mut first) {
                 id.push('/');
             }
             id.push_str(d.as_str());
             id.push(':');
-            escape_into(identity.get(*d)?, id);
+            let value = identity.get(*d)?;
+            match (d, value.parse::<std::net::IpAddr>()) {
+                // Written by this code from a parsed address: only hex digits, '.', ':' and
+                // '/', so it needs no escaping, and no escaped value (which holds neither ':'
+                // nor '/', and would itself have parsed if it were an IPv4 address) equals it.
+                (Dimension::Ip, Ok(ip)) => id.push_str(&ip_prefix.network(ip)),
+                _ => escape_into(value, id),
+            }
         }
         Some(Self {
             id: Arc::from(id.as_str()),
@@ -171,31 +247,28 @@ impl fmt::Display for ScopeKey {
     }
 }
 
-/// Percent-escapes the characters that structure a scope key or a Redis key.
+/// Percent-escapes the characters that structure a scope key or a Redis key, control
+/// characters and `?`: injective, so two different values never share a scope.
 fn escape_into(value: &str, out: &mut String) {
+    let escaped = |c: char| {
+        c.is_control() || matches!(c, '%' | '/' | ':' | '|' | '{' | '}' | '?')
+    };
     // Most values are plain ASCII with nothing to escape: copied whole (char by char, a
     // five-scope plan spent a quarter of its instructions here).
-    let plain = |b: u8| {
-        b.is_ascii()
-            && !b.is_ascii_control()
-            && !matches!(b, b'%' | b'/' | b':' | b'|' | b'{' | b'}')
-    };
-    if value.bytes().all(plain) {
+    if value.bytes().all(|b| b.is_ascii() && !escaped(char::from(b))) {
         out.push_str(value);
         return;
     }
     for c in value.chars() {
-        match c {
-            '%' | '/' | ':' | '|' | '{' | '}' => {
-                let mut buf = [0u8; 4];
-                for b in c.encode_utf8(&mut buf).bytes() {
-                    out.push('%');
-                    out.push(char::from(HEX[usize::from(b >> 4)]));
-                    out.push(char::from(HEX[usize::from(b & 0xf)]));
-                }
+        if escaped(c) {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push('%');
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 0xf)]));
             }
-            c if c.is_control() => out.push('?'),
-            c => out.push(c),
+        } else {
+            out.push(c);
         }
     }
 }

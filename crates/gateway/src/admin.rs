@@ -25,15 +25,25 @@ fn store_failed(e: tollgate_core::StoreError) -> Response {
     .into_response()
 }
 
-/// The admin routes; `token` is required as `Authorization: Bearer`, except by `/healthz` and
-/// `/readyz` (as on the main listener; probes carry no token, and the admin listener keeps
-/// answering through a shutdown's drain, when `/readyz` says 503).
+/// Whether `given` is the admin token, in time that depends on neither its content nor its
+/// length: the two SHA-256 digests are compared byte by byte without stopping early.
+pub(crate) fn token_matches(given: &str, token: &str) -> bool {
+    use sha2::Digest;
+    let a = sha2::Sha256::digest(given.as_bytes());
+    let b = sha2::Sha256::digest(token.as_bytes());
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The admin routes; `token` is required as `Authorization: Bearer` (`/metrics` too: Prometheus
+/// sends it as `authorization`), except by `/healthz` and `/readyz` (probes carry no token, and
+/// the admin listener keeps answering through a shutdown's drain, when `/readyz` says 503).
 pub fn router(gw: Shared, token: String) -> Router {
     Router::new()
         .route("/admin/kill", get(list_kills).post(set_kill))
         .route("/admin/kill/{target}", delete(clear_kill))
         .route("/admin/usage", get(usage))
         .route("/admin/reload", post(reload))
+        .route("/metrics", get(crate::proxy::metrics))
         .layer(middleware::from_fn(
             move |headers: HeaderMap, req, next: Next| {
                 let token = token.clone();
@@ -42,14 +52,7 @@ pub fn router(gw: Shared, token: String) -> Router {
                         .get("authorization")
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.strip_prefix("Bearer "));
-                    // Constant-time comparison: the token is a secret.
-                    let ok = given.is_some_and(|g| {
-                        g.len() == token.len()
-                            && g.bytes()
-                                .zip(token.bytes())
-                                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                                == 0
-                    });
+                    let ok = given.is_some_and(|g| token_matches(g, &token));
                     if !ok {
                         return ApiError::new(
                             StatusCode::UNAUTHORIZED,
@@ -154,5 +157,20 @@ async fn reload(State(gw): State<Shared>) -> Response {
         Ok(cfg) => axum::Json(json!({"reloaded": true, "policy_version": &*cfg.policy.version}))
             .into_response(),
         Err(e) => ApiError::invalid("invalid_config", e).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_matches;
+
+    #[test]
+    fn the_token_is_compared_whole() {
+        let t = "0123456789abcdef-secret";
+        assert!(token_matches(t, t));
+        assert!(!token_matches("0123456789abcdef-secreT", t));
+        assert!(!token_matches("0123456789abcdef", t));
+        assert!(!token_matches("", t));
+        assert!(!token_matches(&format!("{t}x"), t));
     }
 }

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use axum::http::HeaderValue;
 use serde::Deserialize;
 use tollgate_core::policy::RawPolicy;
 use tollgate_core::{Policy, PolicyError, Reason};
@@ -53,6 +54,55 @@ pub struct RawConfig {
     /// How models are counted: `o200k_base`, `cl100k_base`, `estimate`, or a `tokenizer.json`.
     #[serde(default)]
     pub tokenizers: BTreeMap<String, String>,
+    /// Files and documents a request names by URL or file id.
+    #[serde(default)]
+    pub remote_content: RawRemoteContent,
+    /// Anthropic's Messages API.
+    #[serde(default)]
+    pub anthropic: RawAnthropic,
+    /// The Prometheus metrics.
+    #[serde(default)]
+    pub metrics: RawMetrics,
+}
+
+/// `[remote_content]`: files and documents named by URL or file id, whose content the
+/// upstream fetches and bills but the body does not hold.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawRemoteContent {
+    /// Input tokens admitted for each such item: default 32,000, at most 10,000,000.
+    pub tokens_per_item: Option<u64>,
+}
+
+/// `[anthropic]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawAnthropic {
+    /// `anthropic-beta` values a client may send (default: none). A beta may add input the
+    /// gateway never sees (the MCP connector, for one), so only those named here pass.
+    #[serde(default)]
+    pub betas: Vec<String>,
+}
+
+/// `[metrics]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    /// A listener of its own for `/metrics` and `/readyz`, without a token (e.g. a private
+    /// `127.0.0.1:9090`); they are always on the admin listener too.
+    pub listen: Option<String>,
+    /// How often the budget figures a scrape shows are read from the store (default `10s`,
+    /// from 1 s to 1 h): a scrape itself never calls the store.
+    pub refresh: Option<String>,
+}
+
+/// Where and how often metrics are served.
+#[derive(Debug, Clone)]
+pub struct MetricsConfig {
+    /// The metrics listener, if any.
+    pub listen: Option<SocketAddr>,
+    /// How often budget figures are refreshed.
+    pub refresh: Duration,
 }
 
 /// `[admin]`
@@ -119,8 +169,21 @@ pub struct RawServer {
     pub listen: Option<String>,
     /// Largest request body; larger ones get 413 before they are read (default 1 MiB).
     pub max_body_bytes: Option<u64>,
-    /// Time allowed for a client to send its request headers (default 10 s).
+    /// Time allowed from accepting a connection to its first complete request head, first byte
+    /// included (default 10 s).
     pub header_timeout: Option<String>,
+    /// Time an open connection may sit between requests before the next head is complete
+    /// (default 30 s).
+    pub idle_timeout: Option<String>,
+    /// Open connections from one client address at most (IPv6: one /64), default 64; trusted
+    /// proxies are not limited by it.
+    pub max_connections_per_ip: Option<u64>,
+    /// Serve HTTP/2 (cleartext, prior knowledge or upgrade-free) as well as HTTP/1.1; default
+    /// off: HTTP/1.1 only.
+    #[serde(default)]
+    pub http2: bool,
+    /// With `http2`: streams at once on one connection (default 32, at most 1024).
+    pub http2_max_streams: Option<u32>,
     /// Time allowed for a client to send its body (default 30 s).
     pub body_timeout: Option<String>,
     /// Time allowed for the upstream's response headers (default 120 s).
@@ -217,8 +280,20 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// Body limit.
     pub max_body_bytes: usize,
-    /// Header read timeout.
+    /// Accept to first complete request head.
     pub header_timeout: Duration,
+    /// Between requests on one connection.
+    pub idle_timeout: Duration,
+    /// Open connections per client address (IPv6 /64).
+    pub max_connections_per_ip: usize,
+    /// HTTP/2 served, with this many streams per connection.
+    pub http2_max_streams: Option<u32>,
+    /// Input tokens admitted per file or document named by URL or id.
+    pub remote_tokens_per_item: u64,
+    /// `anthropic-beta` values clients may send.
+    pub anthropic_betas: Vec<String>,
+    /// Metrics.
+    pub metrics: MetricsConfig,
     /// Body read timeout.
     pub body_timeout: Duration,
     /// Upstream response-header timeout.
@@ -591,7 +666,67 @@ impl GatewayConfig {
         if !(1..=100).contains(&max_calls) {
             return Err(err("upstream_tools.max_calls", "must be from 1 to 100"));
         }
+        let remote_tokens_per_item = raw.remote_content.tokens_per_item.unwrap_or(32_000);
+        if remote_tokens_per_item > 10_000_000 {
+            return Err(err(
+                "remote_content.tokens_per_item",
+                "must be at most 10000000",
+            ));
+        }
+        for (i, b) in raw.anthropic.betas.iter().enumerate() {
+            if b.is_empty() || b.contains(',') || HeaderValue::from_str(b).is_err() {
+                return Err(err(
+                    format!("anthropic.betas[{i}]"),
+                    "one beta name, without commas",
+                ));
+            }
+        }
+        let refresh = duration(
+            &raw.metrics.refresh,
+            Duration::from_secs(10),
+            "metrics.refresh",
+        )?;
+        if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&refresh) {
+            return Err(err("metrics.refresh", "must be from 1 second to 1 hour"));
+        }
+        let metrics = MetricsConfig {
+            listen: raw
+                .metrics
+                .listen
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(|e| err("metrics.listen", format!("{e}")))?,
+            refresh,
+        };
+        let max_connections_per_ip = match s.max_connections_per_ip.unwrap_or(64) {
+            0 => return Err(err("server.max_connections_per_ip", "must be greater than 0")),
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        let http2_max_streams = match (s.http2, s.http2_max_streams) {
+            (false, Some(_)) => {
+                return Err(err(
+                    "server.http2_max_streams",
+                    "applies only with http2 = true",
+                ));
+            }
+            (false, None) => None,
+            (true, n) => match n.unwrap_or(32) {
+                n @ 1..=1024 => Some(n),
+                _ => return Err(err("server.http2_max_streams", "must be from 1 to 1024")),
+            },
+        };
         Ok(Self {
+            idle_timeout: duration(
+                &s.idle_timeout,
+                Duration::from_secs(30),
+                "server.idle_timeout",
+            )?,
+            max_connections_per_ip,
+            http2_max_streams,
+            remote_tokens_per_item,
+            anthropic_betas: raw.anthropic.betas.clone(),
+            metrics,
             counter,
             unknown_context_tokens,
             context_ttl,

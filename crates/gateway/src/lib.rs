@@ -31,6 +31,7 @@
 pub mod admin;
 pub mod admission;
 pub mod config;
+pub mod conn;
 pub mod contexts;
 pub mod proxy;
 pub mod records;

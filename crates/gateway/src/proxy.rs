@@ -341,6 +341,9 @@ async fn admit_and_forward(
     let (parts, body) = req.into_parts();
     let cfg = gw.config();
     let key = authenticate(&cfg, &parts.headers)?;
+    if format == Format::AnthropicMessages {
+        allowed_betas(&cfg, &parts.headers)?;
+    }
     let peer = parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
@@ -348,14 +351,8 @@ async fn admit_and_forward(
         .unwrap_or(IpAddr::from([127, 0, 0, 1]));
     let body = read_body(&cfg, body, &parts.headers).await?;
     let policy = &cfg.policy;
-    // Count up to the largest input or total limit of any rule: past it, every such limit is
-    // exceeded and the first one in order is reported.
-    let count_limit = policy
-        .scopes
-        .iter()
-        .filter_map(|r| r.input_tokens.or(r.total_tokens))
-        .map(|l| l.get())
-        .max();
+    let ip = client_ip(&cfg, peer, &parts.headers).to_string();
+    let count_limit = count_limit(policy, key, &ip);
     let count = gw
         .counter
         .count(format, &body, count_limit)
@@ -370,7 +367,7 @@ async fn admit_and_forward(
             "model_not_found",
             format!(
                 "The model {:?} does not exist or is not served here.",
-                count.model
+                shown(&count.model)
             ),
         )
         .param("model"));
@@ -434,28 +431,14 @@ async fn admit_and_forward(
     // What tools the upstream runs will fetch is input too; their calls are bounded in the body.
     let tool_input = crate::upstream_tools::bound(format, &mut json, cfg.upstream_tools);
     input = input.saturating_add(tool_input);
-    let user = if key.allow_user {
-        json.get("user")
-            .and_then(|u| u.as_str())
-            .map(str::to_owned)
-            .or_else(|| {
-                parts
-                    .headers
-                    .get("x-tollgate-user")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned)
-            })
-            .or_else(|| key.user.clone())
-    } else {
-        key.user.clone()
-    };
+    // So is the content of files and documents named by URL or id.
+    let remote_input = u64::from(count.remote_items).saturating_mul(cfg.remote_tokens_per_item);
+    input = input.saturating_add(remote_input);
+    let user = end_user(key, &json, &parts.headers)?;
     let mut identity = Identity::default()
         .with(Dimension::Tenant, key.tenant.clone())
         .with(Dimension::Key, key.key_id.clone())
-        .with(
-            Dimension::Ip,
-            client_ip(&cfg, peer, &parts.headers).to_string(),
-        )
+        .with(Dimension::Ip, ip)
         .with(Dimension::Model, count.model.clone());
     if let Some(u) = user {
         identity = identity.with(Dimension::User, u);
@@ -464,12 +447,7 @@ async fn admit_and_forward(
     // estimate are for the whole request, and each choice gets its share.
     let choices = match format {
         Format::Embeddings | Format::AnthropicMessages | Format::Responses => 1,
-        _ => json
-            .get("n")
-            .and_then(Value::as_u64)
-            .unwrap_or(1)
-            .max(json.get("best_of").and_then(Value::as_u64).unwrap_or(1))
-            .max(1),
+        _ => choice_count(&json, "n")?.max(choice_count(&json, "best_of")?),
     };
     if choices > 128 {
         return Err(ApiError::invalid(
@@ -537,7 +515,7 @@ async fn admit_and_forward(
                 Decision::Admit(_) => unreachable_admit(),
             };
             if let Decision::Deny(d) = &refused {
-                explain_allowances(&mut e, d.reason, kept_context, tool_input);
+                explain_allowances(&mut e, d.reason, [kept_context, tool_input, remote_input]);
                 // A money budget reserved marked input at the dearest cache-write price.
                 let money = p
                     .budget
@@ -654,7 +632,8 @@ async fn admit_and_forward(
             "anthropic-version",
             version.unwrap_or(HeaderValue::from_static(ANTHROPIC_VERSION)),
         );
-        if let Some(beta) = parts.headers.get("anthropic-beta") {
+        // Only the betas the configuration allows (checked at intake) go through.
+        for beta in parts.headers.get_all("anthropic-beta") {
             builder = builder.header("anthropic-beta", beta.clone());
         }
     } else if let Some(k) = &upstream.api_key {
@@ -889,6 +868,121 @@ async fn admit_and_forward(
     Ok(relay(status, content_type, bytes, headers))
 }
 
+/// The longest end-user id accepted, in bytes (OpenAI's own bound on `user`).
+pub const MAX_USER_BYTES: usize = 256;
+
+/// A client-chosen value as shown in an error message: at most 64 characters.
+fn shown(v: &str) -> String {
+    let mut s: String = v.chars().take(64).collect();
+    if s.len() < v.len() {
+        s.push('…');
+    }
+    s
+}
+
+/// How far counting must go. It may stop once past the largest input or total limit among the
+/// rules this request may fall under (past it, each of those is exceeded and the first in order
+/// is reported), but not when one of them has a budget, which reserves the whole count. Rules
+/// another tenant, key or address is matched by do not count; a rule whose match depends on
+/// what the body says (model, end user) is taken as applying.
+fn count_limit(policy: &tollgate_core::Policy, key: &KeyConfig, ip: &str) -> Option<u64> {
+    let known = |d: Dimension| match d {
+        Dimension::Tenant => Some(key.tenant.as_str()),
+        Dimension::Key => Some(key.key_id.as_str()),
+        Dimension::Ip => Some(ip),
+        Dimension::User if !key.allow_user => key.user.as_deref().or(Some("")),
+        Dimension::User | Dimension::Model => None,
+    };
+    let mut limit = None;
+    for rule in &policy.scopes {
+        let may_apply = rule
+            .matches
+            .iter()
+            .all(|(d, v)| known(*d).is_none_or(|k| k == v));
+        if !may_apply {
+            continue;
+        }
+        if rule.budget.is_some() {
+            return None;
+        }
+        if let Some(l) = rule.input_tokens.or(rule.total_tokens) {
+            limit = Some(limit.unwrap_or(0).max(l.get()));
+        }
+    }
+    limit
+}
+
+/// The end user a request names (`user` in the body, else `x-tollgate-user`) when its key
+/// allows that, else the key's own; at most [`MAX_USER_BYTES`], wherever it is given.
+fn end_user(key: &KeyConfig, json: &Value, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let body = match json.get("user") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(u)) => Some(u.as_str()),
+        Some(_) => {
+            return Err(ApiError::invalid("invalid_type", "user must be a string.").param("user"));
+        }
+    };
+    let header = match headers.get("x-tollgate-user") {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ApiError::invalid("invalid_value", "x-tollgate-user must be visible ASCII.")
+                .param("user")
+        })?),
+    };
+    for u in [body, header].into_iter().flatten() {
+        if u.len() > MAX_USER_BYTES {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                format!(
+                    "user is {} bytes long; at most {MAX_USER_BYTES} are accepted.",
+                    u.len()
+                ),
+            )
+            .param("user"));
+        }
+    }
+    Ok(if key.allow_user {
+        body.or(header).map(str::to_owned).or_else(|| key.user.clone())
+    } else {
+        key.user.clone()
+    })
+}
+
+/// `n` or `best_of`: absent or null is one; otherwise a positive integer.
+fn choice_count(json: &Value, field: &str) -> Result<u64, ApiError> {
+    match json.get(field) {
+        None | Some(Value::Null) => Ok(1),
+        Some(v) => v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+            ApiError::invalid(
+                "invalid_value",
+                format!("{field} must be a positive integer."),
+            )
+            .param(field)
+        }),
+    }
+}
+
+/// Every `anthropic-beta` value must be one the configuration allows: a beta may switch on
+/// input the gateway never sees (the MCP connector's tool lists and results, for one).
+fn allowed_betas(cfg: &GatewayConfig, headers: &HeaderMap) -> Result<(), ApiError> {
+    for v in headers.get_all("anthropic-beta") {
+        let text = v.to_str().unwrap_or("\u{fffd}");
+        for beta in text.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+            if !cfg.anthropic_betas.iter().any(|a| a == beta) {
+                return Err(ApiError::invalid(
+                    "unsupported_beta",
+                    format!(
+                        "The anthropic-beta value {:?} is not allowed by this gateway.",
+                        shown(beta)
+                    ),
+                )
+                .param("anthropic-beta"));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether an Anthropic request marks anything for its prompt cache, where Anthropic reads a
 /// `cache_control`: on the request itself (automatic caching), on a tool, on a system block, on
 /// a message's content block, or on a block inside one (a tool result's, a search result's). A
@@ -1046,29 +1140,10 @@ pub async fn models(State(gw): State<Shared>, req: Request<Body>) -> Response {
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
 
-/// `GET /metrics`: Prometheus text format.
+/// `GET /metrics`: Prometheus text format. Budget figures are the last refresh's (see
+/// [`crate::telemetry::spawn_budget_refresh`]): a scrape never calls the store.
 pub async fn metrics(State(gw): State<Shared>) -> Response {
-    let cfg = gw.config();
     crate::telemetry::scrape_gauges(gw.records.as_ref().map_or(0, RecordSink::dropped));
-    // Budget remaining for the operator's fixed scopes: global ones and fully matched ones.
-    for rule in &cfg.policy.scopes {
-        let Some(b) = rule.budget else { continue };
-        let mut identity = Identity::default();
-        for (d, v) in &rule.matches {
-            identity = identity.with(*d, v.clone());
-        }
-        let Some(scope) = tollgate_core::ScopeKey::derive(&rule.name, &rule.dims, &identity) else {
-            continue;
-        };
-        if let Ok(u) = gw.store.usage(scope.id(), Some(b.period)).await {
-            crate::telemetry::budget_remaining(
-                scope.id(),
-                b.unit.as_str(),
-                b.limit.get(),
-                b.limit.get().saturating_sub(u.settled + u.reserved),
-            );
-        }
-    }
     match crate::telemetry::handle() {
         Some(h) => ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response(),
         None => ApiError::new(
@@ -1083,24 +1158,26 @@ pub async fn metrics(State(gw): State<Shared>) -> Response {
 
 /// Says, in a refusal by a control that counts input, how much of it the body does not hold: a
 /// client that sent a few tokens would not otherwise see why it passed the limit.
-fn explain_allowances(e: &mut ApiError, reason: Reason, kept_context: u64, tool_input: u64) {
+/// `allowances` are, in order, the earlier context the upstream keeps, what the tools it runs
+/// may fetch, and the files and documents named by URL or id.
+fn explain_allowances(e: &mut ApiError, reason: Reason, allowances: [u64; 3]) {
     let counts_input = matches!(
         reason,
         Reason::InputTokenLimit | Reason::TotalTokenLimit | Reason::BudgetLimit
     );
-    if !counts_input || kept_context.saturating_add(tool_input) == 0 {
+    const WHAT: [&str; 3] = [
+        "for the earlier context the upstream keeps",
+        "for what the tools the upstream runs may fetch",
+        "for the files and documents named by URL or id, which the upstream fetches",
+    ];
+    let parts: Vec<String> = allowances
+        .iter()
+        .zip(WHAT)
+        .filter(|(n, _)| **n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+    if !counts_input || parts.is_empty() {
         return;
-    }
-    let mut parts = Vec::new();
-    if kept_context > 0 {
-        parts.push(format!(
-            "{kept_context} for the earlier context the upstream keeps"
-        ));
-    }
-    if tool_input > 0 {
-        parts.push(format!(
-            "{tool_input} for what the tools the upstream runs may fetch"
-        ));
     }
     e.message = format!(
         "{} The input counted includes {}.",

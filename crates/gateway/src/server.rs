@@ -1,23 +1,16 @@
-//! The listener: a connection limit, header-read timeouts, and the routes.
+//! The listeners and their routes; connections are bounded in `conn`.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tollgate_core::MemoryStore;
 use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_tokens::Format;
-use tower::ServiceExt;
 
 use crate::config::{GatewayConfig, StoreConfig};
 use crate::proxy::{self, Gateway, Shared};
@@ -81,8 +74,6 @@ pub fn router(gw: Shared) -> Router {
         )
         .route("/v1/models", get(proxy::models))
         .route("/healthz", get(healthz))
-        .route("/metrics", get(proxy::metrics))
-        .route("/readyz", get(readyz))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -92,6 +83,16 @@ pub fn router(gw: Shared) -> Router {
             )
             .into_response()
         })
+        .with_state(gw)
+}
+
+/// The metrics listener's routes: `/metrics`, `/readyz` and `/healthz`, without a token.
+pub fn metrics_router(gw: Shared) -> Router {
+    let _ = crate::telemetry::handle();
+    Router::new()
+        .route("/metrics", get(proxy::metrics))
+        .route("/readyz", get(readyz))
+        .route("/healthz", get(healthz))
         .with_state(gw)
 }
 
@@ -144,10 +145,14 @@ pub async fn serve_with(
     if let Some(admin) = &cfg.admin {
         let l = TcpListener::bind(admin.listen).await?;
         let app = crate::admin::router(gw.clone(), admin.token.clone());
-        tokio::spawn(async move {
-            let _ = axum::serve(l, app).await;
-        });
+        tokio::spawn(crate::conn::accept(
+            l,
+            app,
+            crate::conn::Limits::private(&cfg),
+            std::future::pending(),
+        ));
     }
+
     #[cfg(unix)]
     {
         let gw = gw.clone();
@@ -175,65 +180,21 @@ pub async fn serve_gateway(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let app = router(gw.clone());
-    let limit = Arc::new(Semaphore::new(gw.config().max_connections));
-    let header_timeout = gw.config().header_timeout;
-    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
-    let mut connections = tokio::task::JoinSet::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        // Ended connections leave the set.
-        while connections.try_join_next().is_some() {}
-        let (stream, peer): (_, SocketAddr) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(_) => continue,
-            },
-            () = &mut shutdown => break,
-        };
-        // Over the connection limit: close at once rather than queue without bound.
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let mut drain = drain_rx.clone();
-        connections.spawn(async move {
-            let svc = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(ConnectInfo(peer));
-                app.clone().oneshot(req.map(Body::new))
-            });
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout);
-            let mut conn = std::pin::pin!(builder.serve_connection(TokioIo::new(stream), svc));
-            let draining = tokio::select! {
-                _ = conn.as_mut() => false,
-                r = drain.wait_for(|d| *d) => r.is_ok(),
-            };
-            if draining {
-                // Finish the request under way (a stream to its end), then close.
-                conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
-            }
-            drop(permit);
-        });
+    crate::telemetry::spawn_budget_refresh(gw.clone());
+    let cfg = gw.config();
+    if let Some(listen) = cfg.metrics.listen {
+        let l = TcpListener::bind(listen).await?;
+        tokio::spawn(crate::conn::accept(
+            l,
+            metrics_router(gw.clone()),
+            crate::conn::Limits::private(&cfg),
+            std::future::pending(),
+        ));
     }
-    drop(listener);
+    let limits = crate::conn::Limits::public(&cfg);
+    let mut connections = crate::conn::accept(listener, app, limits, shutdown).await;
     gw.start_draining();
-    let _ = drain_tx.send(true);
-    let drained = tokio::time::timeout(gw.config().drain_timeout, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        // Cut off: each request's ticket is dropped with its connection, which releases it in
-        // the store, charging the output streamed so far.
-        connections.abort_all();
-        while connections.join_next().await.is_some() {}
-    }
+    connections.drain(cfg.drain_timeout).await;
     let deadline = tokio::time::Instant::now() + RELEASE_GRACE;
     while crate::store::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;

@@ -153,6 +153,63 @@ pub fn budget_remaining(scope: &str, unit: &'static str, limit: u64, remaining: 
         .set(remaining as f64);
 }
 
+/// A connection closed at accept because a listener was full, in all or for its address.
+pub fn connection_refused(limit: &'static str) {
+    counter!("tollgate_connections_refused_total", "limit" => limit).increment(1);
+}
+
+/// Keeps the budget gauges of the operator's fixed scopes (global rules and fully matched ones)
+/// fresh: every `[metrics] refresh`, all of them read from the store at once (concurrent calls,
+/// which the Redis store's one connection sends together), so a scrape never calls the store
+/// and a scrape storm costs it nothing. Stops with the gateway.
+pub fn spawn_budget_refresh(gw: crate::proxy::Shared) {
+    let weak = std::sync::Arc::downgrade(&gw);
+    drop(gw);
+    tokio::spawn(async move {
+        loop {
+            let Some(gw) = weak.upgrade() else { return };
+            let cfg = gw.config();
+            refresh_budgets(&gw, &cfg).await;
+            drop(gw);
+            tokio::time::sleep(cfg.metrics.refresh).await;
+        }
+    });
+}
+
+async fn refresh_budgets(gw: &crate::proxy::Gateway, cfg: &crate::config::GatewayConfig) {
+    use tollgate_core::{Identity, ScopeKey, Store};
+    let scopes: Vec<_> = cfg
+        .policy
+        .scopes
+        .iter()
+        .filter_map(|rule| {
+            let b = rule.budget?;
+            let mut identity = Identity::default();
+            for (d, v) in &rule.matches {
+                identity = identity.with(*d, v.clone());
+            }
+            let scope = ScopeKey::derive_in(&rule.name, &rule.dims, &identity, rule.ip_prefix)?;
+            Some((scope, b))
+        })
+        .collect();
+    let reads = scopes
+        .iter()
+        .map(|(scope, b)| gw.store.usage(scope.id(), Some(b.period)));
+    let usages = futures_util::future::join_all(reads).await;
+    for ((scope, b), u) in scopes.iter().zip(usages) {
+        if let Ok(u) = u {
+            budget_remaining(
+                scope.id(),
+                b.unit.as_str(),
+                b.limit.get(),
+                b.limit
+                    .get()
+                    .saturating_sub(u.settled.saturating_add(u.reserved)),
+            );
+        }
+    }
+}
+
 /// A request admitted without the store because the policy lets its controls fail open.
 pub fn fail_open() {
     counter!("tollgate_fail_open_total").increment(1);

@@ -117,7 +117,7 @@ async fn admin_api_kill_switch_usage_reload_and_readiness() {
     )
     .unwrap();
     let (a, admin_a) = instance(&pa).await;
-    let (b, _admin_b) = instance(&pb).await;
+    let (b, admin_b) = instance(&pb).await;
     assert_eq!(chat(&a).await.0, 200);
     assert_eq!(chat(&b).await.0, 200);
 
@@ -243,9 +243,11 @@ async fn admin_api_kill_switch_usage_reload_and_readiness() {
             .status()
             .as_u16()
     };
-    assert_eq!(ready(b.clone()).await, 200);
+    // On the admin listener: the public one serves the API and `/healthz` only.
+    assert_eq!(ready(b.clone()).await, 404);
+    assert_eq!(ready(admin_b.clone()).await, 200);
     redis.kill();
-    assert_eq!(ready(b.clone()).await, 503);
+    assert_eq!(ready(admin_b.clone()).await, 503);
     let (s, body) = chat(&b).await;
     assert_eq!(
         (s, body["error"]["code"].as_str()),

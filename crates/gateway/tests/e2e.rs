@@ -691,14 +691,16 @@ name = "metrics-everyone"
 key = "global"
 budget = { tokens = 100000, period = "day" }
 "#;
-    let env = env(false, policy, "", SimConfig::default()).await;
+    let env = env(false, policy, "[metrics]\nrefresh = \"1s\"\n", SimConfig::default()).await;
     for _ in 0..3 {
         send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
     }
+    // Budget figures are read from the store once a refresh: wait for two.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let r = client
         .request(
-            Request::get(format!("http://{}/metrics", env.addr))
+            Request::get(format!("http://{}/metrics", env.metrics))
                 .body(Full::new(Bytes::new()))
                 .unwrap(),
         )
@@ -817,7 +819,7 @@ budget = { tokens = 100000, period = "day" }
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let m = client
         .request(
-            Request::get(format!("http://{}/metrics", env_open.addr))
+            Request::get(format!("http://{}/metrics", env_open.metrics))
                 .body(Full::new(Bytes::new()))
                 .unwrap(),
         )

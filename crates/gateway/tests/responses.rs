@@ -207,7 +207,7 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 3);
     common::settled_as_the_upstream_served(&env).await;
     // Two follow-ups found what they carry, three did not (the process's one recorder).
-    let metrics = common::get(env.addr, "/metrics").await;
+    let metrics = common::get(env.metrics, "/metrics").await;
     let text = String::from_utf8_lossy(&metrics.body);
     for line in [
         "tollgate_followup_context_total{context=\"known\"} 2",

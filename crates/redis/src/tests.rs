@@ -43,9 +43,9 @@ fn admit_sends_exactly_these_arguments() {
             "tg:clock",
             "tg:kill",
             "tg:ts:req-1",
-            "tg:r:user|user:alice",
-            "tg:l:user|user:alice",
-            "tg:b:user|user:alice",
+            "tg:r:user|tenant:acme/user:alice",
+            "tg:l:user|tenant:acme/user:alice",
+            "tg:b:user|tenant:acme/user:alice",
             "tg:b:tenant|tenant:acme"
         ]
     );
@@ -75,12 +75,12 @@ fn admit_sends_exactly_these_arguments() {
             "tenant:acme",
             "model:gpt-4o",
             "user:alice",
-            "tg:r:user|user:alice",
+            "tg:r:user|tenant:acme/user:alice",
             "5",
             "60000",
-            "tg:l:user|user:alice",
+            "tg:l:user|tenant:acme/user:alice",
             "2",
-            "tg:b:user|user:alice",
+            "tg:b:user|tenant:acme/user:alice",
             "300",
             "t",
             "86400000",

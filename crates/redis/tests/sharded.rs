@@ -63,7 +63,7 @@ async fn apart(cluster: &RedisCluster, name: &str, user_first: bool) -> (RedisSt
         let tenant = s.shard_prefix("tenant|tenant:acme").to_owned();
         let node = |p: &str| node_of(cluster, &format!("{p}:x"));
         let found = (0..64).map(|i| format!("u{i}")).find(|u| {
-            let mine = s.shard_prefix(&format!("user|user:{u}")).to_owned();
+            let mine = s.shard_prefix(&format!("user|tenant:acme/user:{u}")).to_owned();
             // Shard prefixes end in one digit, so they sort as their shards do.
             (mine < tenant) == user_first && node(&mine) != node(&tenant)
         });
@@ -104,7 +104,7 @@ async fn refusal_in_a_later_shard_undoes_the_earlier_parts() {
     );
     for user_first in [true, false] {
         let (s, u) = apart(&cluster, "undo", user_first).await;
-        let (us, ts) = (format!("user|user:{u}"), "tenant|tenant:acme");
+        let (us, ts) = (format!("user|tenant:acme/user:{u}"), "tenant|tenant:acme");
         assert!(matches!(
             admit(&s, &p, "a", &u, 50, 50).await,
             Decision::Admit(_)
@@ -178,7 +178,7 @@ async fn the_reported_refusal_is_the_single_shard_one() {
         let d = d.deny().cloned().expect("refused");
         assert_eq!(
             (d.reason, d.scope.key()),
-            (Reason::ConcurrencyLimit, format!("user:{u}").as_str()),
+            (Reason::ConcurrencyLimit, format!("tenant:acme/user:{u}").as_str()),
             "user_first={user_first}"
         );
         assert_eq!(usage(&s, "tenant|tenant:acme").await, (0, 100, 0));
@@ -199,7 +199,7 @@ async fn the_reported_refusal_is_the_single_shard_one() {
             .collect();
         assert_eq!(
             rate,
-            [(format!("user:{u}"), 96), ("tenant:acme".to_owned(), 96)],
+            [(format!("tenant:acme/user:{u}"), 96), ("tenant:acme".to_owned(), 96)],
             "quotas in the plan's order, four attempts counted in each"
         );
     }
@@ -265,7 +265,7 @@ async fn contention_across_shards_never_exceeds_a_limit() {
         refused.load(Ordering::Relaxed),
     );
     assert!(most.load(Ordering::SeqCst) <= 3, "concurrency exceeded");
-    let (settled, reserved, _) = usage(&a, &format!("user|user:{u}")).await;
+    let (settled, reserved, _) = usage(&a, &format!("user|tenant:acme/user:{u}")).await;
     assert_eq!(reserved, 0);
     assert_eq!(settled, 50 * admitted);
     assert!(settled <= 2000, "budget exceeded: {settled}");
@@ -304,7 +304,7 @@ async fn a_dead_node_fails_its_requests_closed_and_leaks_nothing() {
     );
     // The user's shard comes first, so its part is taken before the dead node is reached.
     let (s, u) = apart(&cluster, "dead", true).await;
-    let us = format!("user|user:{u}");
+    let us = format!("user|tenant:acme/user:{u}");
     assert!(matches!(
         admit(&s, &both, "warm", &u, 1, 1).await,
         Decision::Admit(_)

@@ -105,7 +105,7 @@ pub async fn each_control_alone<H: Harness>(h: &H) {
         };
         let d = deny(&s, &p, f).await;
         assert_eq!(d.reason, expected, "{control}");
-        assert_eq!(d.scope.key(), "user:u");
+        assert_eq!(d.scope.key(), "tenant:acme/user:u");
         // Another subject is unaffected.
         assert_eq!(
             reason(&s, &p, facts("other", "v", 50, 50)).await,
@@ -191,8 +191,8 @@ pub async fn all_or_nothing_across_scopes<H: Harness>(h: &H) {
     );
     assert_eq!(d.remaining, 50);
     // u2's own scope got neither a lease nor a reservation.
-    assert_eq!(budget_of(&s, "user|user:u2", DAY).await, (0, 0));
-    assert_eq!(leases_of(&s, "user|user:u2").await, 0);
+    assert_eq!(budget_of(&s, "user|tenant:acme/user:u2", DAY).await, (0, 0));
+    assert_eq!(leases_of(&s, "user|tenant:acme/user:u2").await, 0);
     assert_eq!(leases_of(&s, "tenant|tenant:acme").await, 1);
 
     // The same when a concurrency scope is the one that is full.
@@ -213,8 +213,8 @@ pub async fn all_or_nothing_across_scopes<H: Harness>(h: &H) {
         reason(&s, &p, facts("b", "u2", 5, 5)).await,
         Some(Reason::ConcurrencyLimit)
     );
-    assert_eq!(leases_of(&s, "user|user:u2").await, 0);
-    assert_eq!(budget_of(&s, "user|user:u2", DAY).await, (0, 0));
+    assert_eq!(leases_of(&s, "user|tenant:acme/user:u2").await, 0);
+    assert_eq!(budget_of(&s, "user|tenant:acme/user:u2", DAY).await, (0, 0));
 }
 
 const BUDGET_300: &str = r#"
@@ -229,7 +229,7 @@ pub async fn settle_replaces_the_reservation<H: Harness>(h: &H) {
     let p = policy(BUDGET_300);
     let (s, _) = setup(h).await;
     assert_eq!(reason(&s, &p, facts("a", "u", 50, 150)).await, None);
-    assert_eq!(budget_of(&s, "user|user:u", DAY).await, (0, 200));
+    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", DAY).await, (0, 200));
     assert_eq!(
         reason(&s, &p, facts("b", "u", 50, 100)).await,
         Some(Reason::BudgetLimit)
@@ -238,8 +238,8 @@ pub async fn settle_replaces_the_reservation<H: Harness>(h: &H) {
         settle(&s, "a", usage(50, 20)).await,
         Finish::Done { charged: vec![70] }
     );
-    assert_eq!(budget_of(&s, "user|user:u", DAY).await, (70, 0));
-    assert_eq!(leases_of(&s, "user|user:u").await, 0);
+    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", DAY).await, (70, 0));
+    assert_eq!(leases_of(&s, "user|tenant:acme/user:u").await, 0);
     // The released 130 is available again.
     assert_eq!(reason(&s, &p, facts("c", "u", 50, 100)).await, None);
 }
@@ -259,7 +259,7 @@ pub async fn settle_is_idempotent<H: Harness>(h: &H) {
     );
     let r = s.release("a", None).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r, Finish::AlreadyEnded(Ending::Settled));
-    assert_eq!(budget_of(&s, "user|user:u", DAY).await, (15, 0));
+    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", DAY).await, (15, 0));
     assert_eq!(settle(&s, "never", usage(1, 1)).await, Finish::Unknown);
     let renew = s.renew("a").await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(renew, Renewal::NotInFlight);
@@ -279,8 +279,8 @@ pub async fn release_charges_partial_or_policy_usage<H: Harness>(h: &H) {
     // No usage known: the default policy charges the full reservation.
     let r = s.release("b", None).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r, Finish::Done { charged: vec![100] });
-    assert_eq!(budget_of(&s, "user|user:u", DAY).await, (117, 0));
-    assert_eq!(leases_of(&s, "user|user:u").await, 0);
+    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", DAY).await, (117, 0));
+    assert_eq!(leases_of(&s, "user|tenant:acme/user:u").await, 0);
 }
 
 /// A lease not renewed expires and its slot comes back; renewal keeps it.
@@ -315,7 +315,7 @@ pub async fn leases_expire_and_renew<H: Harness>(h: &H) {
         settle(&s, "a", usage(10, 1)).await,
         Finish::AlreadyEnded(Ending::Expired)
     );
-    assert_eq!(budget_of(&s, "user|user:u", DAY).await, (20, 20));
+    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", DAY).await, (20, 20));
 }
 
 /// Expired leases free their slots, and an expired request cannot be renewed back to life, even
@@ -362,7 +362,7 @@ pub async fn expiry_holds_when_many_expire_at_once<H: Harness>(h: &H) {
         reason(&s, &p, facts("e", "u2", 10, 10)).await,
         Some(Reason::ConcurrencyLimit)
     );
-    assert_eq!(leases_of(&s, "user|user:u2").await, 17);
+    assert_eq!(leases_of(&s, "user|tenant:acme/user:u2").await, 17);
 }
 
 /// What an expired reservation costs is the policy's choice.
@@ -378,7 +378,7 @@ pub async fn expired_reservation_charge_follows_policy<H: Harness>(h: &H) {
         // Any call sweeps; the admission of another request triggers it.
         assert_eq!(reason(&s, &p, facts("b", "v", 1, 1)).await, None);
         assert_eq!(
-            budget_of(&s, "user|user:u", DAY).await,
+            budget_of(&s, "user|tenant:acme/user:u", DAY).await,
             (expected, 0),
             "{charge}"
         );
@@ -409,7 +409,7 @@ pub async fn period_rollover<H: Harness>(h: &H) {
         Finish::Done { charged: vec![60] }
     );
     // The new hour holds only c's reservation.
-    assert_eq!(budget_of(&s, "user|user:u", hour).await, (0, 90));
+    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", hour).await, (0, 90));
 }
 
 /// A clock that goes backwards neither reopens windows nor refunds budgets.
@@ -465,7 +465,7 @@ pub async fn duplicate_request_id_is_refused<H: Harness>(h: &H) {
             .await
             .is_err()
     );
-    assert_eq!(budget_of(&s, "user|user:u", DAY).await, (2, 0));
+    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", DAY).await, (2, 0));
 }
 
 /// Money budgets reserve the estimated cost and settle the actual cost.
@@ -683,10 +683,10 @@ pub async fn quotas_name_their_checks<H: Harness>(h: &H) {
         })
         .collect();
     let want = [
-        (Reason::RequestRateLimit, 0, "user:u", 10, 8),
+        (Reason::RequestRateLimit, 0, "tenant:acme/user:u", 10, 8),
         (Reason::RequestRateLimit, 1, "tenant:acme", 20, 18),
-        (Reason::ConcurrencyLimit, 0, "user:u", 4, 2),
-        (Reason::BudgetLimit, 0, "user:u", 1000, 770),
+        (Reason::ConcurrencyLimit, 0, "tenant:acme/user:u", 4, 2),
+        (Reason::BudgetLimit, 0, "tenant:acme/user:u", 1000, 770),
         (Reason::BudgetLimit, 1, "tenant:acme", 5000, 4770),
     ]
     .map(|(r, c, k, l, left)| (r, c, k.to_owned(), l, left));

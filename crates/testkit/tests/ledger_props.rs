@@ -274,7 +274,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let pid = m.now / P;
         for user in 0u8..3 {
             let got = store
-                .usage_sync(&format!("user|user:u{user}"), Some(period))
+                .usage_sync(&format!("user|tenant:acme/user:u{user}"), Some(period))
                 .unwrap();
             let (s, r) = m.committed(Some(user), pid);
             prop_assert_eq!(

@@ -49,7 +49,7 @@ fn remembered_ids_are_capped_oldest_first() {
     // Forgetting an id releases nothing twice: the budget holds exactly five settlements.
     let used = store
         .usage_sync(
-            "user|user:u",
+            "user|tenant:acme/user:u",
             Some(tollgate_core::Period::Fixed(86_400_000)),
         )
         .unwrap();
@@ -98,7 +98,7 @@ fn slots_of_dropped_scopes_are_reused_without_mixing_scopes() {
     let period = Some(Period::Fixed(1_000));
     for user in ["a", "b", "c"] {
         let used = store
-            .usage_sync(&format!("user|user:{user}"), period)
+            .usage_sync(&format!("user|tenant:acme/user:{user}"), period)
             .unwrap();
         assert_eq!(
             (used.leases, used.reserved, used.settled),
@@ -110,8 +110,8 @@ fn slots_of_dropped_scopes_are_reused_without_mixing_scopes() {
         store.settle_sync("b1", u),
         Ok(Finish::Done { .. })
     ));
-    let b = store.usage_sync("user|user:b", period).unwrap();
-    let a = store.usage_sync("user|user:a", period).unwrap();
+    let b = store.usage_sync("user|tenant:acme/user:b", period).unwrap();
+    let a = store.usage_sync("user|tenant:acme/user:a", period).unwrap();
     assert_eq!((b.leases, b.reserved, b.settled), (0, 0, 15));
     assert_eq!((a.leases, a.reserved, a.settled), (1, 20, 0));
     let fp = store.footprint().unwrap();
@@ -157,6 +157,6 @@ fn stale_scopes_are_dropped_a_little_per_call() {
     }
     let fp = store.footprint().unwrap();
     assert_eq!((fp.rate_scopes, fp.lease_scopes, fp.in_flight), (0, 1, 1));
-    let keeper = store.usage_sync("user|user:keeper", None).unwrap();
+    let keeper = store.usage_sync("user|tenant:acme/user:keeper", None).unwrap();
     assert_eq!(keeper.leases, 1);
 }

@@ -50,6 +50,9 @@ struct Block<'a> {
 
 #[derive(Deserialize)]
 struct Source<'a> {
+    /// `base64`, `text`, `content` (held in the body), or `url` and `file` (held elsewhere).
+    #[serde(rename = "type", default, borrow)]
+    kind: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     data: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
@@ -113,6 +116,15 @@ fn blocks(t: &mut Tally, raw: &RawValue, path: &str, depth: u8) -> Result<(), Re
                         t.add(size.map_or(MAX_IMAGE_TOKENS, |(w, h)| {
                             (w * h).div_ceil(750).min(MAX_IMAGE_TOKENS)
                         }));
+                    }
+                    "document" => {
+                        // Its JSON text (an inline text or base64 source is in it); one held
+                        // elsewhere (by URL or file id) is also a remote item.
+                        t.text(item.get());
+                        let kind = b.source.as_ref().and_then(|s| s.kind.as_deref());
+                        if matches!(kind, Some("url" | "file")) {
+                            t.remote_item();
+                        }
                     }
                     "tool_result" => {
                         if let Some(c) = b.content {

@@ -211,6 +211,15 @@ pub struct RequestCount {
     /// Whether the request asks for a stream.
     #[serde(skip)]
     pub stream: bool,
+    /// Files and documents the body names by URL or file id instead of holding them: the
+    /// provider bills their content, which is not counted here (only their JSON text is), so
+    /// the caller adds an allowance per item.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub remote_items: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A request body that cannot be counted. Each is a client error (400).

@@ -252,8 +252,17 @@ pub(crate) fn content(
                             t.estimated();
                         }
                     }
+                    "file" | "input_file" => {
+                        // Its JSON text, flagged; a file held elsewhere (by id or URL) is also
+                        // a remote item, whose content the caller allows for.
+                        t.text(raw.get());
+                        t.estimated();
+                        if !holds_file_data(raw) {
+                            t.remote_item();
+                        }
+                    }
                     _ => {
-                        // Audio, files and future part types: their JSON text, flagged.
+                        // Audio and future part types: their JSON text, flagged.
                         t.text(raw.get());
                         t.estimated();
                     }
@@ -268,6 +277,31 @@ pub(crate) fn content(
         }
     }
     Ok(())
+}
+
+/// Whether a file part carries its content inline (`file_data`: chat's `file.file_data`, the
+/// Responses API's `input_file.file_data`) rather than naming it by `file_id` or `file_url`.
+fn holds_file_data(raw: &RawValue) -> bool {
+    #[derive(Deserialize)]
+    struct FilePart<'a> {
+        #[serde(default, borrow)]
+        file: Option<&'a RawValue>,
+        #[serde(default, borrow)]
+        file_data: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Inner<'a> {
+        #[serde(default, borrow)]
+        file_data: Option<&'a RawValue>,
+    }
+    let Ok(p) = serde_json::from_str::<FilePart<'_>>(raw.get()) else {
+        return false;
+    };
+    let inner = p
+        .file
+        .and_then(|f| serde_json::from_str::<Inner<'_>>(f.get()).ok())
+        .and_then(|i| i.file_data);
+    p.file_data.or(inner).is_some_and(|d| d.get() != "null")
 }
 
 #[derive(Deserialize)]

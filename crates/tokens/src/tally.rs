@@ -9,6 +9,7 @@ pub struct Tally {
     limit: u64,
     used: u64,
     exact: bool,
+    remote: u32,
 }
 
 impl Tally {
@@ -20,6 +21,7 @@ impl Tally {
             limit: limit.unwrap_or(u64::MAX - 1),
             used: 0,
             exact,
+            remote: 0,
         }
     }
 
@@ -31,6 +33,13 @@ impl Tally {
     /// Adds a constant overhead (message framing, image tiles).
     pub fn add(&mut self, n: u64) {
         self.used = self.used.saturating_add(n);
+    }
+
+    /// Notes an item whose content the body does not hold (a file or document by URL or id):
+    /// counted whether or not the limit has been passed, since its content is not text here.
+    pub fn remote_item(&mut self) {
+        self.remote = self.remote.saturating_add(1);
+        self.exact = false;
     }
 
     /// Marks the count as an estimate.
@@ -131,6 +140,7 @@ impl Tally {
             exact,
             over_limit: self.over(),
             stream,
+            remote_items: self.remote,
         }
     }
 

@@ -23,6 +23,8 @@ use tollgate_testkit::sim::{Sim, SimConfig};
 pub struct Env {
     pub sim: Sim,
     pub addr: SocketAddr,
+    /// The metrics listener (`/metrics`, `/readyz`).
+    pub metrics: SocketAddr,
     pub store: AnyStore,
     pub _redis: Option<RedisServer>,
 }
@@ -31,8 +33,24 @@ pub struct Env {
 /// its decision records if the configuration asks for them; its first upstream gets the API key
 /// `upstream_key`. It serves until the test ends.
 pub async fn spawn_gateway(text: &str, upstream_key: &str) -> (SocketAddr, AnyStore) {
+    let (addr, store, _) = spawn_gateway_with_metrics(text, upstream_key).await;
+    (addr, store)
+}
+
+/// [`spawn_gateway`], with the address of its metrics listener (one on a free port unless the
+/// configuration names one).
+pub async fn spawn_gateway_with_metrics(
+    text: &str,
+    upstream_key: &str,
+) -> (SocketAddr, AnyStore, SocketAddr) {
     let mut config = GatewayConfig::from_toml(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     config.upstreams[0].api_key = Some(upstream_key.into());
+    let metrics = *config.metrics.listen.get_or_insert_with(|| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    });
     let store = tollgate_gateway::start_store(&config).await.unwrap();
     let records = config.records.clone();
     let mut gw = Gateway::new(config, store.clone());
@@ -46,7 +64,14 @@ pub async fn spawn_gateway(text: &str, upstream_key: &str) -> (SocketAddr, AnySt
         listener,
         std::future::pending(),
     ));
-    (addr, store)
+    // The metrics listener is bound as the gateway starts.
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(metrics).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (addr, store, metrics)
 }
 
 impl Env {
@@ -57,10 +82,11 @@ impl Env {
         sim: Sim,
         redis: Option<RedisServer>,
     ) -> Self {
-        let (addr, store) = spawn_gateway(text, upstream_key).await;
+        let (addr, store, metrics) = spawn_gateway_with_metrics(text, upstream_key).await;
         Self {
             sim,
             addr,
+            metrics,
             store,
             _redis: redis,
         }
