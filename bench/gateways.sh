@@ -47,6 +47,7 @@ $4
 [server]
 listen = "127.0.0.1:$2"
 max_connections = 4096
+max_connections_per_ip = 4096
 [[upstreams]]
 name = "sim"
 base_url = "http://127.0.0.1:$3"

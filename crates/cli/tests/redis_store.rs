@@ -263,7 +263,9 @@ fn overshoot_proof_on(target: Target<'_>, money: bool) {
         // never admits a request in parts.
         let global = sampler_store.shard_prefix("all|global").to_owned();
         let apart = (0..4)
-            .filter(|u| sampler_store.shard_prefix(&format!("user|tenant:acme/user:u{u}")) != global)
+            .filter(|u| {
+                sampler_store.shard_prefix(&format!("user|tenant:acme/user:u{u}")) != global
+            })
             .count();
         assert!(
             apart >= 2,

@@ -6,7 +6,8 @@
 //! holds a rate window and a budget cell (one per rule with a budget), and the finished request
 //! id is remembered for idempotency until the retention time. Reported: RSS growth divided by N,
 //! for the scope state alone and with the remembered ids: ids like the gateway's own (up to 23
-//! bytes, kept inline) and 36-byte ids (a client's UUID, kept in a shared allocation).
+//! bytes, kept inline) and 36-byte ids (a client's UUID, kept in a shared allocation); and the
+//! scope state of users whose ids are 256 bytes long, the longest the gateway accepts.
 
 #![allow(
     clippy::unwrap_used,
@@ -33,24 +34,32 @@ fn main() {
     // Each configuration runs in a fresh process: freed memory is not returned to the OS, so a
     // second run in the same process would measure reuse, not growth.
     let configs = [
-        ("scope state, finished ids forgotten", 0u64, false),
+        ("scope state, finished ids forgotten", 0u64, false, 17),
         (
             "scope state + finished ids remembered 1h (gateway ids, 19-21 bytes)",
             3_600_000,
             false,
+            17,
         ),
         (
             "scope state + finished ids remembered 1h (36-byte ids)",
             3_600_000,
             true,
+            17,
+        ),
+        (
+            "scope state, finished ids forgotten, 256-byte user ids (the longest accepted)",
+            0u64,
+            false,
+            256,
         ),
     ];
     if let Some(i) = std::env::var("FOOTPRINT_CONFIG")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        let (label, retention, long_ids) = configs[i];
-        measure(label, retention, long_ids);
+        let (label, retention, long_ids, user_len) = configs[i];
+        measure(label, retention, long_ids, user_len);
         return;
     }
     let exe = std::env::current_exe().unwrap();
@@ -63,7 +72,7 @@ fn main() {
     }
 }
 
-fn measure(label: &str, retention: u64, long_ids: bool) {
+fn measure(label: &str, retention: u64, long_ids: bool, user_len: usize) {
     const N: u64 = 200_000;
     let policy = Policy::from_toml(
         r#"
@@ -86,7 +95,11 @@ fn measure(label: &str, retention: u64, long_ids: bool) {
                 } else {
                     format!("tg-0123456789ab-{i:x}")
                 },
-                identity: Identity::default().with(Dimension::User, format!("user-{i:012}")),
+                // A user scope is inside its tenant, as the gateway's always are.
+                identity: Identity::default().with(Dimension::Tenant, "acme").with(
+                    Dimension::User,
+                    format!("user-{i:012}{}", "u".repeat(user_len - 17)),
+                ),
                 input_tokens: 10,
                 max_output_tokens: Some(10),
                 cache_write_tokens: 0,

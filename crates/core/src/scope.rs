@@ -120,7 +120,11 @@ impl IpPrefix {
                 let len = self.v4.min(32);
                 let bits = u32::from(a) & u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
                 let net = std::net::Ipv4Addr::from(bits);
-                if len == 32 { net.to_string() } else { format!("{net}/{len}") }
+                if len == 32 {
+                    net.to_string()
+                } else {
+                    format!("{net}/{len}")
+                }
             }
             IpAddr::V6(a) => {
                 // An IPv4 client seen through a dual-stack socket is an IPv4 client.
@@ -128,10 +132,13 @@ impl IpPrefix {
                     return self.network(IpAddr::V4(v4));
                 }
                 let len = self.v6.min(128);
-                let bits =
-                    u128::from(a) & u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+                let bits = u128::from(a) & u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
                 let net = std::net::Ipv6Addr::from(bits);
-                if len == 128 { net.to_string() } else { format!("{net}/{len}") }
+                if len == 128 {
+                    net.to_string()
+                } else {
+                    format!("{net}/{len}")
+                }
             }
         }
     }
@@ -250,12 +257,13 @@ impl fmt::Display for ScopeKey {
 /// Percent-escapes the characters that structure a scope key or a Redis key, control
 /// characters and `?`: injective, so two different values never share a scope.
 fn escape_into(value: &str, out: &mut String) {
-    let escaped = |c: char| {
-        c.is_control() || matches!(c, '%' | '/' | ':' | '|' | '{' | '}' | '?')
-    };
+    let escaped = |c: char| c.is_control() || matches!(c, '%' | '/' | ':' | '|' | '{' | '}' | '?');
     // Most values are plain ASCII with nothing to escape: copied whole (char by char, a
     // five-scope plan spent a quarter of its instructions here).
-    if value.bytes().all(|b| b.is_ascii() && !escaped(char::from(b))) {
+    if value
+        .bytes()
+        .all(|b| b.is_ascii() && !escaped(char::from(b)))
+    {
         out.push_str(value);
         return;
     }

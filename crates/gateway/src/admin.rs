@@ -31,7 +31,10 @@ pub(crate) fn token_matches(given: &str, token: &str) -> bool {
     use sha2::Digest;
     let a = sha2::Sha256::digest(given.as_bytes());
     let b = sha2::Sha256::digest(token.as_bytes());
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 /// The admin routes; `token` is required as `Authorization: Bearer` (`/metrics` too: Prometheus

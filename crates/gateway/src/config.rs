@@ -700,7 +700,12 @@ impl GatewayConfig {
             refresh,
         };
         let max_connections_per_ip = match s.max_connections_per_ip.unwrap_or(64) {
-            0 => return Err(err("server.max_connections_per_ip", "must be greater than 0")),
+            0 => {
+                return Err(err(
+                    "server.max_connections_per_ip",
+                    "must be greater than 0",
+                ));
+            }
             n => usize::try_from(n).unwrap_or(usize::MAX),
         };
         let http2_max_streams = match (s.http2, s.http2_max_streams) {

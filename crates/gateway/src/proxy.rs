@@ -914,7 +914,11 @@ fn count_limit(policy: &tollgate_core::Policy, key: &KeyConfig, ip: &str) -> Opt
 
 /// The end user a request names (`user` in the body, else `x-tollgate-user`) when its key
 /// allows that, else the key's own; at most [`MAX_USER_BYTES`], wherever it is given.
-fn end_user(key: &KeyConfig, json: &Value, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+fn end_user(
+    key: &KeyConfig,
+    json: &Value,
+    headers: &HeaderMap,
+) -> Result<Option<String>, ApiError> {
     let body = match json.get("user") {
         None | Some(Value::Null) => None,
         Some(Value::String(u)) => Some(u.as_str()),
@@ -942,7 +946,9 @@ fn end_user(key: &KeyConfig, json: &Value, headers: &HeaderMap) -> Result<Option
         }
     }
     Ok(if key.allow_user {
-        body.or(header).map(str::to_owned).or_else(|| key.user.clone())
+        body.or(header)
+            .map(str::to_owned)
+            .or_else(|| key.user.clone())
     } else {
         key.user.clone()
     })

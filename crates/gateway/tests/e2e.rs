@@ -691,7 +691,13 @@ name = "metrics-everyone"
 key = "global"
 budget = { tokens = 100000, period = "day" }
 "#;
-    let env = env(false, policy, "[metrics]\nrefresh = \"1s\"\n", SimConfig::default()).await;
+    let env = env(
+        false,
+        policy,
+        "[metrics]\nrefresh = \"1s\"\n",
+        SimConfig::default(),
+    )
+    .await;
     for _ in 0..3 {
         send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
     }

@@ -63,7 +63,9 @@ async fn apart(cluster: &RedisCluster, name: &str, user_first: bool) -> (RedisSt
         let tenant = s.shard_prefix("tenant|tenant:acme").to_owned();
         let node = |p: &str| node_of(cluster, &format!("{p}:x"));
         let found = (0..64).map(|i| format!("u{i}")).find(|u| {
-            let mine = s.shard_prefix(&format!("user|tenant:acme/user:{u}")).to_owned();
+            let mine = s
+                .shard_prefix(&format!("user|tenant:acme/user:{u}"))
+                .to_owned();
             // Shard prefixes end in one digit, so they sort as their shards do.
             (mine < tenant) == user_first && node(&mine) != node(&tenant)
         });
@@ -178,7 +180,10 @@ async fn the_reported_refusal_is_the_single_shard_one() {
         let d = d.deny().cloned().expect("refused");
         assert_eq!(
             (d.reason, d.scope.key()),
-            (Reason::ConcurrencyLimit, format!("tenant:acme/user:{u}").as_str()),
+            (
+                Reason::ConcurrencyLimit,
+                format!("tenant:acme/user:{u}").as_str()
+            ),
             "user_first={user_first}"
         );
         assert_eq!(usage(&s, "tenant|tenant:acme").await, (0, 100, 0));
@@ -199,7 +204,10 @@ async fn the_reported_refusal_is_the_single_shard_one() {
             .collect();
         assert_eq!(
             rate,
-            [(format!("tenant:acme/user:{u}"), 96), ("tenant:acme".to_owned(), 96)],
+            [
+                (format!("tenant:acme/user:{u}"), 96),
+                ("tenant:acme".to_owned(), 96)
+            ],
             "quotas in the plan's order, four attempts counted in each"
         );
     }

@@ -229,7 +229,10 @@ pub async fn settle_replaces_the_reservation<H: Harness>(h: &H) {
     let p = policy(BUDGET_300);
     let (s, _) = setup(h).await;
     assert_eq!(reason(&s, &p, facts("a", "u", 50, 150)).await, None);
-    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", DAY).await, (0, 200));
+    assert_eq!(
+        budget_of(&s, "user|tenant:acme/user:u", DAY).await,
+        (0, 200)
+    );
     assert_eq!(
         reason(&s, &p, facts("b", "u", 50, 100)).await,
         Some(Reason::BudgetLimit)
@@ -279,7 +282,10 @@ pub async fn release_charges_partial_or_policy_usage<H: Harness>(h: &H) {
     // No usage known: the default policy charges the full reservation.
     let r = s.release("b", None).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r, Finish::Done { charged: vec![100] });
-    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", DAY).await, (117, 0));
+    assert_eq!(
+        budget_of(&s, "user|tenant:acme/user:u", DAY).await,
+        (117, 0)
+    );
     assert_eq!(leases_of(&s, "user|tenant:acme/user:u").await, 0);
 }
 
@@ -315,7 +321,10 @@ pub async fn leases_expire_and_renew<H: Harness>(h: &H) {
         settle(&s, "a", usage(10, 1)).await,
         Finish::AlreadyEnded(Ending::Expired)
     );
-    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", DAY).await, (20, 20));
+    assert_eq!(
+        budget_of(&s, "user|tenant:acme/user:u", DAY).await,
+        (20, 20)
+    );
 }
 
 /// Expired leases free their slots, and an expired request cannot be renewed back to life, even
@@ -409,7 +418,10 @@ pub async fn period_rollover<H: Harness>(h: &H) {
         Finish::Done { charged: vec![60] }
     );
     // The new hour holds only c's reservation.
-    assert_eq!(budget_of(&s, "user|tenant:acme/user:u", hour).await, (0, 90));
+    assert_eq!(
+        budget_of(&s, "user|tenant:acme/user:u", hour).await,
+        (0, 90)
+    );
 }
 
 /// A clock that goes backwards neither reopens windows nor refunds budgets.

@@ -157,6 +157,8 @@ fn stale_scopes_are_dropped_a_little_per_call() {
     }
     let fp = store.footprint().unwrap();
     assert_eq!((fp.rate_scopes, fp.lease_scopes, fp.in_flight), (0, 1, 1));
-    let keeper = store.usage_sync("user|tenant:acme/user:keeper", None).unwrap();
+    let keeper = store
+        .usage_sync("user|tenant:acme/user:keeper", None)
+        .unwrap();
     assert_eq!(keeper.leases, 1);
 }
