@@ -160,6 +160,12 @@ pub fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
     (era * 146_097 + doe).saturating_sub(719_468)
 }
 
+/// The most tokens of one kind one request is charged: no provider bills a billion tokens for
+/// one call, and below it every cost the ledger computes (a price of at most
+/// [`crate::policy::MAX_LIMIT`] micro-units per million tokens) stays under 2^53, exact in the
+/// Redis script's doubles.
+pub const MAX_USAGE_TOKENS: u64 = 1_000_000_000;
+
 /// Tokens used by a request, as reported at completion.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
@@ -186,6 +192,29 @@ impl Usage {
     /// Input + output.
     pub fn total(&self) -> u64 {
         self.input_tokens.saturating_add(self.output_tokens)
+    }
+
+    /// Every number at most [`MAX_USAGE_TOKENS`]: usage comes from the upstream, and no number
+    /// it reports may reach the books unbounded (the Redis script computes in doubles, exact
+    /// only below 2^53, and formats a number past 2^63 as a negative one). Cached input stays
+    /// within input, and cache writes within the input not read from a cache.
+    #[must_use]
+    pub fn bounded(self) -> Self {
+        let max = MAX_USAGE_TOKENS;
+        let input_tokens = self.input_tokens.min(max);
+        let cached_input_tokens = self.cached_input_tokens.min(input_tokens);
+        let uncached = input_tokens - cached_input_tokens;
+        let cache_write_tokens = self.cache_write_tokens.min(uncached);
+        let cache_write_1h_tokens = self
+            .cache_write_1h_tokens
+            .min(uncached - cache_write_tokens);
+        Self {
+            input_tokens,
+            cached_input_tokens,
+            output_tokens: self.output_tokens.min(max),
+            cache_write_tokens,
+            cache_write_1h_tokens,
+        }
     }
 }
 

@@ -446,7 +446,13 @@ impl<C: Clock> MemoryStore<C> {
         how: Ending,
     ) -> Result<Finish, StoreError> {
         let (mut st, now) = self.lock()?;
-        Ok(st.finish(request_id, usage, how, now, self.retention_ms))
+        Ok(st.finish(
+            request_id,
+            usage.map(Usage::bounded),
+            how,
+            now,
+            self.retention_ms,
+        ))
     }
 
     /// [`Store::release`], synchronously.

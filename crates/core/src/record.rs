@@ -51,6 +51,18 @@ pub struct DecisionRecord {
     /// Admitted without the store (fail open).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub fail_open: bool,
+    /// The upstream reported more tokens than were reserved (charged all the same, each number
+    /// bounded by [`crate::ledger::MAX_USAGE_TOKENS`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub over_reservation: bool,
+    /// A usage number the upstream reported was not a count (negative, fractional, a string):
+    /// the reservation was charged instead.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub usage_invalid: bool,
+    /// Store calls it took to end the request, when more than one (a failed settlement or
+    /// release is retried until it lands or the ticket expires).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_attempts: Option<u32>,
 }
 
 impl DecisionRecord {
@@ -85,6 +97,9 @@ impl DecisionRecord {
             upstream_ms: None,
             ending: None,
             fail_open: matches!(decision, Decision::Admit(a) if a.fail_open),
+            over_reservation: false,
+            usage_invalid: false,
+            end_attempts: None,
         }
     }
 

@@ -143,7 +143,7 @@ async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Respons
             if let Some(b) = rule.budget {
                 let (_, _, end) = b.period.at(SystemClock.now());
                 body["budget"] = json!({"limit": b.limit.get(), "unit": b.unit.as_str(),
-                    "remaining": b.limit.get().saturating_sub(u.settled + u.reserved),
+                    "remaining": b.limit.get().saturating_sub(u.settled.saturating_add(u.reserved)),
                     "resets_in_ms": end.saturating_sub(SystemClock.now())});
             }
             if let Some(c) = rule.concurrency {

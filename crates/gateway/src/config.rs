@@ -188,6 +188,13 @@ pub struct RawServer {
     pub body_timeout: Option<String>,
     /// Time allowed for the upstream's response headers (default 120 s).
     pub upstream_timeout: Option<String>,
+    /// Longest wait for the next event of an upstream stream; comments such as `: keep-alive`
+    /// do not count as events (default 60 s).
+    pub stream_idle_timeout: Option<String>,
+    /// Longest an upstream stream may last (default 30 min).
+    pub stream_max_duration: Option<String>,
+    /// Largest event of an upstream stream, in bytes (default 8 MiB, at least 1 KiB).
+    pub max_event_bytes: Option<u64>,
     /// On SIGTERM or SIGINT, how long requests under way may take to finish before they are
     /// cut off and released (default 25 s: inside the 30 s a Kubernetes pod is given).
     pub drain_timeout: Option<String>,
@@ -298,6 +305,8 @@ pub struct GatewayConfig {
     pub body_timeout: Duration,
     /// Upstream response-header timeout.
     pub upstream_timeout: Duration,
+    /// Bounds of upstream streams.
+    pub stream: StreamBounds,
     /// How long requests under way may take to finish at shutdown.
     pub drain_timeout: Duration,
     /// Connection limit.
@@ -330,6 +339,18 @@ pub struct GatewayConfig {
     pub context_ttl: Duration,
     /// Tools the upstream runs: the input admitted per call, and the most calls.
     pub upstream_tools: crate::upstream_tools::UpstreamTools,
+}
+
+/// How long and how large an upstream stream may be; past a bound, the client gets an error
+/// event, the usage metered so far is charged, and the lease is released.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamBounds {
+    /// Longest wait for the next event.
+    pub idle: Duration,
+    /// Longest stream.
+    pub max_duration: Duration,
+    /// Largest event.
+    pub max_event_bytes: usize,
 }
 
 /// Where counters live.
@@ -721,7 +742,25 @@ impl GatewayConfig {
                 _ => return Err(err("server.http2_max_streams", "must be from 1 to 1024")),
             },
         };
+        let max_event_bytes = s.max_event_bytes.unwrap_or(8 << 20);
+        if max_event_bytes < 1024 {
+            return Err(err("server.max_event_bytes", "must be at least 1024"));
+        }
+        let stream = StreamBounds {
+            idle: duration(
+                &s.stream_idle_timeout,
+                Duration::from_secs(60),
+                "server.stream_idle_timeout",
+            )?,
+            max_duration: duration(
+                &s.stream_max_duration,
+                Duration::from_secs(1800),
+                "server.stream_max_duration",
+            )?,
+            max_event_bytes: usize::try_from(max_event_bytes).unwrap_or(usize::MAX),
+        };
         Ok(Self {
+            stream,
             idle_timeout: duration(
                 &s.idle_timeout,
                 Duration::from_secs(30),

@@ -33,6 +33,7 @@ pub mod admission;
 pub mod config;
 pub mod conn;
 pub mod contexts;
+mod meter;
 pub mod proxy;
 pub mod records;
 pub mod respond;

@@ -165,7 +165,7 @@ impl Gateway {
     /// carries as input: the response's input and output. In the Redis store, for every
     /// instance, for `ttl`; a failure to write it only makes a follow-up count as unknown
     /// context.
-    async fn remember_context(
+    pub(crate) async fn remember_context(
         &self,
         response: Option<&str>,
         conversation: Option<&str>,
@@ -546,7 +546,11 @@ async fn admit_and_forward(
     } else {
         Ticket::new(gw.store.clone(), id.to_owned())
     };
-    ticket.track(p.estimate_tokens(), p.price);
+    ticket.track(
+        p.estimate_tokens(),
+        p.price,
+        Duration::from_millis(p.ttl_ms),
+    );
     if let Some(sink) = &gw.records {
         let mut r = DecisionRecord::new(now_ms, &p, &Decision::Admit(admitted.clone()));
         r.decision_us = Some(decision_us);
@@ -721,71 +725,21 @@ async fn admit_and_forward(
             conversation_id(&json).map(str::to_owned),
             keep_context,
         );
-        let body = up.into_body();
-        let stream = futures_util::stream::unfold(
-            Some((body, meter, ticket, remember)),
-            move |state| async move {
-                let (mut body, mut meter, mut ticket, remember) = state?;
-                loop {
-                    match body.frame().await {
-                        Some(Ok(frame)) => {
-                            let Ok(data) = frame.into_data() else {
-                                continue;
-                            };
-                            let out = meter.feed(&data);
-                            let (i, c, o) = meter.usage_so_far(input);
-                            ticket.partial = Some(Usage {
-                                input_tokens: i,
-                                cached_input_tokens: c,
-                                output_tokens: o,
-                                cache_write_tokens: meter.cache_writes.0,
-                                cache_write_1h_tokens: meter.cache_writes.1,
-                            });
-                            if out.is_empty() {
-                                continue;
-                            }
-                            return Some((
-                                Ok::<Bytes, std::io::Error>(out),
-                                Some((body, meter, ticket, remember)),
-                            ));
-                        }
-                        Some(Err(e)) => {
-                            // The upstream broke off: charge what was streamed.
-                            let partial = ticket.partial;
-                            let _ = ticket.release(partial).await;
-                            return Some((Err(std::io::Error::other(e)), None));
-                        }
-                        None => {
-                            let rest = meter.finish();
-                            let (p, c, o) =
-                                meter.usage.unwrap_or_else(|| meter.usage_so_far(input));
-                            let usage = Usage {
-                                input_tokens: p,
-                                cached_input_tokens: c,
-                                output_tokens: o,
-                                cache_write_tokens: meter.cache_writes.0,
-                                cache_write_1h_tokens: meter.cache_writes.1,
-                            };
-                            let (gw, conversation, keep) = remember;
-                            if let Some(ttl) = keep {
-                                gw.remember_context(
-                                    meter.response_id.as_deref(),
-                                    conversation.as_deref(),
-                                    usage,
-                                    ttl,
-                                )
-                                .await;
-                            }
-                            let _ = ticket.settle(usage).await;
-                            if rest.is_empty() {
-                                return None;
-                            }
-                            return Some((Ok(rest), None));
-                        }
-                    }
-                }
-            },
-        );
+        let now = tokio::time::Instant::now();
+        let metered = crate::meter::MeteredStream {
+            body: up.into_body(),
+            meter,
+            ticket,
+            remember,
+            format,
+            input,
+            granted: admitted.max_output_tokens,
+            bounds: cfg.stream,
+            started: now,
+            last_event: now,
+        };
+        let stream =
+            futures_util::stream::unfold(Some(metered), |s| async move { s?.next().await });
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(with_headers(status, headers, Body::from_stream(stream)));
@@ -818,25 +772,31 @@ async fn admit_and_forward(
         ..Usage::default()
     };
     // What the upstream reported, with Anthropic's prompt-cache writes.
+    let mut bad = false;
     let reported = match format {
-        Format::AnthropicMessages => crate::sse::anthropic_usage(u).map(|(i, c)| {
-            let (w5, w1h) = crate::sse::anthropic_cache_writes(u);
+        Format::AnthropicMessages => crate::sse::anthropic_usage(u, &mut bad).map(|(i, c)| {
+            let (w5, w1h) = crate::sse::anthropic_cache_writes(u, &mut bad);
+            let out = crate::sse::usage_number(&u["output_tokens"], &mut bad).unwrap_or(0);
             Usage {
                 cache_write_tokens: w5,
                 cache_write_1h_tokens: w1h,
-                ..plain((i, c, u["output_tokens"].as_u64().unwrap_or(0)))
+                ..plain((i, c, out))
             }
         }),
-        Format::Responses => crate::sse::responses_usage(u).map(plain),
-        _ => u.is_object().then(|| {
-            plain((
-                u["prompt_tokens"].as_u64().unwrap_or(input),
-                u["prompt_tokens_details"]["cached_tokens"]
-                    .as_u64()
-                    .unwrap_or(0),
-                u["completion_tokens"].as_u64().unwrap_or(0),
-            ))
-        }),
+        Format::Responses => crate::sse::responses_usage(u, &mut bad).map(plain),
+        _ => crate::sse::chat_usage(u, input, &mut bad).map(plain),
+    };
+    let reported = if bad {
+        // Numbers that are not counts: the gateway cannot know what was used, so it charges
+        // what it reserved.
+        ticket.usage_invalid();
+        Some(Usage {
+            input_tokens: input,
+            output_tokens: admitted.max_output_tokens,
+            ..Usage::default()
+        })
+    } else {
+        reported
     };
     let usage = match reported {
         Some(usage) => usage,
@@ -1084,6 +1044,11 @@ async fn timed_admit(gw: &Gateway, p: &tollgate_core::Plan) -> Result<Decision, 
     let t = Instant::now();
     let r = gw.store.admit(p).await;
     crate::telemetry::store_call("admit", t.elapsed().as_secs_f64(), r.is_ok());
+    if matches!(r, Err(StoreError::Unavailable(_))) {
+        // The store may have applied an admission whose answer never came: its leases and
+        // reservation are given back by id rather than held until they expire.
+        crate::store::release_unanswered(&gw.store, &p.request_id, UNANSWERED_RELEASE_WINDOW);
+    }
     let d = match r {
         Ok(d) => d,
         Err(StoreError::Unavailable(_)) if p.token_verdict.is_some() => {
@@ -1108,6 +1073,10 @@ async fn timed_admit(gw: &Gateway, p: &tollgate_core::Plan) -> Result<Decision, 
     }
     Ok(d)
 }
+
+/// How long the release of an unanswered admission is retried: an admission still in flight in
+/// the store when the call timed out has been applied (or dropped) well within it.
+const UNANSWERED_RELEASE_WINDOW: Duration = Duration::from_secs(30);
 
 fn unreachable_admit() -> ApiError {
     ApiError::new(

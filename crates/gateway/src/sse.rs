@@ -7,6 +7,7 @@
 
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
+use tollgate_core::ledger::MAX_USAGE_TOKENS;
 use tollgate_tokens::TokenCounter;
 
 /// What a stream reported or produced so far.
@@ -33,6 +34,13 @@ pub struct SseMeter {
     /// Anthropic: the prompt-cache writes of `message_start`, for five minutes and for one hour
     /// (see [`anthropic_cache_writes`]).
     pub cache_writes: (u64, u64),
+    /// Whether a usage number the stream reported was not a count (see [`usage_number`]).
+    pub bad_usage: bool,
+    /// Events with data seen so far (comments such as `: keep-alive` are not events).
+    pub events: u64,
+    /// How much of `buf` has been searched for an event's end already: each byte is scanned
+    /// once, however the stream is split.
+    scanned: usize,
 }
 
 /// The output of Anthropic's content blocks as text to count when no usage came: text,
@@ -49,45 +57,78 @@ pub fn anthropic_output_text(content: &Value) -> String {
     out
 }
 
+/// One usage number as an upstream reported it, which is outside input: `None` when absent
+/// (or null); a non-negative integer, written as an integer or a float, at most
+/// [`MAX_USAGE_TOKENS`] (larger ones, up to 2^64 − 1 or 1e30, are clamped to it and charged);
+/// anything else (negative, fractional, a string, an object) sets `bad` and counts as absent,
+/// and the caller charges the reservation instead of guessing.
+pub fn usage_number(v: &Value, bad: &mut bool) -> Option<u64> {
+    match v {
+        Value::Null => None,
+        Value::Number(n) => match (n.as_u64(), n.as_f64()) {
+            (Some(u), _) => Some(u.min(MAX_USAGE_TOKENS)),
+            (None, Some(f)) if f >= 0.0 && f.fract() == 0.0 => {
+                // At or above 2^64 (or a float of an integer): the bound, or the integer.
+                Some(if f >= MAX_USAGE_TOKENS as f64 {
+                    MAX_USAGE_TOKENS
+                } else {
+                    f as u64
+                })
+            }
+            _ => {
+                *bad = true;
+                None
+            }
+        },
+        _ => {
+            *bad = true;
+            None
+        }
+    }
+}
+
 /// Anthropic's usage object as (input, cached input): its `input_tokens` leaves out the tokens
 /// read from and written to the prompt cache, which are input all the same. `None` without
 /// `input_tokens`.
-pub fn anthropic_usage(u: &Value) -> Option<(u64, u64)> {
-    let plain = u["input_tokens"].as_u64()?;
-    let read = u["cache_read_input_tokens"].as_u64().unwrap_or(0);
-    let written = u["cache_creation_input_tokens"].as_u64().unwrap_or(0);
-    // Saturating: the numbers are the upstream's, whatever they are.
-    Some((plain.saturating_add(read).saturating_add(written), read))
+pub fn anthropic_usage(u: &Value, bad: &mut bool) -> Option<(u64, u64)> {
+    let plain = usage_number(&u["input_tokens"], bad);
+    let read = usage_number(&u["cache_read_input_tokens"], bad).unwrap_or(0);
+    let written = usage_number(&u["cache_creation_input_tokens"], bad).unwrap_or(0);
+    Some((plain?.saturating_add(read).saturating_add(written), read))
 }
 
 /// Anthropic's prompt-cache writes as (five-minute, one-hour) tokens, billed at 1.25 and 2 times
 /// the input price: `cache_creation_input_tokens`, split by its `cache_creation` breakdown where
 /// there is one (what the breakdown does not place counts as five-minute, the cheaper).
-pub fn anthropic_cache_writes(u: &Value) -> (u64, u64) {
+pub fn anthropic_cache_writes(u: &Value, bad: &mut bool) -> (u64, u64) {
     let split = &u["cache_creation"];
-    let hour = split["ephemeral_1h_input_tokens"].as_u64().unwrap_or(0);
-    let total = u["cache_creation_input_tokens"]
-        .as_u64()
-        .unwrap_or_else(|| {
-            split["ephemeral_5m_input_tokens"]
-                .as_u64()
-                .unwrap_or(0)
-                .saturating_add(hour)
-        });
+    let hour = usage_number(&split["ephemeral_1h_input_tokens"], bad).unwrap_or(0);
+    let five = usage_number(&split["ephemeral_5m_input_tokens"], bad).unwrap_or(0);
+    let total = usage_number(&u["cache_creation_input_tokens"], bad)
+        .unwrap_or_else(|| five.saturating_add(hour));
     let hour = hour.min(total);
     (total - hour, hour)
 }
 
 /// The Responses API's usage object as (input, cached input, output); `None` without
 /// `input_tokens`.
-pub fn responses_usage(u: &Value) -> Option<(u64, u64, u64)> {
-    Some((
-        u["input_tokens"].as_u64()?,
-        u["input_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap_or(0),
-        u["output_tokens"].as_u64().unwrap_or(0),
-    ))
+pub fn responses_usage(u: &Value, bad: &mut bool) -> Option<(u64, u64, u64)> {
+    let input = usage_number(&u["input_tokens"], bad);
+    let cached = usage_number(&u["input_tokens_details"]["cached_tokens"], bad).unwrap_or(0);
+    let output = usage_number(&u["output_tokens"], bad).unwrap_or(0);
+    Some((input?, cached, output))
+}
+
+/// OpenAI's chat and completions usage object as (prompt, cached, completion); `None` when
+/// there is no usage object. A missing prompt count is `estimate`.
+pub fn chat_usage(u: &Value, estimate: u64, bad: &mut bool) -> Option<(u64, u64, u64)> {
+    if !u.is_object() {
+        return None;
+    }
+    let prompt = usage_number(&u["prompt_tokens"], bad).unwrap_or(estimate);
+    let cached = usage_number(&u["prompt_tokens_details"]["cached_tokens"], bad).unwrap_or(0);
+    let completion = usage_number(&u["completion_tokens"], bad).unwrap_or(0);
+    Some((prompt, cached, completion))
 }
 
 /// The output of a Responses API response as text to count when no usage came: message text
@@ -127,6 +168,9 @@ impl SseMeter {
             response_id: None,
             anthropic_input: None,
             cache_writes: (0, 0),
+            bad_usage: false,
+            events: 0,
+            scanned: 0,
         }
     }
 
@@ -150,13 +194,21 @@ impl SseMeter {
     pub fn feed(&mut self, chunk: &[u8]) -> Bytes {
         self.buf.extend_from_slice(chunk);
         let mut out = BytesMut::new();
-        while let Some(end) = find_event_end(&self.buf) {
+        while let Some(end) = find_event_end(&self.buf, self.scanned) {
             let event = self.buf.split_to(end);
+            self.scanned = 0;
             if self.inspect(&event) {
                 out.extend_from_slice(&event);
             }
         }
+        // An event's end (at most four bytes) may straddle the next chunk.
+        self.scanned = self.buf.len().saturating_sub(3);
         out.freeze()
+    }
+
+    /// Bytes of an event not yet ended.
+    pub fn pending(&self) -> usize {
+        self.buf.len()
     }
 
     /// What is left at the end of the stream (an unterminated event), sent as is.
@@ -174,6 +226,7 @@ impl SseMeter {
             let Some(data) = line.strip_prefix("data:").map(str::trim) else {
                 continue;
             };
+            self.events += 1;
             if data == "[DONE]" {
                 self.done = true;
                 continue;
@@ -190,13 +243,9 @@ impl SseMeter {
                 continue;
             }
             if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-                self.usage = Some((
-                    u["prompt_tokens"].as_u64().unwrap_or(0),
-                    u["prompt_tokens_details"]["cached_tokens"]
-                        .as_u64()
-                        .unwrap_or(0),
-                    u["completion_tokens"].as_u64().unwrap_or(0),
-                ));
+                if let Some(usage) = chat_usage(u, 0, &mut self.bad_usage) {
+                    self.usage = Some(usage);
+                }
                 if self.strip_usage && v["choices"].as_array().is_none_or(|c| c.is_empty()) {
                     forward = false;
                 }
@@ -230,7 +279,7 @@ impl SseMeter {
             }
             // The last event of a response, whatever its end, carries its usage.
             "response.completed" | "response.incomplete" | "response.failed" => {
-                if let Some(u) = responses_usage(&v["response"]["usage"]) {
+                if let Some(u) = responses_usage(&v["response"]["usage"], &mut self.bad_usage) {
                     self.usage = Some(u);
                 }
                 self.done = true;
@@ -249,8 +298,9 @@ impl SseMeter {
     fn inspect_anthropic(&mut self, v: &Value) {
         match v["type"].as_str() {
             Some("message_start") => {
-                self.anthropic_input = anthropic_usage(&v["message"]["usage"]);
-                self.cache_writes = anthropic_cache_writes(&v["message"]["usage"]);
+                let u = &v["message"]["usage"];
+                self.anthropic_input = anthropic_usage(u, &mut self.bad_usage);
+                self.cache_writes = anthropic_cache_writes(u, &mut self.bad_usage);
             }
             Some("content_block_delta") => {
                 let d = &v["delta"];
@@ -264,10 +314,18 @@ impl SseMeter {
                 }
             }
             Some("message_delta") => {
-                // Cumulative: the last one is the whole output.
-                if let (Some((input, cached)), Some(out)) =
-                    (self.anthropic_input, v["usage"]["output_tokens"].as_u64())
-                {
+                // Cumulative: the last one is the whole output and, where it carries them, the
+                // whole input and cache counts, which are what Anthropic bills (the input that
+                // server tools such as web search fetched included).
+                let u = &v["usage"];
+                if u["input_tokens"].is_number() {
+                    self.anthropic_input = anthropic_usage(u, &mut self.bad_usage);
+                }
+                if !u["cache_creation_input_tokens"].is_null() || !u["cache_creation"].is_null() {
+                    self.cache_writes = anthropic_cache_writes(u, &mut self.bad_usage);
+                }
+                let out = usage_number(&u["output_tokens"], &mut self.bad_usage);
+                if let (Some((input, cached)), Some(out)) = (self.anthropic_input, out) {
                     self.usage = Some((input, cached, out));
                 }
             }
@@ -330,9 +388,17 @@ pub fn fuzz_check(data: &[u8]) {
     }
 }
 
-fn find_event_end(buf: &[u8]) -> Option<usize> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
+/// Where the first event of `buf` ends, searching from `from` (what lies before it holds no end).
+fn find_event_end(buf: &[u8], from: usize) -> Option<usize> {
+    let rest = buf.get(from..)?;
+    let lf = rest
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .map(|p| from + p + 2);
+    let crlf = rest
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| from + p + 4);
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -408,7 +474,7 @@ mod tests {
     #[test]
     fn cache_writes_follow_anthropics_breakdown() {
         use serde_json::json;
-        let w = |u: Value| anthropic_cache_writes(&u);
+        let w = |u: Value| anthropic_cache_writes(&u, &mut false);
         assert_eq!(w(json!({"input_tokens": 5})), (0, 0));
         assert_eq!(w(json!({"cache_creation_input_tokens": 70})), (70, 0));
         assert_eq!(

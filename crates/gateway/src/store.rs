@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tollgate_core::pipeline::Plan;
 use tollgate_core::record::DecisionRecord;
@@ -67,7 +68,10 @@ impl Store for AnyStore {
 /// An admitted request's hold on the store. It must end in [`Ticket::settle`] or
 /// [`Ticket::release`]; dropped without either (a client gone, a task cancelled), it releases
 /// itself in the background with the usage known so far, or, when none is known, with what the
-/// policy charges for an abandoned request. Long requests renew it.
+/// policy charges for an abandoned request. Long requests renew it. An ending that the store
+/// does not take (unreachable, timed out) is retried in the background until it lands or the
+/// ticket's lifetime has passed (then the store expires it): settlements and releases are
+/// idempotent by request id, so a retry of one that did land changes nothing.
 #[must_use = "an admitted request holds leases and a reservation"]
 #[derive(Debug)]
 pub struct Ticket {
@@ -80,6 +84,10 @@ pub struct Ticket {
     record: Option<Box<Recording>>,
     in_flight: Option<crate::telemetry::InFlightGuard>,
     price: Option<tollgate_core::policy::Price>,
+    /// Input + granted output: a settlement above it is flagged.
+    estimate: u64,
+    /// How long the store keeps the ticket without renewal: retries stop after it.
+    lifetime: Duration,
     /// Admitted without the store (fail open): nothing to settle or release there.
     detached: bool,
     /// Counts the ticket as open until its request has ended in the store.
@@ -100,6 +108,11 @@ pub struct Recording {
 /// Tickets of this process whose request has not ended in the store yet (a release spawned by
 /// a dropped ticket counts until it has run): a shutdown waits for them.
 static OPEN_TICKETS: AtomicUsize = AtomicUsize::new(0);
+
+/// Endings being retried in the background, at most [`MAX_RETRYING`]: past it a failed ending
+/// is given up at once (counted as lost; the store expires the ticket).
+static RETRYING: AtomicUsize = AtomicUsize::new(0);
+const MAX_RETRYING: usize = 10_000;
 
 /// How many tickets of this process have not ended in the store yet.
 pub fn open_tickets() -> usize {
@@ -123,6 +136,78 @@ impl Drop for Open {
     }
 }
 
+/// A settlement (with usage) or a release (with what is known, or the policy's charge).
+#[derive(Debug, Clone, Copy)]
+enum End {
+    Settle(Usage),
+    Release(Option<Usage>),
+}
+
+impl End {
+    fn op(self) -> &'static str {
+        match self {
+            End::Settle(_) => "settle",
+            End::Release(_) => "release",
+        }
+    }
+
+    async fn call(self, store: &AnyStore, id: &str) -> Result<Finish, StoreError> {
+        match self {
+            End::Settle(u) => store.settle(id, u).await,
+            End::Release(u) => store.release(id, u).await,
+        }
+    }
+}
+
+/// Calls `end` until the store answers, with backoff from 50 ms to 2 s, for at most `within`.
+/// Returns the last answer and the attempts made.
+async fn end_with_retries(
+    store: &AnyStore,
+    id: &str,
+    end: End,
+    first: Result<Finish, StoreError>,
+    within: Duration,
+) -> (Result<Finish, StoreError>, u32) {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut wait = Duration::from_millis(50);
+    let (mut last, mut attempts) = (first, 1u32);
+    while matches!(last, Err(StoreError::Unavailable(_)))
+        && tokio::time::Instant::now() + wait < deadline
+    {
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(2));
+        crate::telemetry::end_retried(end.op());
+        attempts += 1;
+        last = end.call(store, id).await;
+    }
+    if last.is_err() {
+        crate::telemetry::end_lost(end.op());
+    }
+    (last, attempts)
+}
+
+/// Releases, by id, a request whose admission the store may have applied although its answer
+/// never came (the call timed out): nothing was forwarded, so nothing is charged. Retried in
+/// the background like any ending; a release of an id the store never admitted is a no-op.
+pub fn release_unanswered(store: &AnyStore, id: &str, within: Duration) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if RETRYING.fetch_add(1, Ordering::SeqCst) >= MAX_RETRYING {
+        RETRYING.fetch_sub(1, Ordering::SeqCst);
+        crate::telemetry::end_lost("release");
+        return;
+    }
+    let (store, id, open) = (store.clone(), id.to_owned(), Open::new());
+    handle.spawn(async move {
+        let end = End::Release(Some(Usage::default()));
+        let first = end.call(&store, &id).await;
+        let _ = end_with_retries(&store, &id, end, first, within).await;
+        RETRYING.fetch_sub(1, Ordering::SeqCst);
+        drop(open);
+    });
+}
+
 impl Ticket {
     /// A ticket for an admitted request.
     pub fn new(store: AnyStore, id: String) -> Self {
@@ -136,6 +221,8 @@ impl Ticket {
             record: None,
             in_flight: None,
             price: None,
+            estimate: u64::MAX,
+            lifetime: Duration::from_secs(60),
             detached: false,
         }
     }
@@ -148,10 +235,18 @@ impl Ticket {
         t
     }
 
-    /// Counts the request in the in-flight metrics until it ends, and prices its settlement.
-    pub fn track(&mut self, estimate_tokens: u64, price: Option<tollgate_core::policy::Price>) {
+    /// Counts the request in the in-flight metrics until it ends, prices its settlement, and
+    /// notes how long the store keeps it without renewal (`lifetime`).
+    pub fn track(
+        &mut self,
+        estimate_tokens: u64,
+        price: Option<tollgate_core::policy::Price>,
+        lifetime: Duration,
+    ) {
         self.in_flight = Some(crate::telemetry::InFlightGuard::new(estimate_tokens));
         self.price = price;
+        self.estimate = estimate_tokens;
+        self.lifetime = lifetime;
     }
 
     fn count_usage(&self, usage: Option<&Usage>) {
@@ -181,20 +276,16 @@ impl Ticket {
         }
     }
 
-    fn write_record(&mut self, ending: &'static str, finish: Option<&Result<Finish, StoreError>>) {
-        if let Some(mut r) = self.record.take() {
-            r.record.ending = Some(ending);
-            r.record.upstream_ms =
-                Some(u64::try_from(r.admitted_at.elapsed().as_millis()).unwrap_or(u64::MAX));
-            if let Some(Ok(Finish::Done { charged })) = finish {
-                r.record.settled = Some(charged.clone());
-            }
-            r.sink.emit(r.record);
+    /// Notes that the upstream's usage numbers were not counts (the reservation is charged).
+    pub fn usage_invalid(&mut self) {
+        crate::telemetry::usage_invalid();
+        if let Some(r) = self.record.as_mut() {
+            r.record.usage_invalid = true;
         }
     }
 
     /// Renews the leases every `every` until the ticket ends.
-    pub fn renew_every(&mut self, every: std::time::Duration) {
+    pub fn renew_every(&mut self, every: Duration) {
         let (store, id) = (self.store.clone(), self.id.clone());
         self.renewer = Some(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -213,34 +304,88 @@ impl Ticket {
         &self.id
     }
 
-    /// Ends the request with its reported usage.
-    pub async fn settle(mut self, usage: Usage) -> Result<Finish, StoreError> {
-        self.ended = true;
-        self.stop_renewing();
-        let f = if self.detached {
-            Ok(Finish::Unknown)
-        } else {
-            self.store.settle(&self.id, usage).await
-        };
-        self.count_usage(Some(&usage));
-        self.in_flight = None;
-        self.write_record("settled", Some(&f));
-        f
+    /// Ends the request with its reported usage (bounded, see [`Usage::bounded`]); a settlement
+    /// above the reservation is charged, counted and flagged in the record.
+    pub async fn settle(self, usage: Usage) -> Result<Finish, StoreError> {
+        let usage = usage.bounded();
+        self.end(End::Settle(usage), "settled").await
     }
 
     /// Ends a failed or cancelled request.
-    pub async fn release(mut self, usage: Option<Usage>) -> Result<Finish, StoreError> {
+    pub async fn release(self, usage: Option<Usage>) -> Result<Finish, StoreError> {
+        self.end(End::Release(usage.map(Usage::bounded)), "released")
+            .await
+    }
+
+    async fn end(mut self, end: End, ending: &'static str) -> Result<Finish, StoreError> {
         self.ended = true;
         self.stop_renewing();
-        let f = if self.detached {
-            Ok(Finish::Unknown)
-        } else {
-            self.store.release(&self.id, usage).await
+        let usage = match end {
+            End::Settle(u) => Some(u),
+            End::Release(u) => u,
         };
+        if usage.is_some_and(|u| u.total() > self.estimate) {
+            crate::telemetry::over_reservation();
+            if let Some(r) = self.record.as_mut() {
+                r.record.over_reservation = true;
+            }
+        }
         self.count_usage(usage.as_ref());
         self.in_flight = None;
-        self.write_record("released", Some(&f));
+        if self.detached {
+            self.write_record(ending, Some(&Ok(Finish::Unknown)), 1);
+            return Ok(Finish::Unknown);
+        }
+        let f = end.call(&self.store, &self.id).await;
+        if !matches!(f, Err(StoreError::Unavailable(_))) {
+            self.write_record(ending, Some(&f), 1);
+            return f;
+        }
+        self.retry_in_background(end, ending, f.clone());
         f
+    }
+
+    /// Retries an ending the store did not take, off the request's path; the record is written
+    /// once it lands (or is given up: `lost`).
+    fn retry_in_background(
+        &mut self,
+        end: End,
+        ending: &'static str,
+        first: Result<Finish, StoreError>,
+    ) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            self.write_record("lost", None, 1);
+            return;
+        };
+        if RETRYING.fetch_add(1, Ordering::SeqCst) >= MAX_RETRYING {
+            RETRYING.fetch_sub(1, Ordering::SeqCst);
+            crate::telemetry::end_lost(end.op());
+            self.write_record("lost", None, 1);
+            return;
+        }
+        let (store, id, open, lifetime) = (
+            self.store.clone(),
+            std::mem::take(&mut self.id),
+            self.open.take(),
+            self.lifetime,
+        );
+        let mut record = self.record.take();
+        handle.spawn(async move {
+            let (f, attempts) = end_with_retries(&store, &id, end, first, lifetime).await;
+            let ending = if f.is_ok() { ending } else { "lost" };
+            write_record(&mut record, ending, Some(&f), attempts);
+            RETRYING.fetch_sub(1, Ordering::SeqCst);
+            drop(open);
+        });
+    }
+
+    fn write_record(
+        &mut self,
+        ending: &'static str,
+        finish: Option<&Result<Finish, StoreError>>,
+        attempts: u32,
+    ) {
+        write_record(&mut self.record, ending, finish, attempts);
     }
 
     fn stop_renewing(&mut self) {
@@ -250,27 +395,51 @@ impl Ticket {
     }
 }
 
+fn write_record(
+    record: &mut Option<Box<Recording>>,
+    ending: &'static str,
+    finish: Option<&Result<Finish, StoreError>>,
+    attempts: u32,
+) {
+    if let Some(mut r) = record.take() {
+        r.record.ending = Some(ending);
+        r.record.upstream_ms =
+            Some(u64::try_from(r.admitted_at.elapsed().as_millis()).unwrap_or(u64::MAX));
+        if let Some(Ok(Finish::Done { charged })) = finish {
+            r.record.settled = Some(charged.clone());
+        }
+        if attempts > 1 {
+            r.record.end_attempts = Some(attempts);
+        }
+        r.sink.emit(r.record);
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.stop_renewing();
         if self.ended {
             return;
         }
-        self.write_record("abandoned", None);
+        self.write_record("abandoned", None, 1);
         self.count_usage(self.partial.as_ref());
         if self.detached {
             return;
         }
-        let (store, id, usage, open) = (
+        let (store, id, usage, open, lifetime) = (
             self.store.clone(),
             std::mem::take(&mut self.id),
-            self.partial,
+            self.partial.map(Usage::bounded),
             self.open.take(),
+            self.lifetime,
         );
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                // If this fails too, the lease expires and the policy charges the reservation.
-                let _ = store.release(&id, usage).await;
+                // Retried like any ending; if it never lands, the lease expires and the policy
+                // charges the reservation.
+                let end = End::Release(usage);
+                let first = end.call(&store, &id).await;
+                let _ = end_with_retries(&store, &id, end, first, lifetime).await;
                 drop(open);
             });
         }

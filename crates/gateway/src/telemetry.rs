@@ -153,6 +153,33 @@ pub fn budget_remaining(scope: &str, unit: &'static str, limit: u64, remaining: 
         .set(remaining as f64);
 }
 
+/// An ending (settlement or release) the store did not take, tried again.
+pub fn end_retried(op: &'static str) {
+    counter!("tollgate_store_end_retries_total", "op" => op).increment(1);
+}
+
+/// An ending given up: the store never took it within the ticket's lifetime (the store expires
+/// the ticket and charges what the policy says for an expired one).
+pub fn end_lost(op: &'static str) {
+    counter!("tollgate_store_ends_lost_total", "op" => op).increment(1);
+}
+
+/// An upstream stream cut off at a bound (`stream_idle_timeout`, `stream_max_duration`,
+/// `stream_event_too_large`).
+pub fn stream_cut_off(bound: &'static str) {
+    counter!("tollgate_streams_cut_off_total", "bound" => bound).increment(1);
+}
+
+/// A settlement above its reservation (charged all the same).
+pub fn over_reservation() {
+    counter!("tollgate_settled_over_reservation_total").increment(1);
+}
+
+/// An upstream usage number that was not a count (the reservation was charged).
+pub fn usage_invalid() {
+    counter!("tollgate_upstream_usage_invalid_total").increment(1);
+}
+
 /// A connection closed at accept because a listener was full, in all or for its address.
 pub fn connection_refused(limit: &'static str) {
     counter!("tollgate_connections_refused_total", "limit" => limit).increment(1);

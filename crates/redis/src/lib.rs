@@ -583,7 +583,9 @@ fn finish_invocation(
         ending.to_owned(),
         if usage.is_some() { "1" } else { "0" }.to_owned(),
     ];
-    let u = usage.unwrap_or_default();
+    // Bounded before it is written: the script computes in doubles, and a number past 2^63
+    // would be formatted negative there.
+    let u = usage.unwrap_or_default().bounded();
     args.extend(usage_args(&u));
     args.extend([num(u.cache_write_tokens), num(u.cache_write_1h_tokens)]);
     Invocation {

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod conformance;
+pub mod faults;
 pub mod redis_server;
 pub use tollgate_sim as sim;
 

@@ -1,0 +1,411 @@
+//! Hostile upstreams and a store that fails: each test is an attack on the books, over real
+//! sockets, with an upstream and a store of the test's own; where a store is involved it runs
+//! on the memory store and on Redis. The books must stay true: nothing reported reaches them
+//! unchecked, and no settlement is lost silently.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::post;
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tollgate_core::{Period, Store};
+use tollgate_gateway::store::AnyStore;
+use tollgate_testkit::faults::Link;
+use tollgate_testkit::redis_server::RedisServer;
+
+const KEY: &str = "sk-acme";
+const DAY: Period = Period::Fixed(86_400_000);
+
+/// What the scripted upstream answers: a JSON body, or an event stream sent in pieces.
+#[derive(Clone)]
+enum Answer {
+    Json(Value),
+    Events(Vec<String>),
+    /// `chunk`, every `every`, `times` times: a stream that goes on (bounded, so the test's
+    /// upstream stops by itself).
+    Repeat(String, Duration, usize),
+}
+
+/// An upstream that answers every request with its script, after `delay`.
+#[derive(Clone)]
+struct Scripted {
+    addr: SocketAddr,
+}
+
+impl Scripted {
+    async fn start(answer: Answer, delay: Duration) -> Self {
+        let answer = Arc::new(Mutex::new(answer));
+        let a = answer.clone();
+        let handler = move |_: HeaderMap, _: Bytes| {
+            let a = a.clone();
+            async move {
+                tokio::time::sleep(delay).await;
+                let answer = a.lock().unwrap().clone();
+                match answer {
+                    Answer::Json(v) => Response::builder()
+                        .header("content-type", "application/json")
+                        .body(Body::from(v.to_string()))
+                        .unwrap(),
+                    Answer::Repeat(chunk, every, times) => {
+                        let chunks = futures_util::stream::unfold(0usize, move |i| {
+                            let chunk = chunk.clone();
+                            async move {
+                                if i == times {
+                                    return None;
+                                }
+                                tokio::time::sleep(every).await;
+                                Some((Ok::<_, std::io::Error>(Bytes::from(chunk)), i + 1))
+                            }
+                        });
+                        Response::builder()
+                            .header("content-type", "text/event-stream")
+                            .body(Body::from_stream(chunks))
+                            .unwrap()
+                    }
+                    Answer::Events(events) => {
+                        let chunks = futures_util::stream::iter(
+                            events
+                                .into_iter()
+                                .map(|e| Ok::<_, std::io::Error>(Bytes::from(e))),
+                        );
+                        Response::builder()
+                            .header("content-type", "text/event-stream")
+                            .body(Body::from_stream(chunks))
+                            .unwrap()
+                    }
+                }
+            }
+        };
+        let app = Router::new()
+            .route("/v1/chat/completions", post(handler.clone()))
+            .route("/v1/messages", post(handler));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { addr }
+    }
+}
+
+/// A gateway in front of `upstream`, on the memory store or a Redis server of its own (reached
+/// at `redis_url` when given, e.g. through a [`Link`]).
+async fn gateway(
+    upstream: &Scripted,
+    policy: &str,
+    store: &str,
+    records: Option<&std::path::Path>,
+) -> (SocketAddr, AnyStore) {
+    let records = records
+        .map(|p| format!("[records]\npath = \"{}\"\n", p.display()))
+        .unwrap_or_default();
+    let text = format!(
+        "{store}{records}\n[[upstreams]]\nname = \"up\"\nbase_url = \"http://{}\"\n\
+         models = [\"gpt-4o\", \"claude-sonnet-4-5\"]\n\
+         [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n[policy]\n{policy}\n",
+        upstream.addr,
+        tollgate_gateway::hash_key(KEY),
+    )
+    .replace("[[scopes]]", "[[policy.scopes]]");
+    common::spawn_gateway(&text, "unused").await
+}
+
+fn redis_store(url: &str, call_timeout: &str) -> String {
+    format!("[store]\nurl = \"{url}\"\nprefix = \"hu\"\ncall_timeout = \"{call_timeout}\"\n")
+}
+
+async fn chat(addr: SocketAddr, stream: bool) -> common::Reply {
+    let body = json!({"model": "gpt-4o", "max_tokens": 50, "stream": stream,
+        "messages": [{"role": "user", "content": "Hello there!"}]});
+    common::post(
+        addr,
+        "/v1/chat/completions",
+        &[("authorization", format!("Bearer {KEY}"))],
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await
+}
+
+/// The tenant's budget once nothing is held any more; fails after `within`.
+async fn settled_when_idle(store: &AnyStore, within: Duration) -> u64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let u = store.usage("tenant|tenant:acme", Some(DAY)).await.unwrap();
+        if u.leases == 0 && u.reserved == 0 {
+            return u.settled;
+        }
+        assert!(Instant::now() < deadline, "still held: {u:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn completion(usage: Value) -> Value {
+    json!({"id": "c1", "object": "chat.completion", "model": "gpt-4o",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": usage})
+}
+
+const BUDGET: &str = r#"
+[[scopes]]
+key = "tenant"
+concurrency = { limit = 4, lease_ttl = "1m" }
+budget = { tokens = 1000, period = "day" }
+"#;
+
+// ---------------------------------------------------------------------------------------------
+// Upstream numbers.
+
+/// Absurd completion counts are clamped to the ledger's bound and charged (the budget is spent,
+/// not reopened); numbers that are not counts charge the reservation. Each case is flagged in
+/// its decision record.
+async fn absurd_usage_numbers_cannot_open_a_budget(redis: bool) {
+    let cases: [(Value, bool); 5] = [
+        (json!(u64::MAX), true),
+        (json!(1u64 << 63), true),
+        (serde_json::from_str("1e30").unwrap(), true),
+        (json!(-1), false),
+        (json!("5"), false),
+    ];
+    for (n, huge) in cases {
+        let upstream = Scripted::start(
+            Answer::Json(completion(
+                json!({"prompt_tokens": 10, "completion_tokens": n}),
+            )),
+            Duration::ZERO,
+        )
+        .await;
+        let redis_server = redis.then(RedisServer::start);
+        let store = redis_server
+            .as_ref()
+            .map(|r| redis_store(&r.url(), "2s"))
+            .unwrap_or_default();
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("records.jsonl");
+        let (addr, store) = gateway(&upstream, BUDGET, &store, Some(&records)).await;
+        let r = chat(addr, false).await;
+        assert_eq!(r.status, 200, "{n}: {:?}", r.body);
+        let settled = settled_when_idle(&store, Duration::from_secs(3)).await;
+        // Records are written off the request path: wait for the line.
+        let line = || {
+            let deadline = Instant::now() + Duration::from_secs(3);
+            loop {
+                let text = std::fs::read_to_string(&records).unwrap_or_default();
+                if text.contains("\"ending\"") || Instant::now() > deadline {
+                    return text;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        if huge {
+            // Clamped, never wrapped: the whole budget is spent and stays spent.
+            assert_eq!(settled, 10 + tollgate_core::ledger::MAX_USAGE_TOKENS, "{n}");
+            let next = chat(addr, false).await;
+            assert_eq!(
+                (next.status, next.code().as_str()),
+                (429, "budget_limit"),
+                "{n}"
+            );
+            assert!(
+                line().contains("\"over_reservation\":true"),
+                "{n}: {}",
+                line()
+            );
+        } else {
+            // The reservation is charged: the counted input (3 + 1 + 3 + 3) and the cap.
+            assert_eq!(settled, 10 + 50, "{n}");
+            assert!(line().contains("\"usage_invalid\":true"), "{n}: {}", line());
+        }
+        drop(redis_server);
+    }
+}
+
+/// Anthropic streams settle the cumulative input and cache counts of the last `message_delta`,
+/// what Anthropic bills (here: server tools fetched 50,000 input tokens during the call).
+async fn anthropic_streams_settle_the_last_message_delta(redis: bool) {
+    let events = [
+        json!({"type": "message_start", "message": {"id": "m1", "type": "message", "role": "assistant",
+            "model": "claude-sonnet-4-5", "content": [],
+            "usage": {"input_tokens": 15, "output_tokens": 1}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+            "usage": {"input_tokens": 50000, "cache_read_input_tokens": 100, "output_tokens": 10}}),
+        json!({"type": "message_stop"}),
+    ]
+    .iter()
+    .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
+    .collect();
+    let upstream = Scripted::start(Answer::Events(events), Duration::ZERO).await;
+    let redis_server = redis.then(RedisServer::start);
+    let store = redis_server
+        .as_ref()
+        .map(|r| redis_store(&r.url(), "2s"))
+        .unwrap_or_default();
+    let policy = "[[scopes]]\nkey = \"tenant\"\nbudget = { tokens = 1000000, period = \"day\" }\n";
+    let (addr, store) = gateway(&upstream, policy, &store, None).await;
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 50, "stream": true,
+        "messages": [{"role": "user", "content": "search the web"}]});
+    let r = common::post(
+        addr,
+        "/v1/messages",
+        &[("x-api-key", KEY.to_owned())],
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let settled = settled_when_idle(&store, Duration::from_secs(3)).await;
+    assert_eq!(settled, 50000 + 100 + 10);
+    drop(redis_server);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams.
+
+/// An upstream stream past a bound is ended with an error event in the API's format; the usage
+/// metered so far is charged and the lease released, long before the lease's lifetime.
+async fn streams_are_bounded(redis: bool) {
+    let tok = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok\"}}]}\n\n";
+    let cases = [
+        // Only keep-alive comments: no event ever comes.
+        (
+            "stream_idle_timeout",
+            Answer::Repeat(": keep-alive\n\n".into(), Duration::from_millis(50), 400),
+        ),
+        // Events that never stop.
+        (
+            "stream_max_duration",
+            Answer::Repeat(tok.into(), Duration::from_millis(20), 1000),
+        ),
+        // An event that never ends.
+        (
+            "stream_event_too_large",
+            Answer::Repeat(
+                format!("data: {}", "x".repeat(4096)),
+                Duration::from_millis(5),
+                1000,
+            ),
+        ),
+    ];
+    let extra = "[server]\nstream_idle_timeout = \"500ms\"\nstream_max_duration = \"1s\"\nmax_event_bytes = 16384\n";
+    for (code, answer) in cases {
+        let upstream = Scripted::start(answer, Duration::ZERO).await;
+        let redis_server = redis.then(RedisServer::start);
+        let store = redis_server
+            .as_ref()
+            .map(|r| redis_store(&r.url(), "2s"))
+            .unwrap_or_default();
+        let (addr, store) = gateway(&upstream, BUDGET, &format!("{store}{extra}"), None).await;
+        let start = Instant::now();
+        let r = chat(addr, true).await;
+        let text = String::from_utf8_lossy(&r.body).into_owned();
+        assert!(
+            text.contains(code),
+            "{code}: {}",
+            &text[text.len().saturating_sub(300)..]
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{code}: {:?}",
+            start.elapsed()
+        );
+        let settled = settled_when_idle(&store, Duration::from_secs(3)).await;
+        // The counted input (10), and the output streamed before the cut.
+        assert!(settled >= 10, "{code}: {settled}");
+        if code == "stream_max_duration" {
+            assert!(settled > 10, "the streamed output is charged: {settled}");
+        }
+        drop(redis_server);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A store that fails.
+
+/// Redis is cut off from the gateway while a settlement is due, then restored: the settlement
+/// is retried until it lands, so the tenant is charged what the upstream reported (not the
+/// reservation at expiry), and the lease is free long before its one-minute lifetime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_during_a_partition_lands_when_the_store_returns() {
+    let upstream = Scripted::start(
+        Answer::Json(completion(
+            json!({"prompt_tokens": 10, "completion_tokens": 5}),
+        )),
+        Duration::from_millis(1000),
+    )
+    .await;
+    let redis = RedisServer::start();
+    let link = Link::start(SocketAddr::from(([127, 0, 0, 1], redis.port()))).await;
+    let via_link = format!("redis://{}/", link.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records.jsonl");
+    let (addr, _) = gateway(
+        &upstream,
+        BUDGET,
+        &redis_store(&via_link, "250ms"),
+        Some(&records),
+    )
+    .await;
+    // The books as Redis has them, read past the link.
+    let direct = tollgate_gateway::start_store(
+        &tollgate_gateway::GatewayConfig::from_toml(&redis_store(&redis.url(), "2s")).unwrap(),
+    )
+    .await
+    .unwrap();
+    let request = tokio::spawn(async move { chat(addr, false).await });
+    // Cut once the request is admitted and waiting on the upstream.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while direct
+        .usage("tenant|tenant:acme", Some(DAY))
+        .await
+        .unwrap()
+        .leases
+        == 0
+    {
+        assert!(Instant::now() < deadline, "never admitted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    link.cut();
+    let r = request.await.unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    link.restore();
+    let start = Instant::now();
+    let settled = settled_when_idle(&direct, Duration::from_secs(10)).await;
+    assert_eq!(
+        settled, 15,
+        "charged the reported usage, not the reservation"
+    );
+    assert!(start.elapsed() < Duration::from_secs(10));
+    let line = std::fs::read_to_string(&records).unwrap();
+    assert!(line.contains("\"ending\":\"settled\""), "{line}");
+    assert!(line.contains("\"end_attempts\":"), "{line}");
+}
+
+mod both {
+    macro_rules! both {
+        ($($name:ident),*) => {
+            mod memory_store {
+                $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::super::$name(false).await } )*
+            }
+            mod redis_store {
+                $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::super::$name(true).await } )*
+            }
+        };
+    }
+    both!(
+        absurd_usage_numbers_cannot_open_a_budget,
+        anthropic_streams_settle_the_last_message_delta,
+        streams_are_bounded
+    );
+}
