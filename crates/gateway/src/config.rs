@@ -195,6 +195,9 @@ pub struct RawServer {
     pub stream_max_duration: Option<String>,
     /// Largest event of an upstream stream, in bytes (default 8 MiB, at least 1 KiB).
     pub max_event_bytes: Option<u64>,
+    /// How long a stream's lease is held after its client left and the upstream connection was
+    /// closed, while the upstream may not have noticed yet (default 2 s).
+    pub cancel_grace: Option<String>,
     /// On SIGTERM or SIGINT, how long requests under way may take to finish before they are
     /// cut off and released (default 25 s: inside the 30 s a Kubernetes pod is given).
     pub drain_timeout: Option<String>,
@@ -307,6 +310,8 @@ pub struct GatewayConfig {
     pub upstream_timeout: Duration,
     /// Bounds of upstream streams.
     pub stream: StreamBounds,
+    /// A cancelled stream's lease is held this much longer.
+    pub cancel_grace: Duration,
     /// How long requests under way may take to finish at shutdown.
     pub drain_timeout: Duration,
     /// Connection limit.
@@ -761,6 +766,11 @@ impl GatewayConfig {
         };
         Ok(Self {
             stream,
+            cancel_grace: duration(
+                &s.cancel_grace,
+                Duration::from_secs(2),
+                "server.cancel_grace",
+            )?,
             idle_timeout: duration(
                 &s.idle_timeout,
                 Duration::from_secs(30),

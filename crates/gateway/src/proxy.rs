@@ -658,6 +658,85 @@ async fn admit_and_forward(
     // reallocated as it filled, then merged into the response's map, which grew in turn.
     let mut headers = HeaderMap::with_capacity(RESPONSE_HEADERS);
     respond::admitted_headers(&mut headers, &p, &admitted);
+    // From here the request runs in a task of its own, so that a client who leaves does not
+    // cut it off half way: a non-streamed request goes on until the upstream answers (within
+    // `upstream_timeout`) and settles its true usage, its lease held while the upstream may
+    // still be working. A stream is cancelled when its client leaves (the response body that
+    // holds it is dropped), its lease held `cancel_grace` longer. Before this point (intake,
+    // count, admission, the queue) a client that leaves ends the request at once.
+    let forward = Forward {
+        gw: gw.clone(),
+        cfg: cfg.clone(),
+        upstream_idx,
+        up_req,
+        ticket,
+        headers,
+        format,
+        stream,
+        strip_usage,
+        model: count.model.clone(),
+        ttl_ms: p.ttl_ms,
+        input,
+        granted: admitted.max_output_tokens,
+        json,
+        keep_context,
+    };
+    match tokio::spawn(forward_and_settle(forward)).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "internal",
+            "The request's task ended unexpectedly.",
+        )),
+    }
+}
+
+/// What the forward step needs of an admitted request.
+struct Forward {
+    gw: Shared,
+    cfg: Arc<GatewayConfig>,
+    upstream_idx: usize,
+    up_req: Request<Full<Bytes>>,
+    ticket: Ticket,
+    headers: HeaderMap,
+    format: Format,
+    stream: bool,
+    strip_usage: bool,
+    model: String,
+    ttl_ms: u64,
+    input: u64,
+    granted: u64,
+    json: Value,
+    keep_context: Option<Duration>,
+}
+
+/// Forward → meter → settle: calls the upstream, passes its answer on, and ends the ticket.
+async fn forward_and_settle(f: Forward) -> Result<Response, ApiError> {
+    let Forward {
+        gw,
+        cfg,
+        upstream_idx,
+        up_req,
+        mut ticket,
+        mut headers,
+        format,
+        stream,
+        strip_usage,
+        model,
+        ttl_ms,
+        input,
+        granted,
+        json,
+        keep_context,
+    } = f;
+    let upstream = &cfg.upstreams[upstream_idx];
+    if stream {
+        // Dropped with its client: the upstream notices the closed connection only when it
+        // next writes, so the lease is held a little longer.
+        let ttl = Duration::from_millis(ttl_ms.max(3));
+        ticket.release_after(cfg.cancel_grace.min(ttl));
+    }
     let sent = Instant::now();
     let up = match tokio::time::timeout(cfg.upstream_timeout, upstream.client.request(up_req)).await
     {
@@ -705,8 +784,7 @@ async fn admit_and_forward(
     }
 
     if stream {
-        let model = count.model.clone();
-        let ttl = Duration::from_millis(p.ttl_ms.max(3));
+        let ttl = Duration::from_millis(ttl_ms.max(3));
         ticket.renew_every(ttl / 3);
         ticket.partial = Some(Usage {
             input_tokens: input,
@@ -733,7 +811,7 @@ async fn admit_and_forward(
             remember,
             format,
             input,
-            granted: admitted.max_output_tokens,
+            granted,
             bounds: cfg.stream,
             started: now,
             last_event: now,
@@ -792,7 +870,7 @@ async fn admit_and_forward(
         ticket.usage_invalid();
         Some(Usage {
             input_tokens: input,
-            output_tokens: admitted.max_output_tokens,
+            output_tokens: granted,
             ..Usage::default()
         })
     } else {
@@ -815,7 +893,7 @@ async fn admit_and_forward(
             Usage {
                 input_tokens: input,
                 cached_input_tokens: 0,
-                output_tokens: cfg.counter.count_text(&count.model, &text, None).0,
+                output_tokens: cfg.counter.count_text(&model, &text, None).0,
                 ..Usage::default()
             }
         }
@@ -1042,12 +1120,14 @@ async fn admit(
 
 async fn timed_admit(gw: &Gateway, p: &tollgate_core::Plan) -> Result<Decision, ApiError> {
     let t = Instant::now();
+    // The store may apply an admission whose answer never reaches this request: the call timed
+    // out, or the client left while it was under way (this future is then dropped). Its leases
+    // and reservation are given back by id rather than held until they expire.
+    let unanswered = Unanswered(Some((&gw.store, &p.request_id)));
     let r = gw.store.admit(p).await;
     crate::telemetry::store_call("admit", t.elapsed().as_secs_f64(), r.is_ok());
-    if matches!(r, Err(StoreError::Unavailable(_))) {
-        // The store may have applied an admission whose answer never came: its leases and
-        // reservation are given back by id rather than held until they expire.
-        crate::store::release_unanswered(&gw.store, &p.request_id, UNANSWERED_RELEASE_WINDOW);
+    if !matches!(r, Err(StoreError::Unavailable(_))) {
+        unanswered.answered();
     }
     let d = match r {
         Ok(d) => d,
@@ -1072,6 +1152,23 @@ async fn timed_admit(gw: &Gateway, p: &tollgate_core::Plan) -> Result<Decision, 
         Decision::Killed(_) => crate::telemetry::decision("kill_switch", ""),
     }
     Ok(d)
+}
+
+/// An admission under way; dropped before it is answered, it releases its request by id.
+struct Unanswered<'a>(Option<(&'a AnyStore, &'a str)>);
+
+impl Unanswered<'_> {
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some((store, id)) = self.0.take() {
+            crate::store::release_unanswered(store, id, UNANSWERED_RELEASE_WINDOW);
+        }
+    }
 }
 
 /// How long the release of an unanswered admission is retried: an admission still in flight in

@@ -88,6 +88,8 @@ pub struct Ticket {
     estimate: u64,
     /// How long the store keeps the ticket without renewal: retries stop after it.
     lifetime: Duration,
+    /// How long a dropped ticket waits before it releases (see [`Ticket::release_after`]).
+    drop_grace: Duration,
     /// Admitted without the store (fail open): nothing to settle or release there.
     detached: bool,
     /// Counts the ticket as open until its request has ended in the store.
@@ -201,8 +203,16 @@ pub fn release_unanswered(store: &AnyStore, id: &str, within: Duration) {
     let (store, id, open) = (store.clone(), id.to_owned(), Open::new());
     handle.spawn(async move {
         let end = End::Release(Some(Usage::default()));
-        let first = end.call(&store, &id).await;
-        let _ = end_with_retries(&store, &id, end, first, within).await;
+        // An admission still queued to be sent may be applied after a first release finds
+        // nothing: "unknown" is asked again a little later, twice.
+        for wait in [0, 500, 2000] {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            let first = end.call(&store, &id).await;
+            let (f, _) = end_with_retries(&store, &id, end, first, within).await;
+            if !matches!(f, Ok(Finish::Unknown)) {
+                break;
+            }
+        }
         RETRYING.fetch_sub(1, Ordering::SeqCst);
         drop(open);
     });
@@ -223,6 +233,7 @@ impl Ticket {
             price: None,
             estimate: u64::MAX,
             lifetime: Duration::from_secs(60),
+            drop_grace: Duration::ZERO,
             detached: false,
         }
     }
@@ -282,6 +293,12 @@ impl Ticket {
         if let Some(r) = self.record.as_mut() {
             r.record.usage_invalid = true;
         }
+    }
+
+    /// Dropped without an ending (its client left), the ticket waits `grace` before it releases:
+    /// the upstream may go on working until it notices the closed connection.
+    pub fn release_after(&mut self, grace: Duration) {
+        self.drop_grace = grace;
     }
 
     /// Renews the leases every `every` until the ticket ends.
@@ -426,15 +443,19 @@ impl Drop for Ticket {
         if self.detached {
             return;
         }
-        let (store, id, usage, open, lifetime) = (
+        let (store, id, usage, open, lifetime, grace) = (
             self.store.clone(),
             std::mem::take(&mut self.id),
             self.partial.map(Usage::bounded),
             self.open.take(),
             self.lifetime,
+            self.drop_grace,
         );
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
+                if !grace.is_zero() {
+                    tokio::time::sleep(grace).await;
+                }
                 // Retried like any ending; if it never lands, the lease expires and the policy
                 // charges the reservation.
                 let end = End::Release(usage);

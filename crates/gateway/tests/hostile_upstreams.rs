@@ -330,6 +330,113 @@ async fn streams_are_bounded(redis: bool) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Clients that leave.
+
+/// One client: sends `body` on a connection of its own and, when `leave_after` is set, closes
+/// the socket that long after sending (mid-request); otherwise reads the whole answer.
+async fn client(addr: SocketAddr, body: &[u8], leave_after: Option<Duration>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return;
+    };
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        KEY,
+        body.len()
+    );
+    if s.write_all(head.as_bytes()).await.is_err() || s.write_all(body).await.is_err() {
+        return;
+    }
+    let mut sink = Vec::new();
+    match leave_after {
+        Some(after) => {
+            let _ = tokio::time::timeout(after, s.read_to_end(&mut sink)).await;
+        }
+        None => {
+            let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut sink)).await;
+        }
+    }
+}
+
+/// 600 requests, some streamed, with clients closing their sockets at random mid-request, in
+/// front of an upstream that notices a closed connection only when it next writes: the
+/// upstream never has more requests of the tenant under way than its concurrency limit, and,
+/// for requests that are not streamed (which run to their end upstream), the books match what
+/// the upstream reported.
+async fn clients_that_leave_free_no_slot_early(redis: bool) {
+    use tollgate_testkit::sim::SimConfig;
+    let policy = r#"
+[[scopes]]
+key = "tenant"
+requests = { limit = 100000, window = "1m" }
+concurrency = { limit = 6, lease_ttl = "1m" }
+budget = { tokens = 100000000, period = "day" }
+"#;
+    for streamed_share in [0u64, 40] {
+        let sim = SimConfig {
+            latency: Duration::from_millis(15),
+            token_delay: Duration::from_millis(2),
+            output_tokens: 16,
+            ..SimConfig::default()
+        };
+        let (sim, redis_server, store_cfg) =
+            common::upstream_and_store(redis, common::SIM_KEY, sim, "leave").await;
+        let text = format!(
+            "{store_cfg}[server]\ncancel_grace = \"100ms\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n[policy]\n{policy}",
+            sim.base_url(),
+            tollgate_gateway::hash_key(KEY),
+        )
+        .replace("[[scopes]]", "[[policy.scopes]]");
+        let env = common::Env::start(&text, common::SIM_KEY, sim, redis_server).await;
+        let mut workers = Vec::new();
+        for w in 0..30u64 {
+            let addr = env.addr;
+            workers.push(tokio::spawn(async move {
+                // A small linear congruential generator: the same choices every run.
+                let mut x = w.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                for _ in 0..20 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let stream = (x >> 33) % 100 < streamed_share;
+                    let leave = ((x >> 40) % 100 < 15).then(|| Duration::from_millis(5 + (x >> 50) % 40));
+                    let body = serde_json::to_vec(&json!({"model": "gpt-4o", "max_tokens": 16,
+                        "stream": stream, "messages": [{"role": "user", "content": "Hello there!"}]}))
+                    .unwrap();
+                    client(addr, &body, leave).await;
+                }
+            }));
+        }
+        for w in workers {
+            w.await.unwrap();
+        }
+        let most = env
+            .sim
+            .stats()
+            .max_in_flight
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        assert!(
+            most <= 6,
+            "the upstream saw {most} at once (streamed {streamed_share}%)"
+        );
+        assert!(most >= 2, "the run never overlapped: {most}");
+        if streamed_share == 0 {
+            // Every admitted request ran to its end upstream and settled what it reported.
+            common::settled_as_the_upstream_served(&env).await;
+        } else {
+            common::tenant_usage_when(&env.store, "nothing held", |u| {
+                u.leases == 0 && u.reserved == 0
+            })
+            .await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // A store that fails.
 
 /// Redis is cut off from the gateway while a settlement is due, then restored: the settlement
@@ -406,6 +513,7 @@ mod both {
     both!(
         absurd_usage_numbers_cannot_open_a_budget,
         anthropic_streams_settle_the_last_message_delta,
-        streams_are_bounded
+        streams_are_bounded,
+        clients_that_leave_free_no_slot_early
     );
 }

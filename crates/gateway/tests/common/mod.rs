@@ -19,6 +19,9 @@ use tollgate_gateway::store::AnyStore;
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_testkit::sim::{Sim, SimConfig};
 
+/// The upstream key tests give the simulator.
+pub const SIM_KEY: &str = "upstream-secret";
+
 /// A gateway under test, its upstream and its store.
 pub struct Env {
     pub sim: Sim,
