@@ -60,7 +60,7 @@ for c in 1 8 64; do
   f1=$(bench "$c" "$N" EVALSHA "$one" 5 $P:x $P:ts:__rand_int__ $P:r:u $P:l:u $P:b:u id__rand_int__)
   fb=$(bench 1 $((N / c)) EVALSHA "$batch" 0 "$c" id__rand_int__)
   # shellcheck disable=SC2046
-  l1=$(bench "$c" "$N" EVALSHA "$ledger" 7 $P:x $P:clock $P:kill $(item_keys 0) $P 0 3600000 $(item 0))
+  l1=$(bench "$c" "$N" EVALSHA "$ledger" 9 $P:x $P:clock $P:kill $P:marker $P:lost $(item_keys 0) $P 0 3600000 0 $(item 0))
   keys="" args="" check_keys="" check_args=""
   for i in $(seq 0 $((c - 1))); do
     keys="$keys $(item_keys $((i % 16)))"
@@ -70,11 +70,11 @@ for c in 1 8 64; do
   done
   # The call must admit all its items: a refusal or an error would flatter it.
   # shellcheck disable=SC2086
-  admitted=$(redis-cli -p "$port" EVALSHA "$ledger" $((3 + 4 * c)) $P:x $P:clock $P:kill $check_keys \
-    $P 0 3600000 $check_args | grep -cx admit || true)
+  admitted=$(redis-cli -p "$port" EVALSHA "$ledger" $((5 + 4 * c)) $P:x $P:clock $P:kill $P:marker $P:lost $check_keys \
+    $P 0 3600000 0 $check_args | grep -cx admit || true)
   [ "$admitted" = "$c" ] || { echo "a call of $c admissions admitted $admitted" >&2; exit 1; }
   # shellcheck disable=SC2086
-  lb=$(bench 1 $((N / c)) EVALSHA "$ledger" $((3 + 4 * c)) $P:x $P:clock $P:kill $keys $P 0 3600000 $args)
+  lb=$(bench 1 $((N / c)) EVALSHA "$ledger" $((5 + 4 * c)) $P:x $P:clock $P:kill $P:marker $P:lost $keys $P 0 3600000 0 $args)
   echo "| $c | $(printf '%.0f' "$base")/s | $(ratio "$f1" "$base") | $(ratio "$fb * $c" "$base") | $(ratio "$l1" "$base") | $(ratio "$lb * $c" "$base") |"
 done
 # No call failed (an error answers early, which would flatter it).

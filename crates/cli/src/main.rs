@@ -78,7 +78,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .await
                 .with_context(|| format!("listening on {}", cfg.listen))?;
             let addr = listener.local_addr()?;
-            let store = tollgate_gateway::start_store(&cfg).await?;
+            let (store, warnings) = tollgate_gateway::start_store_with_warnings(&cfg).await?;
+            for w in warnings {
+                writeln!(std::io::stderr(), "tollgate: warning: {w}")?;
+            }
             let records = cfg.records.clone();
             let mut gw = tollgate_gateway::proxy::Gateway::new(cfg, store);
             if let Some(path) = config {

@@ -520,8 +520,19 @@ fn a_killed_instance_gives_its_leases_back_and_is_charged() {
 
 #[test]
 fn redis_killed_and_restarted_mid_run_fails_closed_then_recovers() {
-    let mut server = RedisServer::start();
+    // A production Redis keeps its keys on disk (docs/redis.md): restarted, it still holds its
+    // marker and the books, so admissions resume. (One that restarts empty is refused until
+    // the loss is acknowledged: crates/gateway/tests/hostile_upstreams.rs.)
     let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let mut server = RedisServer::start_with(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--dir",
+        &data,
+    ]);
     // Generous limits: the run must still be going when Redis dies.
     let policy = dir.path().join("loose.toml");
     std::fs::write(

@@ -22,6 +22,13 @@ pub enum StoreError {
     /// The store answered something this version cannot read.
     #[error("store protocol error: {0}")]
     Protocol(String),
+    /// The store has forgotten what it held (restarted empty, flushed, evicted, or failed over
+    /// to a replica that lagged): its marker is gone. Admissions are refused until an operator
+    /// acknowledges the loss, since spent budgets and kill switches would otherwise reopen.
+    #[error(
+        "the store has lost its state (its marker is gone); an operator must acknowledge the loss"
+    )]
+    StateLost,
 }
 
 /// How a request ended, as remembered for idempotency.

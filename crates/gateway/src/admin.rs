@@ -46,6 +46,7 @@ pub fn router(gw: Shared, token: String) -> Router {
         .route("/admin/kill/{target}", delete(clear_kill))
         .route("/admin/usage", get(usage))
         .route("/admin/reload", post(reload))
+        .route("/admin/store/acknowledge-loss", post(acknowledge_loss))
         .route("/metrics", get(crate::proxy::metrics))
         .layer(middleware::from_fn(
             move |headers: HeaderMap, req, next: Next| {
@@ -160,6 +161,20 @@ async fn reload(State(gw): State<Shared>) -> Response {
         Ok(cfg) => axum::Json(json!({"reloaded": true, "policy_version": &*cfg.policy.version}))
             .into_response(),
         Err(e) => ApiError::invalid("invalid_config", e).into_response(),
+    }
+}
+
+/// `POST /admin/store/acknowledge-loss`: the operator accepts that the store forgot (budgets
+/// spent and kill switches set before the loss are gone); admissions resume on every instance.
+/// Recorded: the answer says when, and `tollgate_store_loss_acknowledged_total` counts it.
+async fn acknowledge_loss(State(gw): State<Shared>) -> Response {
+    match gw.store.acknowledge_loss().await {
+        Ok(()) => {
+            crate::telemetry::store_loss_acknowledged();
+            let at = SystemClock.now();
+            axum::Json(json!({"acknowledged": true, "at_ms": at})).into_response()
+        }
+        Err(e) => store_failed(e),
     }
 }
 

@@ -63,6 +63,9 @@ pub struct RawConfig {
     /// The Prometheus metrics.
     #[serde(default)]
     pub metrics: RawMetrics,
+    /// Kill switches that hold whatever the store holds.
+    #[serde(default)]
+    pub kill: Vec<RawKill>,
 }
 
 /// `[remote_content]`: files and documents named by URL or file id, whose content the
@@ -227,6 +230,20 @@ pub struct RawStore {
     /// How long finished request ids are remembered, so a late duplicate settlement is a
     /// no-op (default 1 h; at least 1 s).
     pub retention: Option<String>,
+    /// Start even if Redis may evict keys (`maxmemory-policy` other than `noeviction`): an
+    /// evicted budget or window reopens what it held (default false: refuse to start).
+    #[serde(default)]
+    pub allow_eviction: bool,
+}
+
+/// `[[kill]]`: a kill switch of the configuration file, which no store loss lifts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKill {
+    /// `all`, `tenant:<id>`, `key:<id>`, `model:<name>` or `user:<id>`.
+    pub target: String,
+    /// Shown to refused clients.
+    pub reason: String,
 }
 
 /// `[[upstreams]]`
@@ -304,6 +321,8 @@ pub struct GatewayConfig {
     pub anthropic_betas: Vec<String>,
     /// Metrics.
     pub metrics: MetricsConfig,
+    /// Kill switches of the file: (target, reason).
+    pub kills: Vec<(String, String)>,
     /// Body read timeout.
     pub body_timeout: Duration,
     /// Upstream response-header timeout.
@@ -380,6 +399,8 @@ pub enum StoreConfig {
         shards: u16,
         /// How long finished request ids are remembered.
         retention: Duration,
+        /// Whether a server that may evict keys is accepted.
+        allow_eviction: bool,
     },
 }
 
@@ -501,6 +522,7 @@ impl GatewayConfig {
                 cluster: raw.store.cluster.clone(),
                 shards,
                 retention,
+                allow_eviction: raw.store.allow_eviction,
             },
             None | Some("memory") => StoreConfig::Memory { retention },
             Some(url) if url.starts_with("redis://") => StoreConfig::Redis {
@@ -510,6 +532,7 @@ impl GatewayConfig {
                 cluster: None,
                 shards,
                 retention,
+                allow_eviction: raw.store.allow_eviction,
             },
             Some(other) => {
                 return Err(err(
@@ -707,6 +730,20 @@ impl GatewayConfig {
                 ));
             }
         }
+        let mut kills = Vec::new();
+        for (i, k) in raw.kill.iter().enumerate() {
+            let known = k.target == "all"
+                || ["tenant:", "key:", "model:", "user:"]
+                    .iter()
+                    .any(|p| k.target.strip_prefix(p).is_some_and(|v| !v.is_empty()));
+            if !known {
+                return Err(err(
+                    format!("kill[{i}].target"),
+                    "expected all, tenant:<id>, key:<id>, model:<name> or user:<id>",
+                ));
+            }
+            kills.push((k.target.clone(), k.reason.clone()));
+        }
         let refresh = duration(
             &raw.metrics.refresh,
             Duration::from_secs(10),
@@ -781,6 +818,7 @@ impl GatewayConfig {
             remote_tokens_per_item,
             anthropic_betas: raw.anthropic.betas.clone(),
             metrics,
+            kills,
             counter,
             unknown_context_tokens,
             context_ttl,

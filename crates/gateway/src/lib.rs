@@ -45,4 +45,4 @@ pub mod upstream;
 pub mod upstream_tools;
 
 pub use config::{GatewayConfig, hash_key};
-pub use server::{router, serve, serve_with, start_store};
+pub use server::{router, serve, serve_with, start_store, start_store_with_warnings};

@@ -495,7 +495,22 @@ async fn admit_and_forward(
         }
     }
     let decided = Instant::now();
-    let admission = admit(gw, &mut p, &key.key_id).await?;
+    // Kill switches of the configuration file hold whatever the store holds or forgets.
+    let configured_kill = p.kill_targets.iter().find_map(|t| {
+        cfg.kills
+            .iter()
+            .find(|(target, _)| target == t)
+            .map(|(target, reason)| {
+                Decision::Killed(tollgate_core::decision::Killed {
+                    target: target.clone(),
+                    reason: reason.clone(),
+                })
+            })
+    });
+    let admission = match configured_kill {
+        Some(k) => k,
+        None => admit(gw, &mut p, &key.key_id).await?,
+    };
     let decision_us = u64::try_from(decided.elapsed().as_micros()).unwrap_or(u64::MAX);
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1187,6 +1202,10 @@ fn unreachable_admit() -> ApiError {
 fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::Unavailable(_) => respond::store_unavailable(),
+        StoreError::StateLost => {
+            crate::telemetry::store_state_lost();
+            respond::store_state_lost()
+        }
         other => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "server_error",

@@ -310,6 +310,21 @@ pub fn store_unavailable() -> ApiError {
     e
 }
 
+/// The store forgot its state (see [`tollgate_core::StoreError::StateLost`]): 503, not
+/// retryable until an operator acknowledges the loss (`POST /admin/store/acknowledge-loss`).
+pub fn store_state_lost() -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "store_state_lost",
+        "The admission store has lost its state (spent budgets and kill switches would reopen); \
+         requests are refused until an operator acknowledges the loss. The request was not sent \
+         upstream.",
+    );
+    put(&mut e.headers, "x-should-retry", "false");
+    e
+}
+
 /// A request stopped by the kill switch: 503, with the operator's reason; not retryable until
 /// an operator lifts it.
 pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {

@@ -19,7 +19,17 @@ use crate::store::AnyStore;
 
 /// Opens the configured store.
 pub async fn start_store(config: &GatewayConfig) -> std::io::Result<AnyStore> {
-    Ok(match &config.store {
+    Ok(start_store_with_warnings(config).await?.0)
+}
+
+/// Opens the configured store, with what an operator should be warned of about it (a Redis
+/// that keeps nothing on disk, or one whose settings could not be read). A Redis that may
+/// evict keys is refused unless `[store] allow_eviction` says otherwise.
+pub async fn start_store_with_warnings(
+    config: &GatewayConfig,
+) -> std::io::Result<(AnyStore, Vec<String>)> {
+    let mut warnings = Vec::new();
+    let store = match &config.store {
         StoreConfig::Memory { retention } => AnyStore::Memory(Arc::new(
             MemoryStore::new()
                 .retention_ms(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX)),
@@ -31,6 +41,7 @@ pub async fn start_store(config: &GatewayConfig) -> std::io::Result<AnyStore> {
             cluster,
             shards,
             retention,
+            allow_eviction,
         } => {
             let mut c = RedisConfig::new(url.as_str());
             c.prefix = prefix.clone();
@@ -38,13 +49,45 @@ pub async fn start_store(config: &GatewayConfig) -> std::io::Result<AnyStore> {
             c.cluster = cluster.clone();
             c.shards = *shards;
             c.retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
-            AnyStore::Redis(
-                RedisStore::connect(c)
-                    .await
-                    .map_err(std::io::Error::other)?,
-            )
+            let store = RedisStore::connect(c)
+                .await
+                .map_err(std::io::Error::other)?;
+            warnings.extend(check_keeping(&store, *allow_eviction).await?);
+            AnyStore::Redis(store)
         }
-    })
+    };
+    Ok((store, warnings))
+}
+
+/// Refuses a Redis that may evict keys (unless allowed), and warns of one that keeps nothing
+/// on disk: either can forget spent budgets. A server that cannot be asked (down, or `CONFIG`
+/// disabled) is let through with a warning; the store's marker still detects a loss.
+async fn check_keeping(store: &RedisStore, allow_eviction: bool) -> std::io::Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    match store.keeping().await {
+        Ok(Some((policy, persists))) => {
+            if policy != "noeviction" && !allow_eviction {
+                return Err(std::io::Error::other(format!(
+                    "Redis has maxmemory-policy {policy}: it may evict budgets and windows, \
+                     which would reopen what they held. Set it to noeviction, or [store] \
+                     allow_eviction = true to accept that (docs/redis.md)"
+                )));
+            }
+            if !persists {
+                warnings.push(
+                    "Redis keeps nothing on disk (no RDB snapshots, no AOF): a restart forgets \
+                     every budget; admissions are then refused until the loss is acknowledged"
+                        .to_owned(),
+                );
+            }
+        }
+        Ok(None) | Err(_) => warnings.push(
+            "could not read Redis's maxmemory-policy and persistence (CONFIG unavailable or \
+             the server unreachable): make sure it neither evicts nor forgets (docs/redis.md)"
+                .to_owned(),
+        ),
+    }
+    Ok(warnings)
 }
 
 /// The routes over a gateway.

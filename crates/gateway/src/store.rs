@@ -32,6 +32,15 @@ macro_rules! both {
 }
 
 impl AnyStore {
+    /// Acknowledges that the store lost its state (a no-op for the memory store, which cannot
+    /// forget while the process lives).
+    pub async fn acknowledge_loss(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(r) => r.acknowledge_loss().await,
+        }
+    }
+
     /// Whether the store answers (`/readyz`).
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {

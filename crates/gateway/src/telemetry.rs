@@ -170,6 +170,16 @@ pub fn stream_cut_off(bound: &'static str) {
     counter!("tollgate_streams_cut_off_total", "bound" => bound).increment(1);
 }
 
+/// An admission refused because the store lost its state.
+pub fn store_state_lost() {
+    counter!("tollgate_store_state_lost_total").increment(1);
+}
+
+/// An operator acknowledged a loss of the store's state.
+pub fn store_loss_acknowledged() {
+    counter!("tollgate_store_loss_acknowledged_total").increment(1);
+}
+
 /// A settlement above its reservation (charged all the same).
 pub fn over_reservation() {
     counter!("tollgate_settled_over_reservation_total").increment(1);

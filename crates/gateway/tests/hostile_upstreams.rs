@@ -499,6 +499,132 @@ async fn a_settlement_during_a_partition_lands_when_the_store_returns() {
     assert!(line.contains("\"end_attempts\":"), "{line}");
 }
 
+/// A Redis that forgets (here `FLUSHALL`) is detected: a spent budget and a kill switch set in
+/// the store do not reopen; the gate answers 503 `store_state_lost` until an operator
+/// acknowledges the loss through the admin API, and a kill switch of the configuration file
+/// holds throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_forgets_fails_closed_until_acknowledged() {
+    let upstream = Scripted::start(
+        Answer::Json(completion(
+            json!({"prompt_tokens": 10, "completion_tokens": 50}),
+        )),
+        Duration::ZERO,
+    )
+    .await;
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let token = "admin-token-0123456789";
+    std::fs::write(dir.path().join("token"), token).unwrap();
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let keys: String = [
+        ("sk-acme", "acme"),
+        ("sk-beta", "beta"),
+        ("sk-gamma", "gamma"),
+    ]
+    .iter()
+    .map(|(k, t)| {
+        format!(
+            "[[keys]]\nhash = \"{}\"\ntenant = \"{t}\"\n",
+            tollgate_gateway::hash_key(k)
+        )
+    })
+    .collect();
+    let text = format!(
+        "{}[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"{}\"\n\
+         [[kill]]\ntarget = \"tenant:beta\"\nreason = \"held in the file\"\n\
+         [[upstreams]]\nname = \"up\"\nbase_url = \"http://{}\"\nmodels = [\"gpt-4o\"]\n\
+         {keys}[policy]\n[[policy.scopes]]\nkey = \"tenant\"\nbudget = {{ tokens = 100, period = \"day\" }}\n",
+        redis_store(&redis.url(), "2s"),
+        dir.path().join("token").display(),
+        upstream.addr,
+    );
+    let config = tollgate_gateway::GatewayConfig::from_toml(&text).unwrap();
+    let store = tollgate_gateway::start_store(&config).await.unwrap();
+    let gw = tollgate_gateway::proxy::Gateway::new(config, store.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(tollgate_gateway::serve_with(
+        gw,
+        listener,
+        std::future::pending(),
+    ));
+    let ask = |key: &'static str| async move {
+        let body = json!({"model": "gpt-4o", "max_tokens": 50,
+            "messages": [{"role": "user", "content": "Hello there!"}]});
+        common::post(
+            addr,
+            "/v1/chat/completions",
+            &[("authorization", format!("Bearer {key}"))],
+            serde_json::to_vec(&body).unwrap(),
+        )
+        .await
+    };
+    let code = |r: &common::Reply| (r.status, r.code());
+    // acme spends its budget; gamma is switched off in the store; beta in the file.
+    assert_eq!(ask("sk-acme").await.status, 200);
+    assert_eq!(code(&ask("sk-acme").await), (429, "budget_limit".into()));
+    store
+        .set_kill("tenant:gamma", Some("held in the store"))
+        .await
+        .unwrap();
+    assert_eq!(code(&ask("sk-gamma").await), (503, "kill_switch".into()));
+    assert_eq!(code(&ask("sk-beta").await), (503, "kill_switch".into()));
+    // The store forgets.
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "flushall"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let r = ask("sk-acme").await;
+    assert_eq!(code(&r), (503, "store_state_lost".into()), "{:?}", r.body);
+    assert_eq!(r.header("x-should-retry"), Some("false"));
+    assert_eq!(
+        code(&ask("sk-gamma").await),
+        (503, "store_state_lost".into())
+    );
+    assert_eq!(code(&ask("sk-beta").await), (503, "kill_switch".into()));
+    // An operator acknowledges the loss: admissions resume from what the store holds now, and
+    // the file's kill switch still holds.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<Bytes>>();
+    let ack = hyper::Request::post(format!(
+        "http://127.0.0.1:{admin_port}/admin/store/acknowledge-loss"
+    ))
+    .header("authorization", format!("Bearer {token}"))
+    .body(http_body_util::Full::new(Bytes::new()))
+    .unwrap();
+    assert_eq!(client.request(ack).await.unwrap().status(), 200);
+    assert_eq!(ask("sk-acme").await.status, 200);
+    assert_eq!(code(&ask("sk-beta").await), (503, "kill_switch".into()));
+}
+
+/// A Redis that may evict keys is refused at start-up, unless the configuration accepts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_evicts_is_refused_unless_allowed() {
+    let redis = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let text = redis_store(&redis.url(), "2s");
+    let config = tollgate_gateway::GatewayConfig::from_toml(&text).unwrap();
+    let Err(e) = tollgate_gateway::start_store(&config).await else {
+        panic!("a Redis that evicts was accepted");
+    };
+    assert!(e.to_string().contains("allkeys-lru"), "{e}");
+    let allowed = format!("{text}allow_eviction = true\n");
+    let config = tollgate_gateway::GatewayConfig::from_toml(&allowed).unwrap();
+    let (_, warnings) = tollgate_gateway::start_store_with_warnings(&config)
+        .await
+        .unwrap();
+    // The test's server keeps nothing on disk either: said.
+    assert!(
+        warnings.iter().any(|w| w.contains("nothing on disk")),
+        "{warnings:?}"
+    );
+}
+
 mod both {
     macro_rules! both {
         ($($name:ident),*) => {

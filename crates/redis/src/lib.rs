@@ -5,7 +5,7 @@
 //! concurrency limit together: the check and the reservation happen together on the server.
 //!
 //! - Admissions and settlements that are waiting at the same moment travel in one script call
-//!   (`batch_v1.lua`), each applied as its own atomic transition, in order. One caller alone gets
+//!   (`batch_v2.lua`), each applied as its own atomic transition, in order. One caller alone gets
 //!   a call of its own, made from its own task; under load the fixed cost of a call is shared,
 //!   and a call reads and writes each scope key its items share once (see `docs/redis.md`).
 //! - Scripts live in `src/lua/*_vN.lua` (versioned names), are embedded with `include_str!`,
@@ -35,6 +35,7 @@
 //! ```
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -112,7 +113,7 @@ macro_rules! script {
 fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
-        batch: script!("lua/batch_v1.lua"),
+        batch: script!("lua/batch_v2.lua"),
         renew: script!("lua/renew_v4.lua"),
         usage: script!("lua/usage_v2.lua"),
         sweep: script!("lua/sweep_v2.lua"),
@@ -245,6 +246,9 @@ pub struct RedisStore {
     /// One batch lane per shard, its queue started on first use, inside the caller's runtime.
     lanes: Arc<[Lane]>,
     admissions: Arc<std::sync::Mutex<Admissions>>,
+    /// Per shard, whether this store has seen the shard's marker (see `batch_v2.lua`): once it
+    /// has, the marker's absence means the store forgot.
+    markers: Arc<[Arc<AtomicBool>]>,
 }
 
 /// Where one shard's admissions and settlements wait for a script call.
@@ -282,6 +286,7 @@ async fn run_batches(
     slots: Arc<Semaphore>,
     conn: Conn,
     config: Arc<RedisConfig>,
+    marker: Arc<AtomicBool>,
     prefix: Arc<str>,
     clock: Option<Arc<dyn Clock>>,
 ) {
@@ -296,10 +301,11 @@ async fn run_batches(
                 Err(_) => break,
             }
         }
-        let (conn, config, prefix) = (conn.clone(), config.clone(), prefix.clone());
+        let (conn, config, prefix, marker) =
+            (conn.clone(), config.clone(), prefix.clone(), marker.clone());
         let now = clock.as_ref().map_or(0, |c| c.now().max(1));
         tokio::spawn(async move {
-            call_batch(conn, &config, &prefix, now, jobs).await;
+            call_batch(conn, &config, &marker, &prefix, now, jobs).await;
             drop(permit);
         });
     }
@@ -307,19 +313,26 @@ async fn run_batches(
 
 /// The parts of a batch call that are not its items'.
 struct BatchHead {
-    keys: [String; 3],
-    args: [String; 3],
+    keys: [String; 5],
+    args: [String; 4],
 }
 
 impl BatchHead {
-    fn new(prefix: &str, now: u64, retention_ms: u64) -> Self {
+    fn new(prefix: &str, now: u64, retention_ms: u64, marker_seen: bool) -> Self {
         Self {
             keys: [
                 format!("{prefix}:x"),
                 format!("{prefix}:clock"),
                 format!("{prefix}:kill"),
+                format!("{prefix}:marker"),
+                format!("{prefix}:lost"),
             ],
-            args: [prefix.to_owned(), num(now), num(retention_ms)],
+            args: [
+                prefix.to_owned(),
+                num(now),
+                num(retention_ms),
+                if marker_seen { "1" } else { "0" }.to_owned(),
+            ],
         }
     }
 
@@ -350,11 +363,12 @@ pub fn batch_invocation<'a>(
     prefix: &str,
     now: u64,
     retention_ms: u64,
+    marker_seen: bool,
     items: impl IntoIterator<Item = (&'a str, &'a Invocation)>,
 ) -> Invocation {
     let items: Vec<_> = items.into_iter().collect();
     let counts = arg_counts(&items);
-    let head = BatchHead::new(prefix, now, retention_ms);
+    let head = BatchHead::new(prefix, now, retention_ms, marker_seen);
     let (keys, args) = head.layout(&items, &counts);
     Invocation {
         keys: keys.into_iter().map(str::to_owned).collect(),
@@ -393,12 +407,14 @@ async fn evalsha<T: redis::FromRedisValue>(
 async fn call_items(
     mut conn: Conn,
     config: &RedisConfig,
+    marker: &AtomicBool,
     prefix: &str,
     now: u64,
     parts: &[(&str, &Invocation)],
 ) -> Result<Vec<Value>, StoreError> {
     let counts = arg_counts(parts);
-    let head = BatchHead::new(prefix, now, config.retention_ms);
+    let seen = marker.load(Ordering::Relaxed);
+    let head = BatchHead::new(prefix, now, config.retention_ms, seen);
     let (keys, args) = head.layout(parts, &counts);
     // Callers stop waiting at their own timeout; this one only ends calls that never return.
     let replies = tokio::time::timeout(
@@ -416,12 +432,28 @@ async fn call_items(
             parts.len()
         )));
     }
+    if !seen && !replies.iter().any(is_lost) {
+        // The call found the marker, or wrote it: from now on its absence is a loss.
+        marker.store(true, Ordering::Relaxed);
+    }
     Ok(replies)
 }
 
-async fn call_batch(conn: Conn, config: &RedisConfig, prefix: &str, now: u64, jobs: Vec<Job>) {
+/// Whether an item's reply is `{'lost'}`.
+fn is_lost(v: &Value) -> bool {
+    matches!(v, Value::Array(a) if a.len() == 1 && matches!(&a[0], Value::BulkString(b) if b == b"lost"))
+}
+
+async fn call_batch(
+    conn: Conn,
+    config: &RedisConfig,
+    marker: &AtomicBool,
+    prefix: &str,
+    now: u64,
+    jobs: Vec<Job>,
+) {
     let parts: Vec<(&str, &Invocation)> = jobs.iter().map(|j| (j.op, &j.inv)).collect();
-    match call_items(conn, config, prefix, now, &parts).await {
+    match call_items(conn, config, marker, prefix, now, &parts).await {
         Ok(replies) => {
             for (job, reply) in jobs.into_iter().zip(replies) {
                 let _ = job.reply.send(item_reply(reply));
@@ -728,6 +760,7 @@ fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, StoreError> {
             .map(Decision::Deny)
             .ok_or_else(|| StoreError::Protocol("token denial without a verdict".into())),
         "dup" => Err(StoreError::DuplicateRequestId(plan.request_id.clone())),
+        "lost" => Err(StoreError::StateLost),
         "killed" => Ok(Decision::Killed(tollgate_core::decision::Killed {
             target: reply.get(1).map(text).transpose()?.unwrap_or_default(),
             reason: reply.get(2).map(text).transpose()?.unwrap_or_default(),
@@ -793,6 +826,7 @@ impl RedisStore {
             lanes: lanes(&config, shards.len()),
             config: Arc::new(config),
             clock: None,
+            markers: shards.iter().map(|_| Arc::default()).collect(),
             shards,
             admissions: Arc::default(),
         }
@@ -820,6 +854,57 @@ impl RedisStore {
         store
     }
 
+    /// Acknowledges that the store lost its state: the marker is written again and the loss
+    /// forgotten, on every shard, so admissions resume from what the store holds now (spent
+    /// budgets and kill switches it forgot are then gone for good).
+    pub async fn acknowledge_loss(&self) -> Result<(), StoreError> {
+        for p in self.shards.iter() {
+            let mut conn = self.conn.clone();
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .cmd("DEL")
+                .arg(format!("{p}:lost"))
+                .ignore()
+                .cmd("SET")
+                .arg(format!("{p}:marker"))
+                .arg("1")
+                .ignore();
+            tokio::time::timeout(self.config.call_timeout, pipe.query_async::<()>(&mut conn))
+                .await
+                .map_err(|_| no_answer(self.config.call_timeout))?
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// How the server keeps its keys: its `maxmemory-policy`, and whether it persists them
+    /// (RDB snapshots or the append-only file). `None` where the server does not say (managed
+    /// services often disable `CONFIG`).
+    pub async fn keeping(&self) -> Result<Option<(String, bool)>, StoreError> {
+        let mut conn = self.conn.clone();
+        let get = |name: &'static str| {
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("GET").arg(name);
+            cmd
+        };
+        let (policy, save, aof) = (get("maxmemory-policy"), get("save"), get("appendonly"));
+        let mut read = async |cmd: redis::Cmd| -> Result<Option<String>, StoreError> {
+            let r = tokio::time::timeout(
+                self.config.call_timeout,
+                cmd.query_async::<Vec<String>>(&mut conn),
+            )
+            .await
+            .map_err(|_| no_answer(self.config.call_timeout))?;
+            Ok(r.ok().and_then(|v| v.into_iter().nth(1)))
+        };
+        let (Some(policy), Some(save), Some(aof)) =
+            (read(policy).await?, read(save).await?, read(aof).await?)
+        else {
+            return Ok(None);
+        };
+        Ok(Some((policy, !save.trim().is_empty() || aof == "yes")))
+    }
+
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.config.prefix
@@ -843,7 +928,11 @@ impl RedisStore {
         op: &'static str,
         inv: Invocation,
     ) -> Result<Vec<Value>, StoreError> {
-        let (Some(lane), Some(prefix)) = (self.lanes.get(shard), self.shards.get(shard)) else {
+        let (Some(lane), Some(prefix), Some(marker)) = (
+            self.lanes.get(shard),
+            self.shards.get(shard),
+            self.markers.get(shard),
+        ) else {
             return Err(StoreError::Protocol(format!("no shard {shard}")));
         };
         let queue = lane.queue.get_or_init(|| {
@@ -855,6 +944,7 @@ impl RedisStore {
                 lane.slots.clone(),
                 conn,
                 config,
+                marker.clone(),
                 Arc::from(prefix.as_str()),
                 clock,
             ));
@@ -871,6 +961,7 @@ impl RedisStore {
                 let call = call_items(
                     self.conn.clone(),
                     &self.config,
+                    marker,
                     prefix,
                     self.now_arg(),
                     &parts,

@@ -35,13 +35,15 @@ fn admit_sends_exactly_these_arguments() {
     };
     let p = plan(&policy, &facts).unwrap_or_else(|e| unreachable!("{e}"));
     let item = admit_invocation("tg", &p, 3_600_000);
-    let inv = batch_invocation("tg", 0, 3_600_000, [("a", &item)]);
+    let inv = batch_invocation("tg", 0, 3_600_000, true, [("a", &item)]);
     assert_eq!(
         inv.keys,
         [
             "tg:x",
             "tg:clock",
             "tg:kill",
+            "tg:marker",
+            "tg:lost",
             "tg:ts:req-1",
             "tg:r:user|tenant:acme/user:alice",
             "tg:l:user|tenant:acme/user:alice",
@@ -55,6 +57,8 @@ fn admit_sends_exactly_these_arguments() {
             "tg",
             "0",
             "3600000",
+            // The marker has been seen.
+            "1",
             "a",
             "35",
             "req-1",
@@ -105,16 +109,16 @@ fn admit_sends_exactly_these_arguments() {
         cache_write_1h_tokens: 3,
     };
     let settle = finish_invocation("tg", "req-0", 3_600_000, Some(usage), "settled");
-    let both = batch_invocation("tg", 0, 3_600_000, [("f", &settle), ("a", &item)]);
-    assert_eq!(both.keys[3..4], ["tg:ts:req-0"]);
-    assert_eq!(both.keys[4..], inv.keys[3..]);
+    let both = batch_invocation("tg", 0, 3_600_000, true, [("f", &settle), ("a", &item)]);
+    assert_eq!(both.keys[5..6], ["tg:ts:req-0"]);
+    assert_eq!(both.keys[6..], inv.keys[5..]);
     assert_eq!(
-        both.args[3..14],
+        both.args[4..15],
         [
             "f", "9", "req-0", "3600000", "settled", "1", "40", "0", "25", "7", "3"
         ]
     );
-    assert_eq!(both.args[14..], inv.args[3..]);
+    assert_eq!(both.args[15..], inv.args[4..]);
 }
 
 /// A sharded store forgets remembered admissions long past their expiry once it holds many:

@@ -1,22 +1,40 @@
 -- Admissions and settlements of many requests in one call: each item is the same atomic
 -- transition as on its own, applied in order; the call as a whole is atomic too.
 --
--- ARGV: prefix, now (0 = Redis TIME), retention, then per item: op ('a' admit | 'f' finish |
---       'p' probe, an admission that takes nothing | 'u' undo an admission), the number of its
+-- ARGV: prefix, now (0 = Redis TIME), retention, whether the caller has seen the store's
+--       marker ('1') or not yet ('0'), then per item: op ('a' admit | 'f' finish | 'p' probe,
+--       an admission that takes nothing | 'u' undo an admission), the number of its
 --       arguments, its arguments (see admit_one, finish_one and undo_one).
 -- KEYS: every key the items touch (for cluster routing; all share the prefix's slot).
 -- Returns one reply per item, in order; an item that fails answers {'error', message} and the
--- others still run.
+-- others still run. While the store's state is lost, every admission answers {'lost'}.
+
+-- The marker (no expiry) says the store still holds what it was given. Written at first use;
+-- a caller that has seen it and finds it gone knows the store forgot (a restart without
+-- persistence, FLUSHALL, eviction, a failover to a lagging replica), and so does every caller
+-- after it: the loss is written down (`lost`, no expiry) until an operator acknowledges it.
+local function store_kept(seen)
+  if redis.call('EXISTS', PREFIX .. ':marker') == 1 then return true end
+  if seen == '1' or redis.call('EXISTS', PREFIX .. ':lost') == 1 then
+    redis.call('SET', PREFIX .. ':lost', '1')
+    return false
+  end
+  redis.call('SET', PREFIX .. ':marker', '1')
+  return true
+end
 
 local now, now_str = store_now(ARGV[2])
 sweep(now, now_str, '16', ARGV[3])
+local kept = store_kept(ARGV[4])
 local kills = nil
 local out = {}
-local a, longest = 4, 0
+local a, longest = 5, 0
 while a <= #ARGV do
   local op, n = ARGV[a], 0 + ARGV[a + 1]
   local ok, reply
-  if op == 'a' or op == 'p' then
+  if (op == 'a' or op == 'p') and not kept then
+    ok, reply = true, {'lost'}
+  elseif op == 'a' or op == 'p' then
     if kills == nil then kills = kill_table() end
     ok, reply = pcall(admit_one, ARGV, a + 2, now, kills, op == 'p')
     if ok and op == 'a' and reply[1] == 'admit' then longest = math.max(longest, 0 + ARGV[a + 3]) end
