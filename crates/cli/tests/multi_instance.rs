@@ -140,3 +140,117 @@ async fn instances_sharing_redis_never_exceed_limits_as_the_upstream_sees_it() {
     );
     drop(started);
 }
+
+/// The same proof with clients that leave: about one request in seven closes its socket
+/// mid-request (streamed and not), in front of an upstream that notices a closed connection
+/// only when it next writes. The upstream still never has more than the limit under way, and
+/// never serves more than the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_hold_the_limits_when_clients_leave() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Larger than the first test's: more requests are admitted, so more clients leave one.
+    const LEAVING_BUDGET: u64 = 6000;
+    let instances = env_or("TOLLGATE_MI_INSTANCES", 3);
+    let requests = env_or("TOLLGATE_MI_REQUESTS", 240);
+    let sim = Sim::start(SimConfig {
+        latency: Duration::from_millis(20),
+        token_delay: Duration::from_millis(2),
+        output_tokens: 30,
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ncancel_grace = \"200ms\"\n\
+             [store]\nurl = \"{}\"\nprefix = \"mil\"\ncall_timeout = \"2s\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+             [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = {{ limit = {CONCURRENCY}, lease_ttl = \"30s\" }}\n\
+             budget = {{ tokens = {LEAVING_BUDGET}, period = \"400d\" }}\n",
+            redis.url(),
+            sim.base_url(),
+            tollgate_gateway::hash_key("sk-mi")
+        ),
+    )
+    .unwrap();
+    let started: Vec<(Instance, String)> =
+        (0..instances).map(|_| start_instance(&config)).collect();
+    let addrs: Arc<Vec<String>> = Arc::new(
+        started
+            .iter()
+            .map(|(_, u)| u.trim_start_matches("http://").to_owned())
+            .collect(),
+    );
+    let workers = 8;
+    let tasks: Vec<_> = (0..workers)
+        .map(|w| {
+            let addrs = addrs.clone();
+            tokio::spawn(async move {
+                let (mut left, mut budget_refused) = (0, false);
+                for i in (w..10 * requests).step_by(workers) {
+                    if i >= requests && budget_refused {
+                        break;
+                    }
+                    // Deterministic choices: a multiplicative hash of the request number.
+                    let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+                    let leave = h % 7 == 0;
+                    let body = json!({"model": "gpt-4o", "max_tokens": 40, "stream": i % 2 == 0,
+                        "messages": [{"role": "user", "content": format!("request {i}")}]})
+                    .to_string();
+                    let Ok(mut s) = tokio::net::TcpStream::connect(&addrs[i % addrs.len()]).await
+                    else {
+                        continue;
+                    };
+                    let head = format!(
+                        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-mi\r\n\
+                         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    s.write_all(head.as_bytes()).await.unwrap();
+                    s.write_all(body.as_bytes()).await.unwrap();
+                    let mut out = Vec::new();
+                    if leave {
+                        let wait = Duration::from_millis(5 + h % 30);
+                        let _ = tokio::time::timeout(wait, s.read_to_end(&mut out)).await;
+                        left += 1;
+                        continue;
+                    }
+                    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+                        .await;
+                    budget_refused = String::from_utf8_lossy(&out).contains("budget_limit");
+                }
+                left
+            })
+        })
+        .collect();
+    let mut left = 0;
+    for t in tasks {
+        left += t.await.unwrap();
+    }
+    let stats = sim.stats();
+    let max_in_flight = stats.max_in_flight.values().copied().max().unwrap_or(0);
+    let served = stats.prompt_tokens + stats.completion_tokens;
+    eprintln!(
+        "{instances} instances, {left} clients left mid-request, {} cancelled upstream: upstream saw at most {max_in_flight} at once (limit {CONCURRENCY}) and served {served} tokens (budget {LEAVING_BUDGET})",
+        stats.cancelled.len()
+    );
+    assert!(left > 10, "clients left: {left}");
+    assert!(
+        !stats.cancelled.is_empty(),
+        "no stream was cancelled upstream"
+    );
+    assert!(
+        max_in_flight <= CONCURRENCY,
+        "the upstream saw {max_in_flight} at once"
+    );
+    assert!(
+        served <= LEAVING_BUDGET,
+        "the upstream served {served} tokens"
+    );
+    drop(started);
+}
