@@ -34,6 +34,33 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// The gateways' configuration: one Redis, the simulator, the tenant's concurrency limit and a
+/// budget of `budget` tokens; `extra` goes first.
+fn write_config(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+    sim: &Sim,
+    budget: u64,
+    extra: &str,
+) -> std::path::PathBuf {
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{extra}[store]\nurl = \"{}\"\nprefix = \"mi\"\ncall_timeout = \"2s\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+             [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = {{ limit = {CONCURRENCY}, lease_ttl = \"30s\" }}\n\
+             budget = {{ tokens = {budget}, period = \"400d\" }}\n",
+            redis.url(),
+            sim.base_url(),
+            tollgate_gateway::hash_key("sk-mi")
+        ),
+    )
+    .unwrap();
+    config
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_sharing_redis_never_exceed_limits_as_the_upstream_sees_it() {
     let instances = env_or("TOLLGATE_MI_INSTANCES", 3);
@@ -48,21 +75,7 @@ async fn instances_sharing_redis_never_exceed_limits_as_the_upstream_sees_it() {
     .unwrap();
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gateway.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[store]\nurl = \"{}\"\nprefix = \"mi\"\ncall_timeout = \"2s\"\n\
-             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
-             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
-             [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = {{ limit = {CONCURRENCY}, lease_ttl = \"30s\" }}\n\
-             budget = {{ tokens = {BUDGET}, period = \"400d\" }}\n",
-            redis.url(),
-            sim.base_url(),
-            tollgate_gateway::hash_key("sk-mi")
-        ),
-    )
-    .unwrap();
+    let config = write_config(dir.path(), &redis, &sim, BUDGET, "");
     let started: Vec<(Instance, String)> =
         (0..instances).map(|_| start_instance(&config)).collect();
     let urls: Arc<Vec<String>> = Arc::new(started.iter().map(|(_, u)| u.clone()).collect());
@@ -162,22 +175,13 @@ async fn instances_hold_the_limits_when_clients_leave() {
     .unwrap();
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gateway.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\ncancel_grace = \"200ms\"\n\
-             [store]\nurl = \"{}\"\nprefix = \"mil\"\ncall_timeout = \"2s\"\n\
-             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
-             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
-             [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = {{ limit = {CONCURRENCY}, lease_ttl = \"30s\" }}\n\
-             budget = {{ tokens = {LEAVING_BUDGET}, period = \"400d\" }}\n",
-            redis.url(),
-            sim.base_url(),
-            tollgate_gateway::hash_key("sk-mi")
-        ),
-    )
-    .unwrap();
+    let config = write_config(
+        dir.path(),
+        &redis,
+        &sim,
+        LEAVING_BUDGET,
+        "[server]\ncancel_grace = \"200ms\"\n",
+    );
     let started: Vec<(Instance, String)> =
         (0..instances).map(|_| start_instance(&config)).collect();
     let addrs: Arc<Vec<String>> = Arc::new(

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[macro_use]
 mod common;
 
 use std::net::SocketAddr;
@@ -455,6 +456,12 @@ async fn user_scopes_belong_to_their_tenant_and_escape_injectively(redis: bool) 
     );
 }
 
+/// A small chat request from `ip`, as a trusted proxy in front of the gateway says.
+async fn chat_from(env: &Env, key: &str, ip: &str) -> Reply {
+    let from = [("x-forwarded-for", ip.to_owned())];
+    post_as(env, "/v1/chat/completions", key, &from, &chat("hi", 5)).await
+}
+
 /// A client rotating addresses inside one IPv6 /64 stays in one `ip` scope; another /64 is
 /// another scope.
 async fn ipv6_clients_are_scoped_by_network(redis: bool) {
@@ -470,39 +477,17 @@ requests = { limit = 2, window = "1m" }
         "[server]\ntrusted_proxies = [\"127.0.0.1\"]\n",
     )
     .await;
-    let from = |ip: &str| [("x-forwarded-for", ip.to_owned())];
     for ip in ["2001:db8:1:2::1", "2001:db8:1:2:ffff::9"] {
-        let r = post_as(
-            &env,
-            "/v1/chat/completions",
-            "sk-acme",
-            &from(ip),
-            &chat("hi", 5),
-        )
-        .await;
+        let r = chat_from(&env, "sk-acme", ip).await;
         assert_eq!(r.status, 200, "{ip}: {:?}", r.body);
     }
-    let r = post_as(
-        &env,
-        "/v1/chat/completions",
-        "sk-acme",
-        &from("2001:db8:1:2:aaaa:bbbb:cccc:dddd"),
-        &chat("hi", 5),
-    )
-    .await;
+    let r = chat_from(&env, "sk-acme", "2001:db8:1:2:aaaa:bbbb:cccc:dddd").await;
     assert_eq!(
         r.status, 429,
         "a fresh address in the same /64 got a fresh scope"
     );
     assert_eq!(r.header("x-tollgate-scope"), Some("ip:2001:db8:1:2::/64"));
-    let r = post_as(
-        &env,
-        "/v1/chat/completions",
-        "sk-acme",
-        &from("2001:db8:1:3::1"),
-        &chat("hi", 5),
-    )
-    .await;
+    let r = chat_from(&env, "sk-acme", "2001:db8:1:3::1").await;
     assert_eq!(r.status, 200, "another /64 is another scope");
 }
 
@@ -522,26 +507,11 @@ requests = { limit = 2, window = "1m" }
         "[server]\ntrusted_proxies = [\"127.0.0.1\"]\n",
     )
     .await;
-    let from = |ip: &str| [("x-forwarded-for", ip.to_owned())];
     for ip in ["10.1.2.3", "10.1.2.99"] {
-        let r = post_as(
-            &env,
-            "/v1/chat/completions",
-            "sk-beta",
-            &from(ip),
-            &chat("hi", 5),
-        )
-        .await;
+        let r = chat_from(&env, "sk-beta", ip).await;
         assert_eq!(r.status, 200);
     }
-    let r = post_as(
-        &env,
-        "/v1/chat/completions",
-        "sk-beta",
-        &from("10.1.2.200"),
-        &chat("hi", 5),
-    )
-    .await;
+    let r = chat_from(&env, "sk-beta", "10.1.2.200").await;
     assert_eq!(r.status, 429);
     assert_eq!(r.header("x-tollgate-scope"), Some("ip:10.1.2.0/24"));
 }
@@ -652,17 +622,7 @@ fn commands_processed(port: u16) -> u64 {
 }
 
 mod memory {
-    macro_rules! both {
-        ($($name:ident),*) => {
-            mod memory_store {
-                $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::super::$name(false).await } )*
-            }
-            mod redis_store {
-                $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::super::$name(true).await } )*
-            }
-        };
-    }
-    both!(
+    on_both_stores!(
         another_tenants_rule_cannot_shrink_a_reservation,
         remote_content_is_counted_with_an_allowance,
         long_user_ids_are_refused,

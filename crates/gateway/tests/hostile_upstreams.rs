@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[macro_use]
 mod common;
 
 use std::net::SocketAddr;
@@ -626,17 +627,7 @@ async fn a_redis_that_evicts_is_refused_unless_allowed() {
 }
 
 mod both {
-    macro_rules! both {
-        ($($name:ident),*) => {
-            mod memory_store {
-                $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::super::$name(false).await } )*
-            }
-            mod redis_store {
-                $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::super::$name(true).await } )*
-            }
-        };
-    }
-    both!(
+    on_both_stores!(
         absurd_usage_numbers_cannot_open_a_budget,
         anthropic_streams_settle_the_last_message_delta,
         streams_are_bounded,

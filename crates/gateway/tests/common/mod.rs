@@ -19,6 +19,20 @@ use tollgate_gateway::store::AnyStore;
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_testkit::sim::{Sim, SimConfig};
 
+/// One `#[tokio::test]` per store for each named `async fn NAME(redis: bool)` of the test file:
+/// `memory_store::NAME` and `redis_store::NAME`, inside the module that invokes it.
+#[allow(unused_macros)] // not every test binary runs on both stores
+macro_rules! on_both_stores {
+    ($($name:ident),*) => {
+        mod memory_store {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::super::$name(false).await } )*
+        }
+        mod redis_store {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::super::$name(true).await } )*
+        }
+    };
+}
+
 /// The upstream key tests give the simulator.
 pub const SIM_KEY: &str = "upstream-secret";
 
