@@ -715,106 +715,17 @@ impl GatewayConfig {
         if !(1..=100).contains(&max_calls) {
             return Err(err("upstream_tools.max_calls", "must be from 1 to 100"));
         }
-        let remote_tokens_per_item = raw.remote_content.tokens_per_item.unwrap_or(32_000);
-        if remote_tokens_per_item > 10_000_000 {
-            return Err(err(
-                "remote_content.tokens_per_item",
-                "must be at most 10000000",
-            ));
-        }
-        for (i, b) in raw.anthropic.betas.iter().enumerate() {
-            if b.is_empty() || b.contains(',') || HeaderValue::from_str(b).is_err() {
-                return Err(err(
-                    format!("anthropic.betas[{i}]"),
-                    "one beta name, without commas",
-                ));
-            }
-        }
-        let mut kills = Vec::new();
-        for (i, k) in raw.kill.iter().enumerate() {
-            let known = k.target == "all"
-                || ["tenant:", "key:", "model:", "user:"]
-                    .iter()
-                    .any(|p| k.target.strip_prefix(p).is_some_and(|v| !v.is_empty()));
-            if !known {
-                return Err(err(
-                    format!("kill[{i}].target"),
-                    "expected all, tenant:<id>, key:<id>, model:<name> or user:<id>",
-                ));
-            }
-            kills.push((k.target.clone(), k.reason.clone()));
-        }
-        let refresh = duration(
-            &raw.metrics.refresh,
-            Duration::from_secs(10),
-            "metrics.refresh",
-        )?;
-        if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&refresh) {
-            return Err(err("metrics.refresh", "must be from 1 second to 1 hour"));
-        }
-        let metrics = MetricsConfig {
-            listen: raw
-                .metrics
-                .listen
-                .as_deref()
-                .map(str::parse)
-                .transpose()
-                .map_err(|e| err("metrics.listen", format!("{e}")))?,
-            refresh,
-        };
-        let max_connections_per_ip = match s.max_connections_per_ip.unwrap_or(64) {
-            0 => {
-                return Err(err(
-                    "server.max_connections_per_ip",
-                    "must be greater than 0",
-                ));
-            }
-            n => usize::try_from(n).unwrap_or(usize::MAX),
-        };
-        let http2_max_streams = match (s.http2, s.http2_max_streams) {
-            (false, Some(_)) => {
-                return Err(err(
-                    "server.http2_max_streams",
-                    "applies only with http2 = true",
-                ));
-            }
-            (false, None) => None,
-            (true, n) => match n.unwrap_or(32) {
-                n @ 1..=1024 => Some(n),
-                _ => return Err(err("server.http2_max_streams", "must be from 1 to 1024")),
-            },
-        };
-        let max_event_bytes = s.max_event_bytes.unwrap_or(8 << 20);
-        if max_event_bytes < 1024 {
-            return Err(err("server.max_event_bytes", "must be at least 1024"));
-        }
-        let stream = StreamBounds {
-            idle: duration(
-                &s.stream_idle_timeout,
-                Duration::from_secs(60),
-                "server.stream_idle_timeout",
-            )?,
-            max_duration: duration(
-                &s.stream_max_duration,
-                Duration::from_secs(1800),
-                "server.stream_max_duration",
-            )?,
-            max_event_bytes: usize::try_from(max_event_bytes).unwrap_or(usize::MAX),
-        };
+        let remote_tokens_per_item = validate_remote_content(&raw.remote_content)?;
+        validate_betas(&raw.anthropic)?;
+        let kills = validate_kills(&raw.kill)?;
+        let metrics = validate_metrics(&raw.metrics)?;
+        let conns = ConnectionBounds::validate(s)?;
         Ok(Self {
-            stream,
-            cancel_grace: duration(
-                &s.cancel_grace,
-                Duration::from_secs(2),
-                "server.cancel_grace",
-            )?,
-            idle_timeout: duration(
-                &s.idle_timeout,
-                Duration::from_secs(30),
-                "server.idle_timeout",
-            )?,
-            max_connections_per_ip,
-            http2_max_streams,
+            stream: conns.stream,
+            cancel_grace: conns.cancel_grace,
+            idle_timeout: conns.idle_timeout,
+            max_connections_per_ip: conns.per_ip,
+            http2_max_streams: conns.http2_max_streams,
             remote_tokens_per_item,
             anthropic_betas: raw.anthropic.betas.clone(),
             metrics,
@@ -895,6 +806,131 @@ impl GatewayConfig {
                 }
                 None => None,
             },
+        })
+    }
+}
+
+fn validate_remote_content(raw: &RawRemoteContent) -> Result<u64, PolicyError> {
+    let n = raw.tokens_per_item.unwrap_or(32_000);
+    if n > 10_000_000 {
+        return Err(err(
+            "remote_content.tokens_per_item",
+            "must be at most 10000000",
+        ));
+    }
+    Ok(n)
+}
+
+fn validate_betas(raw: &RawAnthropic) -> Result<(), PolicyError> {
+    for (i, b) in raw.betas.iter().enumerate() {
+        if b.is_empty() || b.contains(',') || HeaderValue::from_str(b).is_err() {
+            return Err(err(
+                format!("anthropic.betas[{i}]"),
+                "one beta name, without commas",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_kills(raw: &[RawKill]) -> Result<Vec<(String, String)>, PolicyError> {
+    let mut kills = Vec::new();
+    for (i, k) in raw.iter().enumerate() {
+        let known = k.target == "all"
+            || ["tenant:", "key:", "model:", "user:"]
+                .iter()
+                .any(|p| k.target.strip_prefix(p).is_some_and(|v| !v.is_empty()));
+        if !known {
+            return Err(err(
+                format!("kill[{i}].target"),
+                "expected all, tenant:<id>, key:<id>, model:<name> or user:<id>",
+            ));
+        }
+        kills.push((k.target.clone(), k.reason.clone()));
+    }
+    Ok(kills)
+}
+
+fn validate_metrics(raw: &RawMetrics) -> Result<MetricsConfig, PolicyError> {
+    let refresh = duration(&raw.refresh, Duration::from_secs(10), "metrics.refresh")?;
+    if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&refresh) {
+        return Err(err("metrics.refresh", "must be from 1 second to 1 hour"));
+    }
+    Ok(MetricsConfig {
+        listen: raw
+            .listen
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| err("metrics.listen", format!("{e}")))?,
+        refresh,
+    })
+}
+
+/// `[server]`'s bounds on client connections and upstream streams.
+struct ConnectionBounds {
+    idle_timeout: Duration,
+    per_ip: usize,
+    http2_max_streams: Option<u32>,
+    stream: StreamBounds,
+    cancel_grace: Duration,
+}
+
+impl ConnectionBounds {
+    fn validate(s: &RawServer) -> Result<Self, PolicyError> {
+        let per_ip = match s.max_connections_per_ip.unwrap_or(64) {
+            0 => {
+                return Err(err(
+                    "server.max_connections_per_ip",
+                    "must be greater than 0",
+                ));
+            }
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        let http2_max_streams = match (s.http2, s.http2_max_streams) {
+            (false, Some(_)) => {
+                return Err(err(
+                    "server.http2_max_streams",
+                    "applies only with http2 = true",
+                ));
+            }
+            (false, None) => None,
+            (true, n) => match n.unwrap_or(32) {
+                n @ 1..=1024 => Some(n),
+                _ => return Err(err("server.http2_max_streams", "must be from 1 to 1024")),
+            },
+        };
+        let max_event_bytes = s.max_event_bytes.unwrap_or(8 << 20);
+        if max_event_bytes < 1024 {
+            return Err(err("server.max_event_bytes", "must be at least 1024"));
+        }
+        let stream = StreamBounds {
+            idle: duration(
+                &s.stream_idle_timeout,
+                Duration::from_secs(60),
+                "server.stream_idle_timeout",
+            )?,
+            max_duration: duration(
+                &s.stream_max_duration,
+                Duration::from_secs(1800),
+                "server.stream_max_duration",
+            )?,
+            max_event_bytes: usize::try_from(max_event_bytes).unwrap_or(usize::MAX),
+        };
+        Ok(Self {
+            idle_timeout: duration(
+                &s.idle_timeout,
+                Duration::from_secs(30),
+                "server.idle_timeout",
+            )?,
+            per_ip,
+            http2_max_streams,
+            stream,
+            cancel_grace: duration(
+                &s.cancel_grace,
+                Duration::from_secs(2),
+                "server.cancel_grace",
+            )?,
         })
     }
 }

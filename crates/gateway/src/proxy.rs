@@ -760,30 +760,10 @@ async fn forward_and_settle(f: Forward) -> Result<Response, ApiError> {
             r
         }
         Ok(Err(e)) => {
-            crate::telemetry::upstream_failed("unreachable");
-            // Never reached the model: nothing to charge.
-            let _ = ticket.release(Some(Usage::default())).await;
-            return Err(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                "upstream_unreachable",
-                format!(
-                    "The upstream could not be reached: {}",
-                    crate::upstream::error_chain(&e)
-                ),
-            ));
+            let why = crate::upstream::error_chain(&e);
+            return Err(upstream_failed(ticket, Some(why)).await);
         }
-        Err(_) => {
-            crate::telemetry::upstream_failed("timeout");
-            // The upstream may have done the work: charge what the policy says.
-            let _ = ticket.release(None).await;
-            return Err(ApiError::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_error",
-                "upstream_timeout",
-                "The upstream did not answer in time.",
-            ));
-        }
+        Err(_) => return Err(upstream_failed(ticket, None).await),
     };
     let status = up.status();
     ticket.upstream_status(status.as_u16());
@@ -856,6 +836,58 @@ async fn forward_and_settle(f: Forward) -> Result<Response, ApiError> {
         }
     };
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let (usage, invalid) = answered_usage(format, &v, input, granted, &cfg.counter, &model);
+    if invalid {
+        ticket.usage_invalid();
+    }
+    if let Some(ttl) = keep_context {
+        gw.remember_context(v["id"].as_str(), conversation_id(&json), usage, ttl)
+            .await;
+    }
+    let _ = ticket.settle(usage).await;
+    Ok(relay(status, content_type, bytes, headers))
+}
+
+/// Ends the ticket of a request whose upstream failed: unreachable (`why`, nothing charged: it
+/// never reached the model) or silent past the timeout (charged what the policy says: the
+/// upstream may have done the work).
+async fn upstream_failed(ticket: Ticket, unreachable: Option<String>) -> ApiError {
+    match unreachable {
+        Some(why) => {
+            crate::telemetry::upstream_failed("unreachable");
+            let _ = ticket.release(Some(Usage::default())).await;
+            ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "upstream_unreachable",
+                format!("The upstream could not be reached: {why}"),
+            )
+        }
+        None => {
+            crate::telemetry::upstream_failed("timeout");
+            let _ = ticket.release(None).await;
+            ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_error",
+                "upstream_timeout",
+                "The upstream did not answer in time.",
+            )
+        }
+    }
+}
+
+/// The usage of a non-streamed answer `v`: what the upstream reported (each number checked, see
+/// [`crate::sse::usage_number`]), or, when it reported none, the counted `input` and the output
+/// counted from the answer's text. When a reported number is not a count, the reservation
+/// (`input` and the `granted` cap) and `true`.
+fn answered_usage(
+    format: Format,
+    v: &Value,
+    input: u64,
+    granted: u64,
+    counter: &TokenCounter,
+    model: &str,
+) -> (Usage, bool) {
     let u = &v["usage"];
     // What the upstream reported as (input, cached input, output).
     let plain = |(input_tokens, cached_input_tokens, output_tokens)| Usage {
@@ -882,7 +914,6 @@ async fn forward_and_settle(f: Forward) -> Result<Response, ApiError> {
     let reported = if bad {
         // Numbers that are not counts: the gateway cannot know what was used, so it charges
         // what it reserved.
-        ticket.usage_invalid();
         Some(Usage {
             input_tokens: input,
             output_tokens: granted,
@@ -908,17 +939,12 @@ async fn forward_and_settle(f: Forward) -> Result<Response, ApiError> {
             Usage {
                 input_tokens: input,
                 cached_input_tokens: 0,
-                output_tokens: cfg.counter.count_text(&model, &text, None).0,
+                output_tokens: counter.count_text(model, &text, None).0,
                 ..Usage::default()
             }
         }
     };
-    if let Some(ttl) = keep_context {
-        gw.remember_context(v["id"].as_str(), conversation_id(&json), usage, ttl)
-            .await;
-    }
-    let _ = ticket.settle(usage).await;
-    Ok(relay(status, content_type, bytes, headers))
+    (usage, bad)
 }
 
 /// The longest end-user id accepted, in bytes (OpenAI's own bound on `user`).
