@@ -252,14 +252,7 @@ fn authenticate<'a>(
     cfg: &'a GatewayConfig,
     headers: &HeaderMap,
 ) -> Result<&'a KeyConfig, ApiError> {
-    let unauthorized = |m: &str| {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
-            "invalid_api_key",
-            m,
-        )
-    };
+    let unauthorized = respond::unauthorized;
     // OpenAI's clients send `Authorization: Bearer`, Anthropic's `x-api-key`.
     let value = headers
         .get("authorization")
@@ -300,14 +293,7 @@ async fn read_body(
     headers: &HeaderMap,
 ) -> Result<Bytes, ApiError> {
     let max = cfg.max_body_bytes;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            "request_too_large",
-            format!("Request bodies are limited to {max} bytes."),
-        )
-    };
+    let too_large = || respond::body_too_large(max);
     let declared = headers
         .get("content-length")
         .and_then(|v| v.to_str().ok())
@@ -316,12 +302,7 @@ async fn read_body(
         return Err(too_large());
     }
     match tokio::time::timeout(cfg.body_timeout, Limited::new(body, max).collect()).await {
-        Err(_) => Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "invalid_request_error",
-            "body_timeout",
-            "The request body did not arrive in time.",
-        )),
+        Err(_) => Err(respond::body_timeout()),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Ok(Err(e)) => Err(ApiError::invalid(
             "invalid_body",
@@ -361,29 +342,14 @@ async fn admit_and_forward(
             None => ApiError::invalid("invalid_json", e.to_string()),
         })?;
     let Some(&upstream_idx) = cfg.models.get(&count.model) else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            format!(
-                "The model {:?} does not exist or is not served here.",
-                shown(&count.model)
-            ),
-        )
-        .param("model"));
+        return Err(respond::model_not_found(&shown(&count.model)));
     };
     if key
         .models
         .as_ref()
         .is_some_and(|m| !m.contains(&count.model))
     {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "invalid_request_error",
-            "model_not_allowed",
-            format!("This key may not use {:?}.", count.model),
-        )
-        .param("model"));
+        return Err(respond::model_not_allowed(&count.model));
     }
     let cap_field = if format == Format::Responses {
         "max_output_tokens"
@@ -474,14 +440,7 @@ async fn admit_and_forward(
         },
     };
     let facts_cache_writes = facts.cache_write_tokens;
-    let mut p = plan(policy, &facts).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            "unpriced_model",
-            e.to_string(),
-        )
-    })?;
+    let mut p = plan(policy, &facts).map_err(|e| respond::internal("unpriced_model", e))?;
     for r in &key.exempt {
         match r {
             Reason::RequestRateLimit => p.rate.clear(),
@@ -622,14 +581,7 @@ async fn admit_and_forward(
         }
     }
     let upstream = &cfg.upstreams[upstream_idx];
-    let out_body = serde_json::to_vec(&json).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            "internal",
-            e.to_string(),
-        )
-    })?;
+    let out_body = serde_json::to_vec(&json).map_err(|e| respond::internal("internal", e))?;
     let mut builder = Request::post(format!("{}{path}", upstream.base_url))
         .header("content-type", "application/json")
         .header(
@@ -660,14 +612,7 @@ async fn admit_and_forward(
     }
     let up_req = builder
         .body(Full::new(Bytes::from(out_body)))
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                "internal",
-                e.to_string(),
-            )
-        })?;
+        .map_err(|e| respond::internal("internal", e))?;
 
     // The response's own header map, made at its final size: grown from empty, it was
     // reallocated as it filled, then merged into the response's map, which grew in turn.
@@ -698,9 +643,7 @@ async fn admit_and_forward(
     };
     match tokio::spawn(forward_and_settle(forward)).await {
         Ok(r) => r,
-        Err(_) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
+        Err(_) => Err(respond::internal(
             "internal",
             "The request's task ended unexpectedly.",
         )),
@@ -827,12 +770,7 @@ async fn forward_and_settle(f: Forward) -> Result<Response, ApiError> {
         Ok(Ok(c)) => c.to_bytes(),
         _ => {
             let _ = ticket.release(None).await;
-            return Err(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                "upstream_body",
-                "The upstream's response could not be read.",
-            ));
+            return Err(respond::upstream_body());
         }
     };
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
@@ -856,22 +794,12 @@ async fn upstream_failed(ticket: Ticket, unreachable: Option<String>) -> ApiErro
         Some(why) => {
             crate::telemetry::upstream_failed("unreachable");
             let _ = ticket.release(Some(Usage::default())).await;
-            ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                "upstream_unreachable",
-                format!("The upstream could not be reached: {why}"),
-            )
+            respond::upstream_unreachable(&why)
         }
         None => {
             crate::telemetry::upstream_failed("timeout");
             let _ = ticket.release(None).await;
-            ApiError::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_error",
-                "upstream_timeout",
-                "The upstream did not answer in time.",
-            )
+            respond::upstream_timeout()
         }
     }
 }
@@ -1217,12 +1145,7 @@ impl Drop for Unanswered<'_> {
 const UNANSWERED_RELEASE_WINDOW: Duration = Duration::from_secs(30);
 
 fn unreachable_admit() -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "server_error",
-        "internal",
-        "inconsistent decision",
-    )
+    respond::internal("internal", "inconsistent decision")
 }
 
 fn store_error(e: StoreError) -> ApiError {
@@ -1232,12 +1155,7 @@ fn store_error(e: StoreError) -> ApiError {
             crate::telemetry::store_state_lost();
             respond::store_state_lost()
         }
-        other => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            "store_error",
-            other.to_string(),
-        ),
+        other => respond::internal("store_error", other),
     }
 }
 
@@ -1263,13 +1181,7 @@ pub async fn metrics(State(gw): State<Shared>) -> Response {
     crate::telemetry::scrape_gauges(gw.records.as_ref().map_or(0, RecordSink::dropped));
     match crate::telemetry::handle() {
         Some(h) => ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response(),
-        None => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            "metrics_unavailable",
-            "No metrics recorder.",
-        )
-        .into_response(),
+        None => respond::internal("metrics_unavailable", "No metrics recorder.").into_response(),
     }
 }
 

@@ -310,6 +310,98 @@ pub fn store_unavailable() -> ApiError {
     e
 }
 
+/// No API key, or one this gateway does not know: 401.
+pub fn unauthorized(message: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "invalid_request_error",
+        "invalid_api_key",
+        message,
+    )
+}
+
+/// A body over `max_body_bytes`: 413, refused before it is read.
+pub fn body_too_large(max: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "request_too_large",
+        format!("Request bodies are limited to {max} bytes."),
+    )
+}
+
+/// A body that did not arrive within `body_timeout`: 408.
+pub fn body_timeout() -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        "body_timeout",
+        "The request body did not arrive in time.",
+    )
+}
+
+/// A model no upstream serves: 404 (`shown` is the client's name for it, bounded).
+pub fn model_not_found(shown: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "model_not_found",
+        format!("The model {shown:?} does not exist or is not served here."),
+    )
+    .param("model")
+}
+
+/// A model the key may not use: 403.
+pub fn model_not_allowed(model: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "invalid_request_error",
+        "model_not_allowed",
+        format!("This key may not use {model:?}."),
+    )
+    .param("model")
+}
+
+/// Something on this side failed: 500 with `code`.
+pub fn internal(code: &str, message: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        code,
+        message.to_string(),
+    )
+}
+
+/// The upstream's answer could not be read: 502.
+pub fn upstream_body() -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "upstream_error",
+        "upstream_body",
+        "The upstream's response could not be read.",
+    )
+}
+
+/// The upstream could not be reached (`why`): 502, nothing charged.
+pub fn upstream_unreachable(why: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "upstream_error",
+        "upstream_unreachable",
+        format!("The upstream could not be reached: {why}"),
+    )
+}
+
+/// The upstream sent no response headers within `upstream_timeout`: 504.
+pub fn upstream_timeout() -> ApiError {
+    ApiError::new(
+        StatusCode::GATEWAY_TIMEOUT,
+        "upstream_error",
+        "upstream_timeout",
+        "The upstream did not answer in time.",
+    )
+}
+
 /// The store forgot its state (see [`tollgate_core::StoreError::StateLost`]): 503, not
 /// retryable until an operator acknowledges the loss (`POST /admin/store/acknowledge-loss`).
 pub fn store_state_lost() -> ApiError {
