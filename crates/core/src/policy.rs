@@ -450,6 +450,36 @@ fn duration_ms(s: &str, path: &str) -> Result<NonZeroU64, PolicyError> {
     NonZeroU64::new(ms).ok_or_else(|| PolicyError::new(path, "must be at least 1ms"))
 }
 
+/// A rule's `ip_prefix`: only on rules keyed on `ip`; each length within its family's.
+fn validate_ip_prefix(
+    raw: Option<&RawIpPrefix>,
+    dims: &[Dimension],
+    path: &str,
+) -> Result<IpPrefix, PolicyError> {
+    let d = IpPrefix::default();
+    let Some(p) = raw else { return Ok(d) };
+    if !dims.contains(&Dimension::Ip) {
+        return Err(PolicyError::new(
+            format!("{path}.ip_prefix"),
+            "applies only to a rule keyed on ip",
+        ));
+    }
+    let (v4, v6) = (p.v4.unwrap_or(d.v4), p.v6.unwrap_or(d.v6));
+    if !(1..=32).contains(&v4) {
+        return Err(PolicyError::new(
+            format!("{path}.ip_prefix.v4"),
+            "must be from 1 to 32",
+        ));
+    }
+    if !(1..=128).contains(&v6) {
+        return Err(PolicyError::new(
+            format!("{path}.ip_prefix.v6"),
+            "must be from 1 to 128",
+        ));
+    }
+    Ok(IpPrefix { v4, v6 })
+}
+
 fn validate_scope(
     s: RawScope,
     path: &str,
@@ -474,33 +504,7 @@ fn validate_scope(
         }
     }
     dims.sort();
-    let ip_prefix = match &s.ip_prefix {
-        None => IpPrefix::default(),
-        Some(p) => {
-            if !dims.contains(&Dimension::Ip) {
-                return Err(PolicyError::new(
-                    format!("{path}.ip_prefix"),
-                    "applies only to a rule keyed on ip",
-                ));
-            }
-            let d = IpPrefix::default();
-            let v4 = p.v4.unwrap_or(d.v4);
-            let v6 = p.v6.unwrap_or(d.v6);
-            if !(1..=32).contains(&v4) {
-                return Err(PolicyError::new(
-                    format!("{path}.ip_prefix.v4"),
-                    "must be from 1 to 32",
-                ));
-            }
-            if !(1..=128).contains(&v6) {
-                return Err(PolicyError::new(
-                    format!("{path}.ip_prefix.v6"),
-                    "must be from 1 to 128",
-                ));
-            }
-            IpPrefix { v4, v6 }
-        }
-    };
+    let ip_prefix = validate_ip_prefix(s.ip_prefix.as_ref(), &dims, path)?;
     let name: Arc<str> = s.name.unwrap_or_else(|| s.key.trim().to_owned()).into();
     if name.is_empty()
         || !name

@@ -216,12 +216,16 @@ impl ScopeKey {
             id.push_str(d.as_str());
             id.push(':');
             let value = identity.get(*d)?;
-            match (d, value.parse::<std::net::IpAddr>()) {
-                // Written by this code from a parsed address: only hex digits, '.', ':' and
-                // '/', so it needs no escaping, and no escaped value (which holds neither ':'
-                // nor '/', and would itself have parsed if it were an IPv4 address) equals it.
-                (Dimension::Ip, Ok(ip)) => id.push_str(&ip_prefix.network(ip)),
-                _ => escape_into(value, id),
+            // Only an `ip` value is parsed (a scope key is derived on every request). The
+            // network is written from a parsed address: only hex digits, '.', ':' and '/', so
+            // it needs no escaping, and no escaped value (which holds neither ':' nor '/', and
+            // would itself have parsed if it were an IPv4 address) equals it.
+            let ip = (*d == Dimension::Ip)
+                .then(|| value.parse::<std::net::IpAddr>().ok())
+                .flatten();
+            match ip {
+                Some(ip) => id.push_str(&ip_prefix.network(ip)),
+                None => escape_into(value, id),
             }
         }
         Some(Self {

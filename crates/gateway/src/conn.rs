@@ -340,9 +340,10 @@ impl Drop for Busy {
     }
 }
 
-/// A response body that holds its request's [`Busy`] until it is done.
+/// A response body that holds its request's [`Busy`] until it is done (dropped with it).
 struct Tracked {
     body: Body,
+    #[allow(dead_code)] // held for its `Drop`
     busy: Busy,
 }
 
@@ -354,9 +355,7 @@ impl hyper::body::Body for Tracked {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.get_mut();
-        let _ = &this.busy;
-        Pin::new(&mut this.body).poll_frame(cx)
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -136,3 +136,16 @@ fn a_full_policy_validates() {
         Some(2_500_000)
     );
 }
+
+#[test]
+fn ip_prefixes_are_checked_and_default_to_a_v6_64() {
+    let e = err("[[scopes]]\nkey = \"tenant\"\nip_prefix = { v4 = 24 }\n");
+    assert_eq!(e.path, "policy.scopes[0].ip_prefix");
+    let e = err("[[scopes]]\nkey = \"ip\"\nip_prefix = { v4 = 33 }\n");
+    assert_eq!(e.path, "policy.scopes[0].ip_prefix.v4");
+    let e = err("[[scopes]]\nkey = \"ip\"\nip_prefix = { v6 = 0 }\n");
+    assert_eq!(e.path, "policy.scopes[0].ip_prefix.v6");
+    let p = Policy::from_toml("[[scopes]]\nkey = \"ip\"\nip_prefix = { v4 = 24 }\n")
+        .unwrap_or_else(|e| unreachable!("{e}"));
+    assert_eq!(p.scopes[0].ip_prefix, IpPrefix { v4: 24, v6: 64 });
+}

@@ -29,3 +29,35 @@ fn hostile_values_cannot_forge_another_scope() {
     let k = ScopeKey::derive("u", &[Dimension::User], &tag).unwrap_or_else(|| unreachable!());
     assert!(!k.id()[2..].contains(['{', '}', '|']));
 }
+
+#[test]
+fn addresses_are_grouped_by_network() {
+    let p = IpPrefix::default();
+    let ip = |s: &str| s.parse().unwrap_or_else(|_| unreachable!());
+    assert_eq!(p.network(ip("10.1.2.3")), "10.1.2.3");
+    assert_eq!(p.network(ip("2001:db8:1:2:3:4:5:6")), "2001:db8:1:2::/64");
+    // An IPv4 client on a dual-stack socket is its IPv4 address.
+    assert_eq!(p.network(ip("::ffff:10.1.2.3")), "10.1.2.3");
+    let wide = IpPrefix { v4: 24, v6: 48 };
+    assert_eq!(wide.network(ip("10.1.2.3")), "10.1.2.0/24");
+    assert_eq!(wide.network(ip("2001:db8:1:2::9")), "2001:db8:1::/48");
+    let id = Identity::default().with(Dimension::Ip, "2001:db8:1:2::9");
+    let k = ScopeKey::derive("i", &[Dimension::Ip], &id).unwrap_or_else(|| unreachable!());
+    assert_eq!(k.key(), "ip:2001:db8:1:2::/64");
+}
+
+#[test]
+fn escaping_is_injective_and_users_sit_in_their_tenant() {
+    let key = |u: &str| {
+        let id = Identity::default()
+            .with(Dimension::Tenant, "acme")
+            .with(Dimension::User, u);
+        ScopeKey::derive("u", &[Dimension::User], &id)
+            .unwrap_or_else(|| unreachable!())
+            .key()
+            .to_owned()
+    };
+    assert_eq!(key("carol?"), "tenant:acme/user:carol%3F");
+    assert_eq!(key("carol\u{1}"), "tenant:acme/user:carol%01");
+    assert_ne!(key("carol\u{1}"), key("carol\u{2}"));
+}
