@@ -83,7 +83,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 writeln!(std::io::stderr(), "tollgate: warning: {w}")?;
             }
             let records = cfg.records.clone();
-            let mut gw = tollgate_gateway::proxy::Gateway::new(cfg, store);
+            let mut gw = tollgate_gateway::Gateway::new(cfg, store);
             if let Some(path) = config {
                 gw = gw.with_config_path(path);
             }

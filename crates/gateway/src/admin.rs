@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tollgate_core::{Clock, Store, SystemClock};
 
-use crate::proxy::Shared;
+use crate::gateway::Shared;
 use crate::respond::ApiError;
 
 fn store_failed(e: tollgate_core::StoreError) -> Response {
@@ -47,7 +47,7 @@ pub fn router(gw: Shared, token: String) -> Router {
         .route("/admin/usage", get(usage))
         .route("/admin/reload", post(reload))
         .route("/admin/store/acknowledge-loss", post(acknowledge_loss))
-        .route("/metrics", get(crate::proxy::metrics))
+        .route("/metrics", get(crate::telemetry::metrics))
         .layer(middleware::from_fn(
             move |headers: HeaderMap, req, next: Next| {
                 let token = token.clone();

@@ -33,8 +33,9 @@ pub mod admission;
 pub mod config;
 pub mod conn;
 pub mod contexts;
-mod meter;
-pub mod proxy;
+pub mod dialect;
+pub mod gateway;
+mod path;
 pub mod records;
 pub mod respond;
 pub mod server;
@@ -45,4 +46,6 @@ pub mod upstream;
 pub mod upstream_tools;
 
 pub use config::{GatewayConfig, hash_key};
+pub use gateway::{Gateway, Shared};
+pub use path::intake::MAX_USER_BYTES;
 pub use server::{router, serve, serve_with, start_store, start_store_with_warnings};

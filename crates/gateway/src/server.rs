@@ -4,17 +4,17 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tollgate_core::MemoryStore;
 use tollgate_redis::{RedisConfig, RedisStore};
-use tollgate_tokens::Format;
 
 use crate::config::{GatewayConfig, StoreConfig};
-use crate::proxy::{self, Gateway, Shared};
-use crate::respond::ApiError;
+use crate::gateway::{Gateway, Shared};
 use crate::store::AnyStore;
 
 /// Opens the configured store.
@@ -94,38 +94,14 @@ async fn check_keeping(store: &RedisStore, allow_eviction: bool) -> std::io::Res
 pub fn router(gw: Shared) -> Router {
     // Install the recorder before the first request records anything.
     let _ = crate::telemetry::handle();
-    Router::new()
-        .route(
-            "/v1/chat/completions",
-            post(|s, r| proxy::handle(s, Format::ChatCompletions, "/v1/chat/completions", r)),
-        )
-        .route(
-            "/v1/completions",
-            post(|s, r| proxy::handle(s, Format::Completions, "/v1/completions", r)),
-        )
-        .route(
-            "/v1/embeddings",
-            post(|s, r| proxy::handle(s, Format::Embeddings, "/v1/embeddings", r)),
-        )
-        .route(
-            "/v1/responses",
-            post(|s, r| proxy::handle(s, Format::Responses, "/v1/responses", r)),
-        )
-        .route(
-            "/v1/messages",
-            post(|s, r| proxy::handle(s, Format::AnthropicMessages, "/v1/messages", r)),
-        )
-        .route("/v1/models", get(proxy::models))
+    let mut routes = Router::new();
+    for d in crate::dialect::ALL {
+        routes = routes.route(d.path(), post(move |s, r| crate::path::handle(s, d, r)));
+    }
+    routes
+        .route("/v1/models", get(models))
         .route("/healthz", get(healthz))
-        .fallback(|| async {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                "unknown_url",
-                "Unknown URL.",
-            )
-            .into_response()
-        })
+        .fallback(|| async { crate::respond::unknown_url().into_response() })
         .with_state(gw)
 }
 
@@ -133,10 +109,26 @@ pub fn router(gw: Shared) -> Router {
 pub fn metrics_router(gw: Shared) -> Router {
     let _ = crate::telemetry::handle();
     Router::new()
-        .route("/metrics", get(proxy::metrics))
+        .route("/metrics", get(crate::telemetry::metrics))
         .route("/readyz", get(readyz))
         .route("/healthz", get(healthz))
         .with_state(gw)
+}
+
+/// `GET /v1/models`: the models this key may use.
+pub async fn models(State(gw): State<Shared>, req: Request<Body>) -> Response {
+    let cfg = gw.config();
+    let key = match crate::path::intake::authenticate(&cfg, req.headers()) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let data: Vec<serde_json::Value> = cfg
+        .models
+        .iter()
+        .filter(|(m, _)| key.models.as_ref().is_none_or(|ms| ms.contains(m)))
+        .map(|(m, u)| serde_json::json!({"id": m, "object": "model", "owned_by": cfg.upstreams[*u].name}))
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
 
 /// `GET /healthz`: the process answers.
@@ -147,10 +139,10 @@ pub(crate) async fn healthz() -> &'static str {
 /// `GET /readyz`: 200 while the store answers and no shutdown has begun, 503 otherwise.
 pub(crate) async fn readyz(axum::extract::State(gw): axum::extract::State<Shared>) -> Response {
     if gw.is_draining() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+        return crate::respond::draining();
     }
     match gw.store.ping().await {
-        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Ok(()) => crate::respond::ready(),
         Err(e) => crate::respond::store_unavailable()
             .param(e.to_string())
             .into_response(),

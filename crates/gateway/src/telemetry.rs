@@ -199,7 +199,7 @@ pub fn connection_refused(limit: &'static str) {
 /// fresh: every `[metrics] refresh`, all of them read from the store at once (concurrent calls,
 /// which the Redis store's one connection sends together), so a scrape never calls the store
 /// and a scrape storm costs it nothing. Stops with the gateway.
-pub fn spawn_budget_refresh(gw: crate::proxy::Shared) {
+pub fn spawn_budget_refresh(gw: crate::gateway::Shared) {
     let weak = std::sync::Arc::downgrade(&gw);
     drop(gw);
     tokio::spawn(async move {
@@ -213,7 +213,7 @@ pub fn spawn_budget_refresh(gw: crate::proxy::Shared) {
     });
 }
 
-async fn refresh_budgets(gw: &crate::proxy::Gateway, cfg: &crate::config::GatewayConfig) {
+async fn refresh_budgets(gw: &crate::gateway::Gateway, cfg: &crate::config::GatewayConfig) {
     use tollgate_core::{Identity, ScopeKey, Store};
     let scopes: Vec<_> = cfg
         .policy
@@ -257,4 +257,23 @@ pub fn fail_open() {
 pub fn followup_context(known: bool) {
     counter!("tollgate_followup_context_total", "context" => if known { "known" } else { "unknown" })
         .increment(1);
+}
+
+/// `GET /metrics`: Prometheus text format. Budget figures are the last refresh's (see
+/// [`crate::telemetry::spawn_budget_refresh`]): a scrape never calls the store.
+pub async fn metrics(
+    axum::extract::State(gw): axum::extract::State<crate::gateway::Shared>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    scrape_gauges(
+        gw.records
+            .as_ref()
+            .map_or(0, crate::records::RecordSink::dropped),
+    );
+    match handle() {
+        Some(h) => ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response(),
+        None => {
+            crate::respond::internal("metrics_unavailable", "No metrics recorder.").into_response()
+        }
+    }
 }

@@ -12,8 +12,8 @@ use hyper::Request;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
+use tollgate_gateway::Gateway;
 use tollgate_gateway::config::GatewayConfig;
-use tollgate_gateway::proxy::Gateway;
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_testkit::sim::{Sim, SimConfig};
 

@@ -2,34 +2,53 @@
 
 use std::sync::Arc;
 
-use tollgate_core::Policy;
+use tollgate_core::{Policy, Reason, Store};
 
 use super::service::{Admission, FactsFn};
+use crate::config::QueueConfig;
+use crate::path::admit::Queue;
 use crate::store::AnyStore;
 
-/// Applies [`Admission`] to a service.
-#[derive(Clone)]
-pub struct AdmissionLayer {
-    pub(super) policy: Policy,
-    pub(super) store: AnyStore,
+/// Applies [`Admission`] to a service. Generic over the store: any [`Store`] (the memory store,
+/// Redis, or [`AnyStore`] for either).
+pub struct AdmissionLayer<S = AnyStore> {
+    pub(super) policy: Arc<Policy>,
+    pub(super) store: S,
     pub(super) facts: FactsFn,
     pub(super) max_body_bytes: usize,
+    pub(super) exempt: Arc<[Reason]>,
+    pub(super) kills: Arc<[(String, String)]>,
+    pub(super) queue: Option<(Arc<Queue>, QueueConfig)>,
 }
 
-impl std::fmt::Debug for AdmissionLayer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdmissionLayer")
-            .field("policy", &self.policy.version)
-            .finish()
+impl<S: Clone> Clone for AdmissionLayer<S> {
+    fn clone(&self) -> Self {
+        Self {
+            policy: self.policy.clone(),
+            store: self.store.clone(),
+            facts: self.facts.clone(),
+            max_body_bytes: self.max_body_bytes,
+            exempt: self.exempt.clone(),
+            kills: self.kills.clone(),
+            queue: self.queue.clone(),
+        }
     }
 }
 
-impl AdmissionLayer {
+impl<S> std::fmt::Debug for AdmissionLayer<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdmissionLayer")
+            .field("policy", &self.policy.version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + Clone + 'static> AdmissionLayer<S> {
     /// A layer deciding with `policy` on `store`; `facts` turns a request (head and body) into
     /// its facts, or into the response to send instead.
     pub fn new(
         policy: Policy,
-        store: AnyStore,
+        store: S,
         facts: impl Fn(
             &http::request::Parts,
             &bytes::Bytes,
@@ -39,10 +58,13 @@ impl AdmissionLayer {
         + 'static,
     ) -> Self {
         Self {
-            policy,
+            policy: Arc::new(policy),
             store,
             facts: Arc::new(facts),
             max_body_bytes: 1 << 20,
+            exempt: Arc::from([]),
+            kills: Arc::from([]),
+            queue: None,
         }
     }
 
@@ -52,11 +74,34 @@ impl AdmissionLayer {
         self.max_body_bytes = n;
         self
     }
+
+    /// Exempts every request from these controls (as a key's `exempt` does in the proxy).
+    #[must_use]
+    pub fn exempt(mut self, reasons: impl IntoIterator<Item = Reason>) -> Self {
+        self.exempt = reasons.into_iter().collect();
+        self
+    }
+
+    /// Kill switches that hold whatever the store holds: `(target, reason)`, as the proxy's
+    /// `[[kill]]` entries.
+    #[must_use]
+    pub fn kills(mut self, kills: impl IntoIterator<Item = (String, String)>) -> Self {
+        self.kills = kills.into_iter().collect();
+        self
+    }
+
+    /// A request that meets a full concurrency scope waits in a bounded queue, as the proxy's
+    /// `[queue]`; its place is its identity's key (or tenant).
+    #[must_use]
+    pub fn queue(mut self, q: QueueConfig) -> Self {
+        self.queue = Some((Arc::new(Queue::default()), q));
+        self
+    }
 }
 
-impl<S> tower::Layer<S> for AdmissionLayer {
-    type Service = Admission<S>;
-    fn layer(&self, inner: S) -> Admission<S> {
+impl<S: Clone, I> tower::Layer<I> for AdmissionLayer<S> {
+    type Service = Admission<I, S>;
+    fn layer(&self, inner: I) -> Admission<I, S> {
         Admission {
             inner,
             layer: self.clone(),

@@ -7,12 +7,14 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::Request;
 use http_body_util::{BodyExt, Limited};
-use tollgate_core::{Decision, RequestFacts, Store, Usage, plan};
+use tollgate_core::{Decision, Dimension, RequestFacts, Store, Usage, plan};
 
 use super::future::ResponseFuture;
 use super::layer::AdmissionLayer;
-use crate::respond::{self, ApiError};
-use crate::store::Ticket;
+use crate::path::admit::Controls;
+use crate::path::settle::Ticket;
+use crate::respond;
+use crate::store::AnyStore;
 
 /// Turns a request into its facts, or into the response to send instead.
 pub type FactsFn = Arc<
@@ -20,13 +22,21 @@ pub type FactsFn = Arc<
 >;
 
 /// The admission middleware (see the module docs).
-#[derive(Clone)]
-pub struct Admission<S> {
-    pub(super) inner: S,
-    pub(super) layer: AdmissionLayer,
+pub struct Admission<I, S = AnyStore> {
+    pub(super) inner: I,
+    pub(super) layer: AdmissionLayer<S>,
 }
 
-impl<S> std::fmt::Debug for Admission<S> {
+impl<I: Clone, S: Clone> Clone for Admission<I, S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<I, S> std::fmt::Debug for Admission<I, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Admission").finish_non_exhaustive()
     }
@@ -34,13 +44,13 @@ impl<S> std::fmt::Debug for Admission<S> {
 
 /// An admitted request's handle, in the request's extensions. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct AdmissionHandle {
-    ticket: Arc<Mutex<Option<Ticket>>>,
+pub struct AdmissionHandle<S: Store + Clone + 'static = AnyStore> {
+    ticket: Arc<Mutex<Option<Ticket<S>>>>,
     /// The output cap granted: send no more than this upstream.
     pub max_output_tokens: u64,
 }
 
-impl AdmissionHandle {
+impl<S: Store + Clone + 'static> AdmissionHandle<S> {
     /// Settles with the real usage. A second call does nothing.
     pub async fn settle(&self, usage: Usage) {
         let t = self.ticket.lock().ok().and_then(|mut g| g.take());
@@ -50,15 +60,16 @@ impl AdmissionHandle {
     }
 }
 
-impl<S> tower::Service<Request<Body>> for Admission<S>
+impl<I, S> tower::Service<Request<Body>> for Admission<I, S>
 where
-    S: tower::Service<Request<Body>, Response = Response> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    I: tower::Service<Request<Body>, Response = Response> + Clone + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    S: Store + Clone + std::fmt::Debug + 'static,
 {
     type Response = Response;
-    type Error = S::Error;
-    type Future = ResponseFuture<S::Error>;
+    type Error = I::Error;
+    type Future = ResponseFuture<I::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -71,39 +82,39 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let (parts, body) = req.into_parts();
-            let bytes = match Limited::new(body, layer.max_body_bytes).collect().await {
+            let max = layer.max_body_bytes;
+            let bytes = match Limited::new(body, max).collect().await {
                 Ok(c) => c.to_bytes(),
-                Err(_) => {
-                    return Ok(ApiError::new(
-                        http::StatusCode::PAYLOAD_TOO_LARGE,
-                        "invalid_request_error",
-                        "request_too_large",
-                        "Request body too large.",
-                    )
-                    .into_response());
-                }
+                Err(_) => return Ok(respond::body_too_large(max).into_response()),
             };
             let facts = match (layer.facts)(&parts, &bytes) {
                 Ok(f) => f,
                 Err(resp) => return Ok(resp),
             };
-            let p = match plan(&layer.policy, &facts) {
+            let mut p = match plan(&layer.policy, &facts) {
                 Ok(p) => p,
-                Err(e) => {
-                    return Ok(ApiError::invalid("unpriced_model", e.to_string()).into_response());
-                }
+                Err(e) => return Ok(respond::unpriced_model(e).into_response()),
             };
-            let admitted = match layer.store.admit(&p).await {
+            let queue_key = facts
+                .identity
+                .get(Dimension::Key)
+                .or_else(|| facts.identity.get(Dimension::Tenant))
+                .unwrap_or("");
+            let controls = Controls {
+                store: &layer.store,
+                exempt: &layer.exempt,
+                kills: &layer.kills,
+                queue: layer.queue.as_ref().map(|(q, c)| (&**q, *c)),
+                queue_key,
+            };
+            let admitted = match controls.decide(&mut p).await {
                 Ok(Decision::Admit(a)) => a,
-                Ok(Decision::Deny(d)) => return Ok(respond::deny(&d).into_response()),
-                Ok(Decision::Killed(k)) => return Ok(respond::killed(&k).into_response()),
-                Err(_) => return Ok(respond::store_unavailable().into_response()),
+                Ok(refused) => return Ok(respond::refusal(&refused).into_response()),
+                Err(e) => return Ok(e.into_response()),
             };
+            let ticket = Ticket::admitted(layer.store.clone(), &p, &admitted);
             let handle = AdmissionHandle {
-                ticket: Arc::new(Mutex::new(Some(Ticket::new(
-                    layer.store.clone(),
-                    p.request_id.clone(),
-                )))),
+                ticket: Arc::new(Mutex::new(Some(ticket))),
                 max_output_tokens: admitted.max_output_tokens,
             };
             let mut req = Request::from_parts(parts, Body::from(bytes));

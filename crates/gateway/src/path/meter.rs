@@ -1,21 +1,150 @@
-//! The meter step for streams: the upstream's events pass to the client as they come, read on
-//! the way for usage ([`SseMeter`]), within bounds (the wait for the next event, the stream's
-//! length, an event's size), and the stream's end settles its ticket. Past a bound, the client
-//! gets an error event in its API's format, the usage metered so far is charged, and the lease
-//! is released.
+//! The meter step: what the upstream used, read from its answer.
+//!
+//! A whole answer is read within a size limit and its reported usage checked (or its output
+//! counted when it reports none). A stream's events pass to the client as they come, read on
+//! the way ([`SseMeter`]), within bounds (the wait for the next event, the stream's length, an
+//! event's size); past a bound, the client gets an error event in its API's format, the usage
+//! metered so far is charged, and the lease is released. Either way the end settles the ticket.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::http::HeaderMap;
 use bytes::Bytes;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
+use serde_json::Value;
 use tokio::time::Instant;
 use tollgate_core::Usage;
-use tollgate_tokens::Format;
+use tollgate_tokens::TokenCounter;
 
-use crate::config::StreamBounds;
-use crate::proxy::Shared;
+use super::settle::Ticket;
+use crate::config::{GatewayConfig, StreamBounds};
+use crate::dialect::Dialect;
+use crate::gateway::Shared;
+use crate::respond::{self, ApiError};
 use crate::sse::SseMeter;
-use crate::store::Ticket;
+
+/// Upstream response bodies larger than this are refused (not streamed ones).
+pub(crate) const MAX_UPSTREAM_BODY: usize = 64 << 20;
+
+/// What metering an admitted request's answer needs.
+pub(crate) struct Answer {
+    pub gw: Shared,
+    pub cfg: Arc<GatewayConfig>,
+    pub dialect: &'static dyn Dialect,
+    pub ticket: Ticket,
+    /// The response's headers so far (the quotas).
+    pub headers: HeaderMap,
+    pub stream: bool,
+    /// The stream's usage event was asked for by the gateway only (see [`Dialect::set_cap`]).
+    pub strip_usage: bool,
+    pub model: String,
+    pub ttl_ms: u64,
+    /// The counted input.
+    pub input: u64,
+    /// The granted output cap, for the whole request.
+    pub granted: u64,
+    /// The request's conversation (Responses API), and how long its context is kept.
+    pub conversation: Option<String>,
+    pub keep_context: Option<Duration>,
+}
+
+/// A whole answer: read, its usage settled; the bytes to pass on and the response's headers.
+pub(crate) async fn answer(
+    a: Answer,
+    body: hyper::body::Incoming,
+) -> Result<(Bytes, HeaderMap), ApiError> {
+    let collected = tokio::time::timeout(
+        a.cfg.upstream_timeout,
+        Limited::new(body, MAX_UPSTREAM_BODY).collect(),
+    )
+    .await;
+    let bytes = match collected {
+        Ok(Ok(c)) => c.to_bytes(),
+        _ => {
+            let _ = a.ticket.release(None).await;
+            return Err(respond::upstream_body());
+        }
+    };
+    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let (usage, invalid) =
+        answered_usage(a.dialect, &v, a.input, a.granted, &a.cfg.counter, &a.model);
+    let mut ticket = a.ticket;
+    if invalid {
+        ticket.usage_invalid();
+    }
+    if let Some(ttl) = a.keep_context {
+        a.gw.remember_context(v["id"].as_str(), a.conversation.as_deref(), usage, ttl)
+            .await;
+    }
+    let _ = ticket.settle(usage).await;
+    Ok((bytes, a.headers))
+}
+
+/// The usage of a non-streamed answer `v`: what the upstream reported (each number checked, see
+/// [`crate::sse::usage_number`]), or, when it reported none, the counted `input` and the output
+/// counted from the answer's text. When a reported number is not a count, the reservation
+/// (`input` and the `granted` cap) and `true`.
+fn answered_usage(
+    dialect: &dyn Dialect,
+    v: &Value,
+    input: u64,
+    granted: u64,
+    counter: &TokenCounter,
+    model: &str,
+) -> (Usage, bool) {
+    let mut bad = false;
+    let reported = dialect.usage(&v["usage"], input, &mut bad);
+    if bad {
+        // Numbers that are not counts: the gateway cannot know what was used, so it charges
+        // what it reserved.
+        let reserved = Usage {
+            input_tokens: input,
+            output_tokens: granted,
+            ..Usage::default()
+        };
+        return (reserved, true);
+    }
+    let usage = reported.unwrap_or_else(|| {
+        // No usage reported: count the output ourselves.
+        let text = dialect.output_text(v);
+        Usage {
+            input_tokens: input,
+            cached_input_tokens: 0,
+            output_tokens: counter.count_text(model, &text, None).0,
+            ..Usage::default()
+        }
+    });
+    (usage, false)
+}
+
+/// A stream's body: metered on its way to the client, settled at its end.
+pub(crate) fn stream(mut a: Answer, body: hyper::body::Incoming) -> Body {
+    let ttl = Duration::from_millis(a.ttl_ms.max(3));
+    a.ticket.renew_every(ttl / 3);
+    a.ticket.partial = Some(Usage {
+        input_tokens: a.input,
+        ..Usage::default()
+    });
+    let now = Instant::now();
+    let metered = MeteredStream {
+        body,
+        meter: a.dialect.meter(&a.model, a.strip_usage),
+        ticket: a.ticket,
+        remember: (a.gw, a.conversation, a.keep_context),
+        dialect: a.dialect,
+        input: a.input,
+        granted: a.granted,
+        bounds: a.cfg.stream,
+        started: now,
+        last_event: now,
+    };
+    Body::from_stream(futures_util::stream::unfold(
+        Some(metered),
+        |s| async move { s?.next().await },
+    ))
+}
 
 /// Where a stream's context is remembered at its end (Responses API): the gateway, the
 /// conversation, and for how long.
@@ -27,7 +156,7 @@ pub(crate) struct MeteredStream {
     pub meter: SseMeter,
     pub ticket: Ticket,
     pub remember: Remember,
-    pub format: Format,
+    pub dialect: &'static dyn Dialect,
     /// The counted input, charged when the upstream reports none.
     pub input: u64,
     /// The granted output cap, charged when the upstream's numbers are not counts.
@@ -70,25 +199,6 @@ impl Breach {
             ),
         }
     }
-}
-
-/// The error event of a cut-off stream, in the API's own format.
-fn error_event(format: Format, code: &str, message: &str) -> Bytes {
-    let text = match format {
-        Format::AnthropicMessages => format!(
-            "event: error\ndata: {}\n\n",
-            serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}})
-        ),
-        Format::Responses => format!(
-            "event: error\ndata: {}\n\n",
-            serde_json::json!({"type": "error", "code": code, "message": message, "param": null})
-        ),
-        _ => format!(
-            "data: {}\n\n",
-            serde_json::json!({"error": {"message": message, "type": "upstream_error", "code": code, "param": null}})
-        ),
-    };
-    Bytes::from(text)
 }
 
 impl MeteredStream {
@@ -160,7 +270,9 @@ impl MeteredStream {
         } else {
             self.usage_so_far()
         };
-        let event = error_event(self.format, breach.code(), &breach.message(&self.bounds));
+        let event = self
+            .dialect
+            .stream_error(breach.code(), &breach.message(&self.bounds));
         let _ = self.ticket.release(Some(usage)).await;
         Some((Ok(event), None))
     }

@@ -1,10 +1,14 @@
-//! Responses at the edge: decisions become status codes, headers and OpenAI-format error
-//! bodies here and nowhere else.
+//! Responses at the edge: decisions and errors become status codes, headers and OpenAI-format
+//! error bodies here and nowhere else, each through a named constructor. Refusals, store and
+//! upstream failures are here; what is wrong with a client's request is in `client`.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tollgate_core::{Admitted, Deny, Plan, Quota, Reason};
+
+mod client;
+pub use client::*;
 
 /// A budget that only resets after this long also says `x-should-retry: false`, so that SDKs
 /// do not keep retrying (rate and concurrency waits stay retryable).
@@ -297,6 +301,15 @@ pub fn deny(d: &Deny) -> ApiError {
     e
 }
 
+/// The response to a refused decision: a denial or a kill switch.
+pub fn refusal(d: &tollgate_core::Decision) -> ApiError {
+    match d {
+        tollgate_core::Decision::Deny(d) => deny(d),
+        tollgate_core::Decision::Killed(k) => killed(k),
+        tollgate_core::Decision::Admit(_) => inconsistent(),
+    }
+}
+
 /// The store could not be reached: fail closed.
 pub fn store_unavailable() -> ApiError {
     let mut e = ApiError::new(
@@ -370,6 +383,36 @@ pub fn internal(code: &str, message: impl std::fmt::Display) -> ApiError {
         code,
         message.to_string(),
     )
+}
+
+/// A decision that contradicts itself (a bug): 500.
+pub fn inconsistent() -> ApiError {
+    internal("internal", "inconsistent decision")
+}
+
+/// A money budget applies to a model the policy has no price for (a configuration error): 500.
+pub fn unpriced_model(e: impl std::fmt::Display) -> ApiError {
+    internal("unpriced_model", e)
+}
+
+/// An admin call the store could not answer: 503 with the store's error.
+pub fn store_failed(e: &tollgate_core::StoreError) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "store_unavailable",
+        e.to_string(),
+    )
+}
+
+/// A gateway shutting down (`/readyz`): 503.
+pub fn draining() -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
+}
+
+/// A gateway ready to serve (`/readyz`): 200.
+pub fn ready() -> Response {
+    (StatusCode::OK, "ready").into_response()
 }
 
 /// The upstream's answer could not be read: 502.

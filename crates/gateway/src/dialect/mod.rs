@@ -1,0 +1,186 @@
+//! API formats. Each is one small module behind [`Dialect`]: what its body calls the output cap,
+//! how many choices it asks for, how the granted cap is written back, the headers its upstream
+//! needs, how its answers are metered and what they report as usage, and the shape of its
+//! errors. Adding a format is one new file here and one line in [`ALL`] (the tokenizer crate
+//! counts its body under a [`Format`] of its own).
+
+mod anthropic;
+mod chat;
+mod completions;
+mod embeddings;
+mod responses;
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::HeaderMap;
+use http::request::Builder;
+use serde_json::{Map, Value};
+use tollgate_core::Usage;
+use tollgate_tokens::Format;
+
+use crate::config::{GatewayConfig, Upstream};
+use crate::respond::ApiError;
+use crate::sse::SseMeter;
+
+/// One API format, from the request's intake to its error body.
+pub trait Dialect: Sync + Send + std::fmt::Debug {
+    /// How the tokenizer crate counts this format's body.
+    fn format(&self) -> Format;
+
+    /// The URL path it is served on, and forwarded to.
+    fn path(&self) -> &'static str;
+
+    /// The body field of the output cap, as errors name it.
+    fn cap_field(&self) -> &'static str {
+        "max_tokens"
+    }
+
+    /// Refuses request headers that would switch on what the gateway cannot see.
+    fn check_headers(&self, _cfg: &GatewayConfig, _headers: &HeaderMap) -> Result<(), ApiError> {
+        Ok(())
+    }
+
+    /// Refuses body fields whose usage could not be settled.
+    fn check_body(&self, _json: &Value) -> Result<(), ApiError> {
+        Ok(())
+    }
+
+    /// Whether the upstream keeps context that a follow-up carries as input (Responses API).
+    fn keeps_context(&self) -> bool {
+        false
+    }
+
+    /// Whether this response's context is kept for its follow-ups.
+    fn stores_response(&self, _json: &Value) -> bool {
+        false
+    }
+
+    /// How many choices the request asks for: the output cap is shared among them.
+    fn choices(&self, _json: &Value) -> Result<u64, ApiError> {
+        Ok(1)
+    }
+
+    /// Whether the answer has output tokens at all (embeddings have none).
+    fn has_output(&self) -> bool {
+        true
+    }
+
+    /// Input tokens the request may write to the upstream's prompt cache (billed above input).
+    fn cache_write_tokens(&self, _json: &Value, _input: u64) -> u64 {
+        0
+    }
+
+    /// This API's name for a body field named as chat completions name it.
+    fn param_name(&self, param: String) -> String {
+        param
+    }
+
+    /// Writes the granted cap (per choice) into the body; returns whether the stream's usage
+    /// event was asked for by the gateway only, and is to be kept from the client.
+    fn set_cap(&self, body: &mut Map<String, Value>, per_choice: u64, stream: bool) -> bool;
+
+    /// The upstream's credentials and this API's own headers.
+    fn upstream_headers(&self, b: Builder, upstream: &Upstream, _client: &HeaderMap) -> Builder {
+        match &upstream.api_key {
+            Some(k) => b.header("authorization", format!("Bearer {k}")),
+            None => b,
+        }
+    }
+
+    /// The meter of a streamed answer.
+    fn meter(&self, model: &str, strip_usage: bool) -> SseMeter {
+        SseMeter::new(model, strip_usage)
+    }
+
+    /// What a non-streamed answer reports as usage (`None`: nothing); `bad` is set when a
+    /// number is not a count. `input` is the counted input.
+    fn usage(&self, usage: &Value, input: u64, bad: &mut bool) -> Option<Usage> {
+        crate::sse::chat_usage(usage, input, bad).map(plain)
+    }
+
+    /// The text of a non-streamed answer, counted when no usage is reported.
+    fn output_text(&self, answer: &Value) -> String {
+        answer["choices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["message"]["content"].as_str().or(c["text"].as_str()))
+            .collect()
+    }
+
+    /// An error, in this API's format.
+    fn error_response(&self, e: ApiError) -> Response {
+        e.into_response()
+    }
+
+    /// The event that ends a stream cut off by the gateway, in this API's format.
+    fn stream_error(&self, code: &str, message: &str) -> Bytes {
+        let error = serde_json::json!({"error": {"message": message, "type": "upstream_error",
+            "code": code, "param": null}});
+        Bytes::from(format!("data: {error}\n\n"))
+    }
+}
+
+/// Every format served, in the order routes are registered.
+pub static ALL: [&dyn Dialect; 5] = [
+    &chat::Chat,
+    &completions::Completions,
+    &embeddings::Embeddings,
+    &responses::Responses,
+    &anthropic::Messages,
+];
+
+/// The dialect of `format`.
+pub fn of(format: Format) -> &'static dyn Dialect {
+    ALL.iter()
+        .copied()
+        .find(|d| d.format() == format)
+        .unwrap_or(ALL[0])
+}
+
+/// Usage from (input, cached input, output).
+fn plain((input_tokens, cached_input_tokens, output_tokens): (u64, u64, u64)) -> Usage {
+    Usage {
+        input_tokens,
+        cached_input_tokens,
+        output_tokens,
+        ..Usage::default()
+    }
+}
+
+/// `n` or `best_of`: absent or null is one; otherwise a positive integer.
+fn choice_count(json: &Value, field: &str) -> Result<u64, ApiError> {
+    match json.get(field) {
+        None | Some(Value::Null) => Ok(1),
+        Some(v) => v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+            ApiError::invalid(
+                "invalid_value",
+                format!("{field} must be a positive integer."),
+            )
+            .param(field)
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_format_has_one_dialect_and_one_path() {
+        let formats = [
+            Format::ChatCompletions,
+            Format::Completions,
+            Format::Embeddings,
+            Format::Responses,
+            Format::AnthropicMessages,
+        ];
+        for f in formats {
+            assert_eq!(of(f).format(), f);
+        }
+        let mut paths: Vec<_> = ALL.iter().map(|d| d.path()).collect();
+        paths.sort_unstable();
+        paths.dedup();
+        assert_eq!(paths.len(), ALL.len());
+    }
+}

@@ -1,0 +1,81 @@
+//! OpenAI's Responses API (`/v1/responses`): the upstream keeps each response's context, which
+//! a follow-up carries as input (see [`crate::contexts`]).
+
+use axum::body::Bytes;
+use serde_json::{Map, Value};
+use tollgate_core::Usage;
+use tollgate_tokens::Format;
+
+use super::{Dialect, plain};
+use crate::respond::ApiError;
+use crate::sse::SseMeter;
+
+#[derive(Debug)]
+pub(super) struct Responses;
+
+impl Dialect for Responses {
+    fn format(&self) -> Format {
+        Format::Responses
+    }
+
+    fn path(&self) -> &'static str {
+        "/v1/responses"
+    }
+
+    fn cap_field(&self) -> &'static str {
+        "max_output_tokens"
+    }
+
+    fn check_body(&self, json: &Value) -> Result<(), ApiError> {
+        if json.get("background").and_then(Value::as_bool) == Some(true) {
+            // Its usage arrives after the call returns, where no settlement can see it.
+            return Err(ApiError::invalid(
+                "unsupported_parameter",
+                "background responses are not served through this gateway: their usage is \
+                 known only after the call returns, so they could not be settled.",
+            )
+            .param("background"));
+        }
+        Ok(())
+    }
+
+    fn keeps_context(&self) -> bool {
+        true
+    }
+
+    fn stores_response(&self, json: &Value) -> bool {
+        // The upstream stores a response unless told not to.
+        json.get("store").and_then(Value::as_bool) != Some(false)
+    }
+
+    fn param_name(&self, param: String) -> String {
+        match param.as_str() {
+            "messages" => "input".to_owned(),
+            "max_tokens" => "max_output_tokens".to_owned(),
+            _ => param,
+        }
+    }
+
+    fn set_cap(&self, body: &mut Map<String, Value>, per_choice: u64, _stream: bool) -> bool {
+        body.insert("max_output_tokens".into(), per_choice.into());
+        false
+    }
+
+    fn meter(&self, model: &str, _strip_usage: bool) -> SseMeter {
+        SseMeter::responses(model)
+    }
+
+    fn usage(&self, usage: &Value, _input: u64, bad: &mut bool) -> Option<Usage> {
+        crate::sse::responses_usage(usage, bad).map(plain)
+    }
+
+    fn output_text(&self, answer: &Value) -> String {
+        crate::sse::responses_output_text(&answer["output"])
+    }
+
+    fn stream_error(&self, code: &str, message: &str) -> Bytes {
+        let error = serde_json::json!({"type": "error", "code": code, "message": message,
+            "param": null});
+        Bytes::from(format!("event: error\ndata: {error}\n\n"))
+    }
+}

@@ -1,0 +1,162 @@
+//! The gateway's shared state: the configuration in force (swapped whole on reload), the store,
+//! the token counter, request ids, the queue and the Responses API's kept contexts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate_core::Usage;
+use tollgate_tokens::TokenCounter;
+
+use crate::config::GatewayConfig;
+use crate::contexts::Contexts;
+use crate::path::admit::Queue;
+use crate::records::RecordSink;
+use crate::store::AnyStore;
+
+/// The gateway's shared state.
+#[derive(Debug)]
+pub struct Gateway {
+    /// Configuration; replaced whole on reload (requests keep the snapshot they started with).
+    config: std::sync::RwLock<Arc<GatewayConfig>>,
+    /// Where the configuration was read from, for reloads.
+    config_path: Option<std::path::PathBuf>,
+    /// The store.
+    pub store: AnyStore,
+    pub(crate) counter: TokenCounter,
+    /// 48 random bits per gateway process: ids stay unique across the instances that share a
+    /// store, and `tg-` + 12 hex digits + `-` + the sequence number in hex fits in the 23 bytes
+    /// the memory store keeps inline (up to 268 million requests per process; beyond, an id
+    /// is one allocation longer, nothing else changes).
+    nonce: u64,
+    seq: AtomicU64,
+    /// The bounded queue of requests waiting for a concurrency slot.
+    pub(crate) queue: Queue,
+    pub(crate) records: Option<RecordSink>,
+    /// Set when a shutdown begins (`/readyz` then answers 503).
+    draining: std::sync::atomic::AtomicBool,
+    /// Responses API: the context of each response served, for its follow-ups.
+    contexts: Contexts,
+}
+
+impl Gateway {
+    /// A gateway over `store`.
+    pub fn new(config: GatewayConfig, store: AnyStore) -> Self {
+        // Load the vocabularies now, off the request path: the first request would otherwise
+        // wait for them (about 50 ms in a release build).
+        std::thread::spawn(TokenCounter::warm_up);
+        let nonce = {
+            use std::hash::{BuildHasher, RandomState};
+            RandomState::new().hash_one((std::process::id(), Instant::now())) & 0xffff_ffff_ffff
+        };
+        Self {
+            config: std::sync::RwLock::new(Arc::new(config)),
+            config_path: None,
+            store,
+            counter: TokenCounter::default(),
+            nonce,
+            seq: AtomicU64::new(0),
+            queue: Queue::default(),
+            records: None,
+            draining: std::sync::atomic::AtomicBool::new(false),
+            contexts: Contexts::default(),
+        }
+    }
+
+    /// Whether a shutdown has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Marks the gateway as shutting down.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Writes decision records to `sink`.
+    #[must_use]
+    pub fn with_records(mut self, sink: RecordSink) -> Self {
+        self.records = Some(sink);
+        self
+    }
+
+    /// The configuration in force now.
+    pub fn config(&self) -> Arc<GatewayConfig> {
+        match self.config.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Remembers the file the configuration came from, for [`Gateway::reload`].
+    #[must_use]
+    pub fn with_config_path(mut self, path: std::path::PathBuf) -> Self {
+        self.config_path = Some(path);
+        self
+    }
+
+    /// Reads the configuration file again and swaps it in atomically. A file that does not
+    /// validate is refused with the field at fault, and the old configuration stays. The
+    /// listener, store and record settings are fixed at start-up and are not changed.
+    pub fn reload(&self) -> Result<Arc<GatewayConfig>, String> {
+        let path = self
+            .config_path
+            .as_ref()
+            .ok_or("this gateway was not started from a file")?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let new = Arc::new(GatewayConfig::from_toml(&text).map_err(|e| e.to_string())?);
+        match self.config.write() {
+            Ok(mut c) => *c = new.clone(),
+            Err(poisoned) => *poisoned.into_inner() = new.clone(),
+        }
+        Ok(new)
+    }
+
+    /// Remembers what a Responses API follow-up of this response (and of its conversation)
+    /// carries as input: the response's input and output. In the Redis store, for every
+    /// instance, for `ttl`; a failure to write it only makes a follow-up count as unknown
+    /// context.
+    pub(crate) async fn remember_context(
+        &self,
+        response: Option<&str>,
+        conversation: Option<&str>,
+        u: Usage,
+        ttl: Duration,
+    ) {
+        let carried = u.input_tokens.saturating_add(u.output_tokens);
+        let ids = [response, conversation].into_iter().flatten();
+        for id in ids.filter(|id| crate::contexts::keepable(id)) {
+            match &self.store {
+                AnyStore::Redis(r) => {
+                    let _ = r.put_note(&format!("ctx:{id}"), carried, ttl).await;
+                }
+                AnyStore::Memory(_) => self.contexts.remember(id, carried),
+            }
+        }
+    }
+
+    /// What a follow-up of response or conversation `id` carries, if it is known here.
+    pub(crate) async fn context_of(&self, id: &str) -> Option<u64> {
+        if !crate::contexts::keepable(id) {
+            // Not an id this gateway kept: unknown, and not looked up.
+            return None;
+        }
+        match &self.store {
+            // An unreachable store makes it unknown: counted as the configured worst case.
+            AnyStore::Redis(r) => r.note(&format!("ctx:{id}")).await.ok().flatten(),
+            AnyStore::Memory(_) => self.contexts.get(id),
+        }
+    }
+
+    pub(crate) fn next_id(&self) -> String {
+        format!(
+            "tg-{:012x}-{:x}",
+            self.nonce,
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// Shared gateway state for handlers.
+pub type Shared = Arc<Gateway>;

@@ -1,0 +1,225 @@
+//! The admit step, one for the proxy and the embedded layer ([`crate::admission`]): a key's
+//! exemptions, the configuration's kill switches, one atomic admission in the store, what an
+//! unreachable store means (a token verdict still refuses, a fail-open policy admits, otherwise
+//! 503), and the bounded queue in front of a full concurrency scope.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate_core::decision::Killed;
+use tollgate_core::{Admitted, Decision, Plan, Reason, Store, StoreError};
+
+use crate::config::QueueConfig;
+use crate::respond::{self, ApiError};
+
+/// What an admission is decided with, besides its plan.
+#[derive(Debug)]
+pub(crate) struct Controls<'a, S> {
+    /// Where counters, leases and reservations are kept.
+    pub store: &'a S,
+    /// Controls the caller's key is exempt from.
+    pub exempt: &'a [Reason],
+    /// Kill switches of the configuration file, `(target, reason)`: they hold whatever the
+    /// store holds or forgets.
+    pub kills: &'a [(String, String)],
+    /// The bounded queue and its settings, when one is configured.
+    pub queue: Option<(&'a Queue, QueueConfig)>,
+    /// Whose place in the queue a waiting request takes (its key).
+    pub queue_key: &'a str,
+}
+
+impl<S: Store + Clone + 'static> Controls<'_, S> {
+    /// The decision on plan `p`; `Err` only for a store that failed in a way the policy does
+    /// not answer for (see [`store_error`]).
+    pub async fn decide(&self, p: &mut Plan) -> Result<Decision, ApiError> {
+        exempt(p, self.exempt);
+        if let Some(k) = configured_kill(p, self.kills) {
+            return Ok(k);
+        }
+        let first = self.once(p).await?;
+        let deny = match first {
+            Decision::Deny(d) if d.reason == Reason::ConcurrencyLimit => d,
+            other => return Ok(other),
+        };
+        let Some((queue, q)) = self.queue else {
+            return Ok(Decision::Deny(deny));
+        };
+        let Some(_slot) = queue.enter(self.queue_key, q) else {
+            return Ok(Decision::Deny(deny));
+        };
+        // The attempt was counted once: retries from the queue skip the rate checks.
+        p.rate.clear();
+        let entered = Instant::now();
+        let deadline = entered + q.max_wait;
+        let mut wait = Duration::from_millis(5);
+        let mut last = deny;
+        while Instant::now() + wait <= deadline {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_millis(50));
+            match self.once(p).await? {
+                Decision::Deny(d) if d.reason == Reason::ConcurrencyLimit => last = d,
+                other => {
+                    crate::telemetry::queue_wait(
+                        entered.elapsed().as_secs_f64(),
+                        matches!(other, Decision::Admit(_)),
+                    );
+                    return Ok(other);
+                }
+            }
+        }
+        crate::telemetry::queue_wait(entered.elapsed().as_secs_f64(), false);
+        Ok(Decision::Deny(last))
+    }
+
+    /// One call to the store, and what its failure means.
+    async fn once(&self, p: &Plan) -> Result<Decision, ApiError> {
+        let t = Instant::now();
+        // The store may apply an admission whose answer never reaches this request: the call
+        // timed out, or the client left while it was under way (this future is then dropped).
+        // Its leases and reservation are given back by id rather than held until they expire.
+        let unanswered = Unanswered(Some((self.store, &p.request_id)));
+        let r = self.store.admit(p).await;
+        crate::telemetry::store_call("admit", t.elapsed().as_secs_f64(), r.is_ok());
+        if !matches!(r, Err(StoreError::Unavailable(_))) {
+            unanswered.answered();
+        }
+        let d = match r {
+            Ok(d) => d,
+            // Token limits need no store: refuse as usual.
+            Err(StoreError::Unavailable(_)) if p.token_verdict.is_some() => {
+                Decision::Deny(p.token_verdict.clone().ok_or_else(respond::inconsistent)?)
+            }
+            Err(StoreError::Unavailable(_)) if p.fail_open => {
+                crate::telemetry::fail_open();
+                Decision::Admit(Admitted {
+                    max_output_tokens: p.max_output_tokens,
+                    expires_at: 0,
+                    quotas: Vec::new(),
+                    fail_open: true,
+                })
+            }
+            Err(e) => return Err(store_error(e)),
+        };
+        match &d {
+            Decision::Admit(_) => crate::telemetry::decision("admit", ""),
+            Decision::Deny(x) => crate::telemetry::decision(x.reason.code(), x.scope.rule()),
+            Decision::Killed(_) => crate::telemetry::decision("kill_switch", ""),
+        }
+        Ok(d)
+    }
+}
+
+/// Clears the controls in `exempt` from the plan.
+fn exempt(p: &mut Plan, exempt: &[Reason]) {
+    for r in exempt {
+        match r {
+            Reason::RequestRateLimit => p.rate.clear(),
+            Reason::ConcurrencyLimit => p.concurrency.clear(),
+            Reason::BudgetLimit => p.budget.clear(),
+            _ => {
+                if p.token_verdict.as_ref().is_some_and(|d| d.reason == *r) {
+                    p.token_verdict = None;
+                }
+            }
+        }
+    }
+}
+
+/// The first of the plan's kill targets that the configuration switches off.
+fn configured_kill(p: &Plan, kills: &[(String, String)]) -> Option<Decision> {
+    p.kill_targets.iter().find_map(|t| {
+        kills
+            .iter()
+            .find(|(target, _)| target == t)
+            .map(|(target, reason)| {
+                Decision::Killed(Killed {
+                    target: target.clone(),
+                    reason: reason.clone(),
+                })
+            })
+    })
+}
+
+/// A store failure that no policy answers for.
+fn store_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Unavailable(_) => respond::store_unavailable(),
+        StoreError::StateLost => {
+            crate::telemetry::store_state_lost();
+            respond::store_state_lost()
+        }
+        other => respond::internal("store_error", other),
+    }
+}
+
+/// An admission under way; dropped before it is answered, it releases its request by id.
+struct Unanswered<'a, S: Store + Clone + 'static>(Option<(&'a S, &'a str)>);
+
+impl<S: Store + Clone + 'static> Unanswered<'_, S> {
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<S: Store + Clone + 'static> Drop for Unanswered<'_, S> {
+    fn drop(&mut self) {
+        if let Some((store, id)) = self.0.take() {
+            crate::path::settle::release_unanswered(store, id, UNANSWERED_RELEASE_WINDOW);
+        }
+    }
+}
+
+/// How long the release of an unanswered admission is retried: an admission still in flight in
+/// the store when the call timed out has been applied (or dropped) well within it.
+const UNANSWERED_RELEASE_WINDOW: Duration = Duration::from_secs(30);
+
+/// The bounded queue: how many requests wait per key and in all.
+#[derive(Debug, Default)]
+pub struct Queue {
+    waiting: Mutex<HashMap<String, usize>>,
+    total: AtomicU64,
+}
+
+impl Queue {
+    /// A place for `key`, unless its share or the whole queue is full.
+    fn enter(&self, key: &str, q: QueueConfig) -> Option<QueueSlot<'_>> {
+        let mut w = self.waiting.lock().ok()?;
+        let n = w.entry(key.to_owned()).or_default();
+        if *n >= q.per_key || self.total.load(Ordering::SeqCst) >= q.global as u64 {
+            if *n == 0 {
+                w.remove(key);
+            }
+            return None;
+        }
+        *n += 1;
+        self.total.fetch_add(1, Ordering::SeqCst);
+        crate::telemetry::queue_waiting(1.0);
+        Some(QueueSlot {
+            q: self,
+            key: key.to_owned(),
+        })
+    }
+}
+
+/// A place in the bounded queue; leaving it (also by being dropped) frees it.
+struct QueueSlot<'a> {
+    q: &'a Queue,
+    key: String,
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        crate::telemetry::queue_waiting(-1.0);
+        self.q.total.fetch_sub(1, Ordering::SeqCst);
+        if let Ok(mut w) = self.q.waiting.lock() {
+            if let Some(n) = w.get_mut(&self.key) {
+                *n -= 1;
+                if *n == 0 {
+                    w.remove(&self.key);
+                }
+            }
+        }
+    }
+}

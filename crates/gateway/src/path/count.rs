@@ -1,0 +1,210 @@
+//! The count step: the body parsed and its input counted (no further than the limits that may
+//! apply), the model resolved, what the body does not hold added as input (context the upstream
+//! keeps, what its tools fetch, files named by URL or id), and the request's facts made.
+
+use serde_json::Value;
+use tollgate_core::{Dimension, Identity, Reason, RequestFacts};
+
+use super::intake::{Intake, end_user};
+use crate::config::{GatewayConfig, KeyConfig};
+use crate::contexts::{carried, hidden_input};
+use crate::dialect::Dialect;
+use crate::gateway::Gateway;
+use crate::respond::{self, ApiError};
+
+/// The most choices (`n`, `best_of`) one request may ask for.
+const MAX_CHOICES: u64 = 128;
+
+/// A request counted.
+#[derive(Debug)]
+pub(crate) struct Counted {
+    /// The body, parsed.
+    pub json: Value,
+    /// The model asked for.
+    pub model: String,
+    /// Index of the upstream that serves it.
+    pub upstream: usize,
+    /// How many choices share the output cap.
+    pub choices: u64,
+    /// What the admission decides on.
+    pub facts: RequestFacts,
+    /// Input the body does not hold, in order: the earlier context the upstream keeps, what the
+    /// tools it runs may fetch, the files and documents named by URL or id.
+    pub allowances: [u64; 3],
+}
+
+/// Counts the request of `intake`, whose id is `id`.
+pub(crate) async fn count(
+    gw: &Gateway,
+    cfg: &GatewayConfig,
+    dialect: &dyn Dialect,
+    intake: &Intake<'_>,
+    id: &str,
+) -> Result<Counted, ApiError> {
+    let key = intake.key;
+    let limit = count_limit(&cfg.policy, key, &intake.ip);
+    let count = gw
+        .counter
+        .count(dialect.format(), &intake.body, limit)
+        .map_err(|e| match e.field() {
+            Some(f) => respond::invalid_field(f, e.to_string()),
+            None => respond::invalid_json(e),
+        })?;
+    let Some(&upstream) = cfg.models.get(&count.model) else {
+        return Err(respond::model_not_found(&respond::shown(&count.model)));
+    };
+    if key
+        .models
+        .as_ref()
+        .is_some_and(|m| !m.contains(&count.model))
+    {
+        return Err(respond::model_not_allowed(&count.model));
+    }
+    if let Some(m) = count
+        .max_output_tokens
+        .filter(|m| *m > cfg.max_output_tokens)
+    {
+        return Err(respond::output_cap_too_large(
+            dialect.cap_field(),
+            m,
+            cfg.max_output_tokens,
+        ));
+    }
+    let mut json: Value = serde_json::from_slice(&intake.body).map_err(respond::invalid_json)?;
+    dialect.check_body(&json)?;
+    let kept_context = if dialect.keeps_context() {
+        kept_context(gw, cfg, &json).await
+    } else {
+        0
+    };
+    // What tools the upstream runs will fetch is input too; their calls are bounded in the body.
+    let tool_input = crate::upstream_tools::bound(dialect.format(), &mut json, cfg.upstream_tools);
+    // So is the content of files and documents named by URL or id.
+    let remote_input = u64::from(count.remote_items).saturating_mul(cfg.remote_tokens_per_item);
+    let input = count
+        .input_tokens
+        .saturating_add(kept_context)
+        .saturating_add(tool_input)
+        .saturating_add(remote_input);
+    let identity = identity(
+        key,
+        &intake.ip,
+        &count.model,
+        end_user(key, &json, &intake.headers)?,
+    );
+    // Several choices multiply the output: the cap and the estimate are for the whole request,
+    // and each choice gets its share.
+    let choices = dialect.choices(&json)?;
+    if choices > MAX_CHOICES {
+        return Err(respond::too_many_choices(choices, MAX_CHOICES));
+    }
+    let facts = RequestFacts {
+        request_id: id.to_owned(),
+        identity,
+        input_tokens: input,
+        max_output_tokens: if dialect.has_output() {
+            count.max_output_tokens.map(|m| m.saturating_mul(choices))
+        } else {
+            Some(0)
+        },
+        cache_write_tokens: dialect.cache_write_tokens(&json, input),
+    };
+    Ok(Counted {
+        json,
+        model: count.model,
+        upstream,
+        choices,
+        facts,
+        allowances: [kept_context, tool_input, remote_input],
+    })
+}
+
+/// The identity admission sees: the key's tenant and id, the client's address, the model, and
+/// the end user when there is one.
+fn identity(key: &KeyConfig, ip: &str, model: &str, user: Option<String>) -> Identity {
+    let identity = Identity::default()
+        .with(Dimension::Tenant, key.tenant.clone())
+        .with(Dimension::Key, key.key_id.clone())
+        .with(Dimension::Ip, ip.to_owned())
+        .with(Dimension::Model, model.to_owned());
+    match user {
+        Some(u) => identity.with(Dimension::User, u),
+        None => identity,
+    }
+}
+
+/// Responses API: the earlier context a follow-up carries, which the upstream keeps (see
+/// [`crate::contexts`]).
+async fn kept_context(gw: &Gateway, cfg: &GatewayConfig, json: &Value) -> u64 {
+    let (ids, references) = carried(json);
+    let mut known = Vec::with_capacity(ids.len());
+    for id in ids {
+        let k = gw.context_of(id).await;
+        crate::telemetry::followup_context(k.is_some());
+        known.push(k);
+    }
+    hidden_input(known, references, cfg.unknown_context_tokens)
+}
+
+/// How far counting must go. It may stop once past the largest input or total limit among the
+/// rules this request may fall under (past it, each of those is exceeded and the first in order
+/// is reported), but not when one of them has a budget, which reserves the whole count. Rules
+/// another tenant, key or address is matched by do not count; a rule whose match depends on
+/// what the body says (model, end user) is taken as applying.
+fn count_limit(policy: &tollgate_core::Policy, key: &KeyConfig, ip: &str) -> Option<u64> {
+    let known = |d: Dimension| match d {
+        Dimension::Tenant => Some(key.tenant.as_str()),
+        Dimension::Key => Some(key.key_id.as_str()),
+        Dimension::Ip => Some(ip),
+        Dimension::User if !key.allow_user => key.user.as_deref().or(Some("")),
+        Dimension::User | Dimension::Model => None,
+    };
+    let mut limit = None;
+    for rule in &policy.scopes {
+        let may_apply = rule
+            .matches
+            .iter()
+            .all(|(d, v)| known(*d).is_none_or(|k| k == v));
+        if !may_apply {
+            continue;
+        }
+        if rule.budget.is_some() {
+            return None;
+        }
+        if let Some(l) = rule.input_tokens.or(rule.total_tokens) {
+            limit = Some(limit.unwrap_or(0).max(l.get()));
+        }
+    }
+    limit
+}
+
+impl Counted {
+    /// Says, in a refusal by a control that counts input, how much of it the body does not
+    /// hold: a client that sent a few tokens would not otherwise see why it passed the limit.
+    pub fn explain(&self, e: &mut ApiError, reason: Reason) {
+        let counts_input = matches!(
+            reason,
+            Reason::InputTokenLimit | Reason::TotalTokenLimit | Reason::BudgetLimit
+        );
+        const WHAT: [&str; 3] = [
+            "for the earlier context the upstream keeps",
+            "for what the tools the upstream runs may fetch",
+            "for the files and documents named by URL or id, which the upstream fetches",
+        ];
+        let parts: Vec<String> = self
+            .allowances
+            .iter()
+            .zip(WHAT)
+            .filter(|(n, _)| **n > 0)
+            .map(|(n, what)| format!("{n} {what}"))
+            .collect();
+        if !counts_input || parts.is_empty() {
+            return;
+        }
+        e.message = format!(
+            "{} The input counted includes {}.",
+            e.message,
+            parts.join(" and ")
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! The request path, in the order a request takes it:
+//!
+//! 1. [`intake`]: the key, the client's address, the body within its limits;
+//! 2. [`count`]: the body parsed and counted, the model resolved, the request's facts;
+//! 3. [`admit`]: the six controls in one atomic admission (shared with the embedded layer);
+//! 4. [`forward`]: the granted cap written into the body, the upstream called;
+//! 5. [`meter`]: the answer passed on and its usage read (streamed or whole);
+//! 6. [`settle`]: the admission's ticket ended with that usage, exactly once.
+//!
+//! Each API format's own rules come from its [`crate::dialect`].
+
+pub(crate) mod admit;
+pub(crate) mod count;
+pub(crate) mod forward;
+pub(crate) mod intake;
+pub(crate) mod meter;
+pub(crate) mod settle;
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderValue, Request};
+use axum::response::Response;
+use tollgate_core::record::DecisionRecord;
+use tollgate_core::{Admitted, Decision, Plan, Reason, Unit, plan};
+
+use self::admit::Controls;
+use self::count::Counted;
+use self::settle::Ticket;
+use crate::config::GatewayConfig;
+use crate::dialect::Dialect;
+use crate::gateway::{Gateway, Shared};
+use crate::respond::{self, ApiError};
+
+/// Serves one request of `dialect`'s API; errors take that API's format.
+pub async fn handle(
+    State(gw): State<Shared>,
+    dialect: &'static dyn Dialect,
+    req: Request<Body>,
+) -> Response {
+    let id = gw.next_id();
+    let mut resp = match steps(&gw, dialect, &id, req).await {
+        Ok(r) => r,
+        Err(e) => dialect.error_response(e),
+    };
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+/// intake → count → admit → forward (which meters and settles in a task of its own).
+async fn steps(
+    gw: &Shared,
+    dialect: &'static dyn Dialect,
+    id: &str,
+    req: Request<Body>,
+) -> Result<Response, ApiError> {
+    let cfg = gw.config();
+    let intake = intake::intake(&cfg, dialect, req).await?;
+    let counted = count::count(gw, &cfg, dialect, &intake, id).await?;
+    let (p, admitted, ticket) = admit_counted(gw, &cfg, dialect, intake.key, &counted).await?;
+    let f = forward::prepare(
+        gw, &cfg, dialect, &intake, counted, &p, admitted, ticket, id,
+    )
+    .await?;
+    // From here the request runs in a task of its own, so that a client who leaves does not
+    // cut it off half way: a non-streamed request goes on until the upstream answers (within
+    // `upstream_timeout`) and settles its true usage, its lease held while the upstream may
+    // still be working. A stream is cancelled when its client leaves (the response body that
+    // holds it is dropped), its lease held `cancel_grace` longer. Before this point (intake,
+    // count, admission, the queue) a client that leaves ends the request at once.
+    match tokio::spawn(forward::forward_and_settle(f)).await {
+        Ok(r) => r,
+        Err(_) => Err(respond::internal(
+            "internal",
+            "The request's task ended unexpectedly.",
+        )),
+    }
+}
+
+/// The admit step of the proxy: the plan, the decision, its record, and for an admitted
+/// request its ticket; a refusal becomes its error, in words that say what was counted.
+async fn admit_counted(
+    gw: &Gateway,
+    cfg: &GatewayConfig,
+    dialect: &dyn Dialect,
+    key: &crate::config::KeyConfig,
+    counted: &Counted,
+) -> Result<(Plan, Admitted, Ticket), ApiError> {
+    let mut p = plan(&cfg.policy, &counted.facts).map_err(respond::unpriced_model)?;
+    let controls = Controls {
+        store: &gw.store,
+        exempt: &key.exempt,
+        kills: &cfg.kills,
+        queue: cfg.queue.map(|q| (&gw.queue, q)),
+        queue_key: &key.key_id,
+    };
+    let decided = Instant::now();
+    let decision = controls.decide(&mut p).await?;
+    let decision_us = u64::try_from(decided.elapsed().as_micros()).unwrap_or(u64::MAX);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let record = |d: &Decision| {
+        let mut r = DecisionRecord::new(now_ms, &p, d);
+        r.decision_us = Some(decision_us);
+        r
+    };
+    let admitted = match decision {
+        Decision::Admit(a) => a,
+        refused => {
+            if let Some(sink) = &gw.records {
+                sink.emit(record(&refused));
+            }
+            return Err(refusal(dialect, counted, &p, &refused));
+        }
+    };
+    let mut ticket = Ticket::admitted(gw.store.clone(), &p, &admitted);
+    if let Some(sink) = &gw.records {
+        ticket.record_to(record(&Decision::Admit(admitted.clone())), sink.clone());
+    }
+    Ok((p, admitted, ticket))
+}
+
+/// The error of a refused request, with what its input count included and, for a money budget,
+/// how marked input was priced; fields named as the request's API names them.
+fn refusal(dialect: &dyn Dialect, counted: &Counted, p: &Plan, refused: &Decision) -> ApiError {
+    let mut e = respond::refusal(refused);
+    if let Decision::Deny(d) = refused {
+        counted.explain(&mut e, d.reason);
+        let writes = counted.facts.cache_write_tokens;
+        // A money budget reserved marked input at the dearest cache-write price.
+        let money = p
+            .budget
+            .iter()
+            .any(|b| b.unit == Unit::MicroUsd && b.scope == d.scope);
+        if d.reason == Reason::BudgetLimit && money && writes > 0 {
+            e.message = format!(
+                "{} The reservation prices the {writes} input tokens that may be written to the \
+                 prompt cache at twice the input price, the one-hour write price.",
+                e.message
+            );
+        }
+    }
+    e.param = e.param.map(|p| dialect.param_name(p));
+    e
+}

@@ -1,0 +1,121 @@
+//! What is wrong with a client's request: 4xx in OpenAI's format (Anthropic's where its API
+//! was called), each naming the field at fault.
+
+use axum::http::StatusCode;
+
+use super::ApiError;
+
+/// The longest piece of a client-chosen value quoted in an error message, in characters.
+const SHOWN_CHARS: usize = 64;
+
+/// A client-chosen value as shown in an error message: at most 64 characters.
+pub fn shown(v: &str) -> String {
+    let mut s: String = v.chars().take(SHOWN_CHARS).collect();
+    if s.len() < v.len() {
+        s.push('…');
+    }
+    s
+}
+
+/// A body that could not be read off the connection.
+pub fn invalid_body(e: impl std::fmt::Display) -> ApiError {
+    ApiError::invalid(
+        "invalid_body",
+        format!("Could not read the request body: {e}"),
+    )
+}
+
+/// A body that is not the JSON its API expects.
+pub fn invalid_json(e: impl std::fmt::Display) -> ApiError {
+    ApiError::invalid("invalid_json", e.to_string())
+}
+
+/// A body whose field `param` holds a value the API does not accept.
+pub fn invalid_field(param: &str, message: impl Into<String>) -> ApiError {
+    ApiError::invalid("invalid_value", message).param(param)
+}
+
+/// An output cap above `[limits] max_output_tokens`.
+pub fn output_cap_too_large(field: &str, asked: u64, largest: u64) -> ApiError {
+    invalid_field(
+        field,
+        format!("{field} {asked} is above the largest accepted, {largest}."),
+    )
+}
+
+/// More choices than the gateway serves in one request.
+pub fn too_many_choices(n: u64, largest: u64) -> ApiError {
+    invalid_field(
+        "n",
+        format!("n = {n} is above the largest accepted, {largest}."),
+    )
+}
+
+/// A granted cap too small to give each choice a token.
+pub fn no_tokens_per_choice(cap: u64, choices: u64) -> ApiError {
+    invalid_field(
+        "n",
+        format!("The output cap {cap} leaves no tokens for each of {choices} choices."),
+    )
+}
+
+/// `user` that is not a string.
+pub fn user_not_a_string() -> ApiError {
+    ApiError::invalid("invalid_type", "user must be a string.").param("user")
+}
+
+/// `x-tollgate-user` that is not visible ASCII.
+pub fn user_header_not_ascii() -> ApiError {
+    invalid_field("user", "x-tollgate-user must be visible ASCII.")
+}
+
+/// An end-user id longer than `max` bytes.
+pub fn user_too_long(len: usize, max: usize) -> ApiError {
+    invalid_field(
+        "user",
+        format!("user is {len} bytes long; at most {max} are accepted."),
+    )
+}
+
+/// An `anthropic-beta` value the configuration does not allow.
+pub fn unsupported_beta(beta: &str) -> ApiError {
+    ApiError::invalid(
+        "unsupported_beta",
+        format!(
+            "The anthropic-beta value {:?} is not allowed by this gateway.",
+            shown(beta)
+        ),
+    )
+    .param("anthropic-beta")
+}
+
+/// A URL nothing is served on: 404.
+pub fn unknown_url() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "unknown_url",
+        "Unknown URL.",
+    )
+}
+
+/// A usage query for a rule the policy does not have: 404.
+pub fn unknown_scope(rule: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "unknown_scope",
+        format!("No rule named {:?}.", shown(rule)),
+    )
+    .param("scope")
+}
+
+/// An admin call without the admin token: 401.
+pub fn admin_unauthorized() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "invalid_request_error",
+        "invalid_admin_token",
+        "Admin token required.",
+    )
+}
