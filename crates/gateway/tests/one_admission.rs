@@ -273,11 +273,7 @@ async fn through_proxy(case: &Case) -> Answers {
 
 async fn through_layer(case: &Case) -> Answers {
     let mut redis = (case.setup == Setup::StoreDown).then(RedisServer::start);
-    let text = config(
-        case,
-        &store_section(redis.as_ref()),
-        "http://127.0.0.1:9",
-    );
+    let text = config(case, &store_section(redis.as_ref()), "http://127.0.0.1:9");
     let cfg = GatewayConfig::from_toml(&text).unwrap();
     let store = tollgate_gateway::start_store(&cfg).await.unwrap();
     prepare(case, &store, &mut redis).await;

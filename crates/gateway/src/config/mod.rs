@@ -1,0 +1,235 @@
+//! Gateway configuration, in three steps: the file parsed raw ([`raw`]), each section checked by
+//! a pure function into types that cannot hold invalid values (`validate`), and what needs the
+//! outside world (environment variables, files, TLS clients, tokenizer files) done in a step of
+//! its own (`resolve`). Every error names the field at fault.
+
+mod raw;
+mod resolve;
+mod validate;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use tollgate_core::{Policy, PolicyError, Reason};
+
+pub use raw::*;
+
+use crate::upstream::UpstreamClient;
+
+/// A configuration that failed: the dotted path of the field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    /// Dotted path of the field, e.g. `upstreams[0].api_key_env`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl From<PolicyError> for ConfigError {
+    fn from(e: PolicyError) -> Self {
+        Self {
+            path: e.path,
+            message: e.message,
+        }
+    }
+}
+
+/// An error about `field`.
+fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path: field.into(),
+        message: message.into(),
+    }
+}
+
+impl GatewayConfig {
+    /// Parses, validates and resolves a TOML configuration.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| err("config", e.to_string()))?;
+        Self::validate(raw)
+    }
+
+    /// Validates a raw configuration, then resolves what it names outside itself.
+    pub fn validate(raw: RawConfig) -> Result<Self, ConfigError> {
+        resolve::resolve(validate::check(raw)?)
+    }
+}
+
+/// Where and how often metrics are served.
+#[derive(Debug, Clone)]
+pub struct MetricsConfig {
+    /// The metrics listener, if any.
+    pub listen: Option<SocketAddr>,
+    /// How often budget figures are refreshed.
+    pub refresh: Duration,
+}
+
+/// The admin API's settings.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// The bearer token.
+    pub token: String,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Body limit.
+    pub max_body_bytes: usize,
+    /// Accept to first complete request head.
+    pub header_timeout: Duration,
+    /// Between requests on one connection.
+    pub idle_timeout: Duration,
+    /// Open connections per client address (IPv6 /64).
+    pub max_connections_per_ip: usize,
+    /// HTTP/2 served, with this many streams per connection.
+    pub http2_max_streams: Option<u32>,
+    /// Input tokens admitted per file or document named by URL or id.
+    pub remote_tokens_per_item: u64,
+    /// `anthropic-beta` values clients may send.
+    pub anthropic_betas: Vec<String>,
+    /// Metrics.
+    pub metrics: MetricsConfig,
+    /// Kill switches of the file: (target, reason).
+    pub kills: Vec<(String, String)>,
+    /// Body read timeout.
+    pub body_timeout: Duration,
+    /// Upstream response-header timeout.
+    pub upstream_timeout: Duration,
+    /// Bounds of upstream streams.
+    pub stream: StreamBounds,
+    /// A cancelled stream's lease is held this much longer.
+    pub cancel_grace: Duration,
+    /// How long requests under way may take to finish at shutdown.
+    pub drain_timeout: Duration,
+    /// Connection limit.
+    pub max_connections: usize,
+    /// Trusted proxy addresses.
+    pub trusted_proxies: Vec<IpAddr>,
+    /// Largest output cap accepted.
+    pub max_output_tokens: u64,
+    /// Store.
+    pub store: StoreConfig,
+    /// Upstreams.
+    pub upstreams: Vec<Upstream>,
+    /// Model → upstream index.
+    pub models: BTreeMap<String, usize>,
+    /// Key hash (hex) → key.
+    pub keys: HashMap<String, KeyConfig>,
+    /// Policy.
+    pub policy: Policy,
+    /// Queue.
+    pub queue: Option<QueueConfig>,
+    /// Decision records: `-` or a file path.
+    pub records: Option<String>,
+    /// The admin API.
+    pub admin: Option<AdminConfig>,
+    /// Token counting per model.
+    pub counter: tollgate_tokens::TokenCounter,
+    /// Responses API: input tokens assumed for upstream-kept context this gateway has not seen.
+    pub unknown_context_tokens: u64,
+    /// Responses API: how long the Redis store keeps what a follow-up carries.
+    pub context_ttl: Duration,
+    /// Tools the upstream runs: the input admitted per call, and the most calls.
+    pub upstream_tools: crate::upstream_tools::UpstreamTools,
+}
+
+/// How long and how large an upstream stream may be; past a bound, the client gets an error
+/// event, the usage metered so far is charged, and the lease is released.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamBounds {
+    /// Longest wait for the next event.
+    pub idle: Duration,
+    /// Longest stream.
+    pub max_duration: Duration,
+    /// Largest event.
+    pub max_event_bytes: usize,
+}
+
+/// Where counters live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// In this process.
+    Memory {
+        /// How long finished request ids are remembered.
+        retention: Duration,
+    },
+    /// Redis.
+    Redis {
+        /// URL.
+        url: String,
+        /// Key prefix.
+        prefix: String,
+        /// Call timeout.
+        call_timeout: Duration,
+        /// Cluster seed nodes, when a cluster.
+        cluster: Option<Vec<String>>,
+        /// Shards of the key space (1 to 1024).
+        shards: u16,
+        /// How long finished request ids are remembered.
+        retention: Duration,
+        /// Whether a server that may evict keys is accepted.
+        allow_eviction: bool,
+    },
+}
+
+/// An upstream.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// Name.
+    pub name: String,
+    /// Base URL without a trailing slash.
+    pub base_url: String,
+    /// The API key, read from the environment at start-up.
+    pub api_key: Option<String>,
+    /// Its client: a connection pool of its own and, for https, its trust anchors.
+    pub client: UpstreamClient,
+}
+
+/// A virtual API key.
+#[derive(Debug, Clone)]
+pub struct KeyConfig {
+    /// Label.
+    pub name: String,
+    /// Short hash used as the `key` dimension (never the key).
+    pub key_id: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Fixed user.
+    pub user: Option<String>,
+    /// Whether requests may name the user.
+    pub allow_user: bool,
+    /// Allowed models (`None`: all).
+    pub models: Option<Vec<String>>,
+    /// Exempt controls.
+    pub exempt: Vec<Reason>,
+}
+
+/// Queue limits.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueConfig {
+    /// Longest wait.
+    pub max_wait: Duration,
+    /// Per key.
+    pub per_key: usize,
+    /// In all.
+    pub global: usize,
+}
+
+/// `sha256:<hex>` of an API key.
+pub fn hash_key(key: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    let mut s = String::with_capacity(71);
+    s.push_str("sha256:");
+    for b in digest.iter() {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}

@@ -1,0 +1,107 @@
+//! The side effects a configuration names, in one step after validation: API keys and the
+//! admin token read from the environment or a file, each upstream's client built (its trust
+//! anchors and proxy), tokenizer files loaded.
+
+use std::sync::Arc;
+
+use tollgate_tokens::Counting;
+use tollgate_tokens::hf::HfTokenizer;
+
+use super::validate::{Checked, TokenSource, TokenizerSpec, admin_token};
+use super::{ConfigError, GatewayConfig, Upstream, err};
+use crate::upstream::{Route, UpstreamClient};
+
+/// The configuration of `checked`, with everything it names outside itself done.
+pub(super) fn resolve(checked: Checked) -> Result<GatewayConfig, ConfigError> {
+    let Checked {
+        mut config,
+        upstreams,
+        tokenizers,
+        admin,
+    } = checked;
+    for u in upstreams {
+        let client = UpstreamClient::new(Route {
+            ca_file: u.ca_file.as_deref().map(std::path::Path::new),
+            proxy: u.proxy.as_deref(),
+        })
+        .map_err(|(name, e)| err(format!("{}.{name}", u.field), e))?;
+        let api_key = match &u.api_key_env {
+            Some(var) => Some(env(var, &format!("{}.api_key_env", u.field))?),
+            None => None,
+        };
+        config.upstreams.push(Upstream {
+            name: u.name,
+            base_url: u.base_url,
+            api_key,
+            client,
+        });
+    }
+    for (model, spec) in tokenizers {
+        let counting = match spec {
+            TokenizerSpec::Known(c) => c,
+            TokenizerSpec::File(file) => Counting::HuggingFace(Arc::new(
+                HfTokenizer::from_file(&file)
+                    .map_err(|e| err(format!("tokenizers.{model:?}"), e))?,
+            )),
+        };
+        config.counter = config.counter.with_model(model, counting);
+    }
+    if let Some(a) = admin {
+        let token = match &a.token {
+            TokenSource::Env(var) => env(var, "admin.token_env")?,
+            TokenSource::File(file) => std::fs::read_to_string(file)
+                .map_err(|e| err("admin.token_file", format!("reading {file}: {e}")))?
+                .trim()
+                .to_owned(),
+        };
+        config.admin = Some(admin_token(a.listen, token)?);
+    }
+    Ok(config)
+}
+
+/// The value of environment variable `var`, which `field` names.
+fn env(var: &str, field: &str) -> Result<String, ConfigError> {
+    std::env::var(var).map_err(|_| err(field, format!("environment variable {var} is not set")))
+}
+
+#[cfg(test)]
+#[allow(clippy::panic)]
+mod tests {
+    use super::super::validate::check;
+    use super::*;
+
+    /// Validation reads nothing outside the file: a missing variable and a missing tokenizer
+    /// file pass it, and resolving names each field.
+    #[test]
+    fn validation_is_pure_and_resolving_names_the_field() {
+        let text = |extra: &str| {
+            format!(
+                "[[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:1\"\nmodels = [\"m\"]\n\
+                 {extra}"
+            )
+        };
+        let var = "TOLLGATE_TEST_SURELY_UNSET_VARIABLE";
+        let cases = [
+            (
+                text(&format!("api_key_env = \"{var}\"\n")),
+                "upstreams[0].api_key_env",
+            ),
+            (
+                text("[tokenizers]\nm = \"/nonexistent/tokenizer.json\"\n"),
+                "tokenizers.\"m\"",
+            ),
+            (
+                text(&format!(
+                    "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"{var}\"\n"
+                )),
+                "admin.token_env",
+            ),
+        ];
+        for (toml_text, field) in cases {
+            let raw = toml::from_str(&toml_text).unwrap_or_else(|e| panic!("{e}"));
+            let checked = check(raw).unwrap_or_else(|e| panic!("{e}"));
+            let e = resolve(checked).err().unwrap_or_else(|| panic!("{field}"));
+            assert_eq!(e.path, field, "{e}");
+        }
+    }
+}

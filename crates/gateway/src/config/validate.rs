@@ -1,0 +1,534 @@
+//! Pure validation, one function per section: no environment, no files, no clients. What needs
+//! them is left, named, for [`super::resolve`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use axum::http::HeaderValue;
+use tollgate_core::{Policy, Reason, Unit};
+use tollgate_tokens::{Counting, Encoding};
+
+use super::{
+    AdminConfig, ConfigError, GatewayConfig, KeyConfig, MetricsConfig, QueueConfig, RawAdmin,
+    RawAnthropic, RawConfig, RawKey, RawKill, RawMetrics, RawQueue, RawRemoteContent, RawResponses,
+    RawServer, RawStore, RawUpstream, RawUpstreamTools, StoreConfig, StreamBounds, err,
+};
+use crate::upstream_tools::UpstreamTools;
+
+/// A configuration checked, with what it names outside itself still to resolve.
+pub(super) struct Checked {
+    /// Everything but the upstreams' clients and keys, the tokenizer files and the admin token:
+    /// `upstreams` is empty, `counter` the default and `admin` unset until resolved.
+    pub config: GatewayConfig,
+    pub upstreams: Vec<UpstreamSpec>,
+    pub tokenizers: Vec<(String, TokenizerSpec)>,
+    pub admin: Option<AdminSpec>,
+}
+
+/// An upstream, checked.
+pub(super) struct UpstreamSpec {
+    /// `upstreams[i]`, for errors.
+    pub field: String,
+    pub name: String,
+    /// Without a trailing slash.
+    pub base_url: String,
+    /// The environment variable that holds its API key.
+    pub api_key_env: Option<String>,
+    pub ca_file: Option<String>,
+    pub proxy: Option<String>,
+}
+
+/// How a model's tokens are counted: known now, or a tokenizer file to load.
+pub(super) enum TokenizerSpec {
+    Known(Counting),
+    File(String),
+}
+
+/// The admin API, checked: where it listens and where its token is.
+pub(super) struct AdminSpec {
+    pub listen: SocketAddr,
+    pub token: TokenSource,
+}
+
+/// Where the admin token is read from.
+pub(super) enum TokenSource {
+    Env(String),
+    File(String),
+}
+
+/// Checks every section of `raw`.
+pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
+    let s = server(&raw.server)?;
+    let conns = connection_bounds(&raw.server)?;
+    let policy = Policy::validate(raw.policy, "policy")?;
+    let (upstreams, models) = upstreams(raw.upstreams, &policy)?;
+    let keys = keys(raw.keys, &models)?;
+    let (unknown_context_tokens, context_ttl) = responses(&raw.responses)?;
+    validate_betas(&raw.anthropic)?;
+    let config = GatewayConfig {
+        listen: s.listen,
+        max_body_bytes: s.max_body_bytes,
+        header_timeout: s.header_timeout,
+        body_timeout: s.body_timeout,
+        upstream_timeout: s.upstream_timeout,
+        drain_timeout: s.drain_timeout,
+        max_connections: s.max_connections,
+        trusted_proxies: s.trusted_proxies,
+        max_output_tokens: s.max_output_tokens,
+        stream: conns.stream,
+        cancel_grace: conns.cancel_grace,
+        idle_timeout: conns.idle_timeout,
+        max_connections_per_ip: conns.per_ip,
+        http2_max_streams: conns.http2_max_streams,
+        remote_tokens_per_item: remote_content(&raw.remote_content)?,
+        anthropic_betas: raw.anthropic.betas,
+        metrics: metrics(&raw.metrics)?,
+        kills: kills(&raw.kill)?,
+        counter: tollgate_tokens::TokenCounter::default(),
+        unknown_context_tokens,
+        context_ttl,
+        upstream_tools: upstream_tools(&raw.upstream_tools)?,
+        store: store(&raw.store)?,
+        upstreams: Vec::new(),
+        models,
+        keys,
+        policy,
+        queue: raw.queue.as_ref().map(queue).transpose()?,
+        records: raw.records.path,
+        admin: None,
+    };
+    Ok(Checked {
+        config,
+        upstreams,
+        tokenizers: tokenizers(&raw.tokenizers)?,
+        admin: raw.admin.as_ref().map(admin).transpose()?,
+    })
+}
+
+/// A duration written like `250ms` or `2m`, or `default`.
+pub(super) fn duration(
+    v: &Option<String>,
+    default: Duration,
+    field: &str,
+) -> Result<Duration, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(s) => humantime::parse_duration(s)
+            .map_err(|e| err(field, format!("invalid duration {s:?}: {e}"))),
+    }
+}
+
+/// `[server]`'s listener, body and timeouts.
+struct Server {
+    listen: SocketAddr,
+    max_body_bytes: usize,
+    header_timeout: Duration,
+    body_timeout: Duration,
+    upstream_timeout: Duration,
+    drain_timeout: Duration,
+    max_connections: usize,
+    trusted_proxies: Vec<IpAddr>,
+    max_output_tokens: u64,
+}
+
+fn server(s: &RawServer) -> Result<Server, ConfigError> {
+    let listen: SocketAddr = s
+        .listen
+        .as_deref()
+        .unwrap_or("127.0.0.1:8080")
+        .parse()
+        .map_err(|e| err("server.listen", format!("{e}")))?;
+    let max_body_bytes = usize::try_from(s.max_body_bytes.unwrap_or(1 << 20)).unwrap_or(usize::MAX);
+    if max_body_bytes == 0 {
+        return Err(err("server.max_body_bytes", "must be greater than 0"));
+    }
+    let mut trusted_proxies = Vec::new();
+    for (i, p) in s.trusted_proxies.iter().enumerate() {
+        trusted_proxies.push(
+            p.parse()
+                .map_err(|e| err(format!("server.trusted_proxies[{i}]"), format!("{e}")))?,
+        );
+    }
+    let secs = Duration::from_secs;
+    Ok(Server {
+        listen,
+        max_body_bytes,
+        header_timeout: duration(&s.header_timeout, secs(10), "server.header_timeout")?,
+        body_timeout: duration(&s.body_timeout, secs(30), "server.body_timeout")?,
+        upstream_timeout: duration(&s.upstream_timeout, secs(120), "server.upstream_timeout")?,
+        drain_timeout: duration(&s.drain_timeout, secs(25), "server.drain_timeout")?,
+        max_connections: usize::try_from(s.max_connections.unwrap_or(1024)).unwrap_or(usize::MAX),
+        trusted_proxies,
+        max_output_tokens: s.max_output_tokens.unwrap_or(1_000_000),
+    })
+}
+
+/// `[server]`'s bounds on client connections and upstream streams.
+struct ConnectionBounds {
+    idle_timeout: Duration,
+    per_ip: usize,
+    http2_max_streams: Option<u32>,
+    stream: StreamBounds,
+    cancel_grace: Duration,
+}
+
+fn connection_bounds(s: &RawServer) -> Result<ConnectionBounds, ConfigError> {
+    let per_ip = match s.max_connections_per_ip.unwrap_or(64) {
+        0 => {
+            return Err(err(
+                "server.max_connections_per_ip",
+                "must be greater than 0",
+            ));
+        }
+        n => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    let http2_max_streams = match (s.http2, s.http2_max_streams) {
+        (false, Some(_)) => {
+            return Err(err(
+                "server.http2_max_streams",
+                "applies only with http2 = true",
+            ));
+        }
+        (false, None) => None,
+        (true, n) => match n.unwrap_or(32) {
+            n @ 1..=1024 => Some(n),
+            _ => return Err(err("server.http2_max_streams", "must be from 1 to 1024")),
+        },
+    };
+    let max_event_bytes = s.max_event_bytes.unwrap_or(8 << 20);
+    if max_event_bytes < 1024 {
+        return Err(err("server.max_event_bytes", "must be at least 1024"));
+    }
+    let secs = Duration::from_secs;
+    let stream = StreamBounds {
+        idle: duration(
+            &s.stream_idle_timeout,
+            secs(60),
+            "server.stream_idle_timeout",
+        )?,
+        max_duration: duration(
+            &s.stream_max_duration,
+            secs(1800),
+            "server.stream_max_duration",
+        )?,
+        max_event_bytes: usize::try_from(max_event_bytes).unwrap_or(usize::MAX),
+    };
+    Ok(ConnectionBounds {
+        idle_timeout: duration(&s.idle_timeout, secs(30), "server.idle_timeout")?,
+        per_ip,
+        http2_max_streams,
+        stream,
+        cancel_grace: duration(&s.cancel_grace, secs(2), "server.cancel_grace")?,
+    })
+}
+
+fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
+    let shards = match raw.shards {
+        None => 1,
+        Some(n @ 1..=1024) => n,
+        Some(n) => {
+            return Err(err(
+                "store.shards",
+                format!("{n} shards: give 1 to 1024 (every instance the same number)"),
+            ));
+        }
+    };
+    let retention = duration(&raw.retention, Duration::from_secs(3600), "store.retention")?;
+    if retention < Duration::from_secs(1) {
+        return Err(err(
+            "store.retention",
+            "at least 1s: a settlement may arrive after the request's last byte",
+        ));
+    }
+    let prefix = raw.prefix.clone().unwrap_or_else(|| "tollgate".into());
+    let call_timeout = duration(
+        &raw.call_timeout,
+        Duration::from_millis(250),
+        "store.call_timeout",
+    )?;
+    let redis = |url: String, cluster| StoreConfig::Redis {
+        url,
+        prefix: prefix.clone(),
+        call_timeout,
+        cluster,
+        shards,
+        retention,
+        allow_eviction: raw.allow_eviction,
+    };
+    match raw.url.as_deref() {
+        None | Some("memory") if raw.cluster.is_some() => {
+            Ok(redis(String::new(), raw.cluster.clone()))
+        }
+        None | Some("memory") => Ok(StoreConfig::Memory { retention }),
+        Some(url) if url.starts_with("redis://") => Ok(redis(url.to_owned(), None)),
+        Some(other) => Err(err(
+            "store.url",
+            format!("expected \"memory\" or redis://…, got {other:?}"),
+        )),
+    }
+}
+
+/// The upstreams, and which serves each model.
+fn upstreams(
+    raw: Vec<RawUpstream>,
+    policy: &Policy,
+) -> Result<(Vec<UpstreamSpec>, BTreeMap<String, usize>), ConfigError> {
+    let money = policy
+        .scopes
+        .iter()
+        .any(|r| r.budget.is_some_and(|b| b.unit == Unit::MicroUsd));
+    let mut upstreams = Vec::new();
+    let mut models = BTreeMap::new();
+    for (i, u) in raw.into_iter().enumerate() {
+        let field = format!("upstreams[{i}]");
+        if !(u.base_url.starts_with("http://") || u.base_url.starts_with("https://")) {
+            return Err(err(
+                format!("{field}.base_url"),
+                "must start with http:// or https://",
+            ));
+        }
+        for (name, set) in [
+            ("ca_file", u.ca_file.is_some()),
+            ("proxy", u.proxy.is_some()),
+        ] {
+            if set && !u.base_url.starts_with("https://") {
+                return Err(err(
+                    format!("{field}.{name}"),
+                    "applies only to an https:// base_url",
+                ));
+            }
+        }
+        for (j, m) in u.models.iter().enumerate() {
+            if models.insert(m.clone(), i).is_some() {
+                return Err(err(
+                    format!("{field}.models[{j}]"),
+                    format!("model {m:?} is served twice"),
+                ));
+            }
+            if money && !policy.prices.contains_key(m) {
+                return Err(err(
+                    format!("{field}.models[{j}]"),
+                    format!("model {m:?} has no price, and the policy has a money budget"),
+                ));
+            }
+        }
+        upstreams.push(UpstreamSpec {
+            field,
+            name: u.name,
+            base_url: u.base_url.trim_end_matches('/').to_owned(),
+            api_key_env: u.api_key_env,
+            ca_file: u.ca_file,
+            proxy: u.proxy,
+        });
+    }
+    Ok((upstreams, models))
+}
+
+/// The virtual keys, by the hex of their hash.
+fn keys(
+    raw: Vec<RawKey>,
+    models: &BTreeMap<String, usize>,
+) -> Result<HashMap<String, KeyConfig>, ConfigError> {
+    let mut keys = HashMap::new();
+    for (i, k) in raw.into_iter().enumerate() {
+        let field = format!("keys[{i}]");
+        let hex = k
+            .hash
+            .strip_prefix("sha256:")
+            .filter(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()))
+            .ok_or_else(|| {
+                err(
+                    format!("{field}.hash"),
+                    "expected sha256:<64 hex digits> (see `tollgate hash-key`)",
+                )
+            })?
+            .to_ascii_lowercase();
+        let mut exempt = Vec::new();
+        for (j, e) in k.exempt.iter().enumerate() {
+            exempt.push(Reason::from_code(e).ok_or_else(|| {
+                err(
+                    format!("{field}.exempt[{j}]"),
+                    format!("unknown control {e:?}"),
+                )
+            })?);
+        }
+        for (j, m) in k.models.iter().flatten().enumerate() {
+            if !models.contains_key(m) {
+                return Err(err(
+                    format!("{field}.models[{j}]"),
+                    format!("no upstream serves {m:?}"),
+                ));
+            }
+        }
+        let key = KeyConfig {
+            name: k.name.unwrap_or_else(|| format!("key{i}")),
+            key_id: hex[..16].to_owned(),
+            tenant: k.tenant,
+            user: k.user,
+            allow_user: k.allow_user,
+            models: k.models,
+            exempt,
+        };
+        if keys.insert(hex, key).is_some() {
+            return Err(err(format!("{field}.hash"), "the same key twice"));
+        }
+    }
+    Ok(keys)
+}
+
+fn queue(q: &RawQueue) -> Result<QueueConfig, ConfigError> {
+    Ok(QueueConfig {
+        max_wait: duration(&Some(q.max_wait.clone()), Duration::ZERO, "queue.max_wait")?,
+        per_key: usize::try_from(q.per_key).unwrap_or(usize::MAX),
+        global: usize::try_from(q.global).unwrap_or(usize::MAX),
+    })
+}
+
+fn tokenizers(raw: &BTreeMap<String, String>) -> Result<Vec<(String, TokenizerSpec)>, ConfigError> {
+    let mut specs = Vec::new();
+    for (model, rule) in raw {
+        let spec = match rule.as_str() {
+            "estimate" => TokenizerSpec::Known(Counting::Estimate),
+            name if Encoding::parse(name).is_some() => match Encoding::parse(name) {
+                Some(e) => TokenizerSpec::Known(Counting::Exact(e)),
+                None => return Err(err(format!("tokenizers.{model:?}"), "encoding")),
+            },
+            file if file.ends_with(".json") => TokenizerSpec::File(file.to_owned()),
+            other => {
+                return Err(err(
+                    format!("tokenizers.{model:?}"),
+                    format!(
+                        "expected o200k_base, cl100k_base, estimate or a tokenizer.json path, \
+                         got {other:?}"
+                    ),
+                ));
+            }
+        };
+        specs.push((model.clone(), spec));
+    }
+    Ok(specs)
+}
+
+/// `[responses]`: the input assumed for unknown kept context, and how long it is kept.
+fn responses(raw: &RawResponses) -> Result<(u64, Duration), ConfigError> {
+    let unknown = raw.unknown_context_tokens.unwrap_or(128_000);
+    if unknown > 10_000_000 {
+        return Err(err(
+            "responses.unknown_context_tokens",
+            "must be at most 10000000",
+        ));
+    }
+    let ttl = duration(
+        &raw.context_ttl,
+        Duration::from_secs(86_400),
+        "responses.context_ttl",
+    )?;
+    if !(Duration::from_secs(60)..=Duration::from_secs(30 * 86_400)).contains(&ttl) {
+        return Err(err(
+            "responses.context_ttl",
+            "must be from 1 minute to 30 days",
+        ));
+    }
+    Ok((unknown, ttl))
+}
+
+fn upstream_tools(raw: &RawUpstreamTools) -> Result<UpstreamTools, ConfigError> {
+    let defaults = UpstreamTools::default();
+    let tokens_per_call = raw.tokens_per_call.unwrap_or(defaults.tokens_per_call);
+    if tokens_per_call > 1_000_000 {
+        return Err(err(
+            "upstream_tools.tokens_per_call",
+            "must be at most 1000000",
+        ));
+    }
+    let max_calls = raw.max_calls.unwrap_or(defaults.max_calls);
+    if !(1..=100).contains(&max_calls) {
+        return Err(err("upstream_tools.max_calls", "must be from 1 to 100"));
+    }
+    Ok(UpstreamTools {
+        tokens_per_call,
+        max_calls,
+    })
+}
+
+fn remote_content(raw: &RawRemoteContent) -> Result<u64, ConfigError> {
+    let n = raw.tokens_per_item.unwrap_or(32_000);
+    if n > 10_000_000 {
+        return Err(err(
+            "remote_content.tokens_per_item",
+            "must be at most 10000000",
+        ));
+    }
+    Ok(n)
+}
+
+fn validate_betas(raw: &RawAnthropic) -> Result<(), ConfigError> {
+    for (i, b) in raw.betas.iter().enumerate() {
+        if b.is_empty() || b.contains(',') || HeaderValue::from_str(b).is_err() {
+            return Err(err(
+                format!("anthropic.betas[{i}]"),
+                "one beta name, without commas",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn kills(raw: &[RawKill]) -> Result<Vec<(String, String)>, ConfigError> {
+    let mut kills = Vec::new();
+    for (i, k) in raw.iter().enumerate() {
+        let known = k.target == "all"
+            || ["tenant:", "key:", "model:", "user:"]
+                .iter()
+                .any(|p| k.target.strip_prefix(p).is_some_and(|v| !v.is_empty()));
+        if !known {
+            return Err(err(
+                format!("kill[{i}].target"),
+                "expected all, tenant:<id>, key:<id>, model:<name> or user:<id>",
+            ));
+        }
+        kills.push((k.target.clone(), k.reason.clone()));
+    }
+    Ok(kills)
+}
+
+fn metrics(raw: &RawMetrics) -> Result<MetricsConfig, ConfigError> {
+    let refresh = duration(&raw.refresh, Duration::from_secs(10), "metrics.refresh")?;
+    if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&refresh) {
+        return Err(err("metrics.refresh", "must be from 1 second to 1 hour"));
+    }
+    Ok(MetricsConfig {
+        listen: raw
+            .listen
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| err("metrics.listen", format!("{e}")))?,
+        refresh,
+    })
+}
+
+fn admin(a: &RawAdmin) -> Result<AdminSpec, ConfigError> {
+    let token = match (&a.token_env, &a.token_file) {
+        (Some(var), None) => TokenSource::Env(var.clone()),
+        (None, Some(file)) => TokenSource::File(file.clone()),
+        _ => return Err(err("admin", "give exactly one of token_env or token_file")),
+    };
+    let listen = a
+        .listen
+        .parse()
+        .map_err(|e| err("admin.listen", format!("{e}")))?;
+    Ok(AdminSpec { listen, token })
+}
+
+/// The admin API with its token read: at least 16 characters.
+pub(super) fn admin_token(listen: SocketAddr, token: String) -> Result<AdminConfig, ConfigError> {
+    if token.len() < 16 {
+        return Err(err(
+            "admin",
+            "the admin token must be at least 16 characters",
+        ));
+    }
+    Ok(AdminConfig { listen, token })
+}
