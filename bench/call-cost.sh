@@ -3,7 +3,7 @@
 # carries, counted by Valgrind (callgrind, only inside EVALSHA): `redis-benchmark` sends one call
 # at a time; each figure is the difference between 1,500 and 500 calls, divided by 1,000.
 #
-#   bench/call-cost.sh [COMMON=crates/redis/src/lua/common_v3.lua] [BATCH=crates/redis/src/lua/batch_v2.lua]
+#   bench/call-cost.sh [COMMON=crates/redis/src/lua/common_v4.lua] [BATCH=crates/redis/src/lua/batch_v2.lua]
 #
 # Rows: `return 1` (the floor); the ledger's definitions, then `return 1` (Redis runs a script
 # from the top on every call, so every function is made again each time); a batch call with no
@@ -16,7 +16,7 @@
 # run as root). Servers listen on free loopback ports and are shut down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-COMMON="${1:-crates/redis/src/lua/common_v3.lua}"
+COMMON="${1:-crates/redis/src/lua/common_v4.lua}"
 BATCH="${2:-crates/redis/src/lua/batch_v2.lua}"
 . bench/need-valgrind.sh
 tmp=$(mktemp -d)

@@ -10,12 +10,65 @@
 use std::collections::BTreeMap;
 
 use tollgate_core::pipeline::Plan;
-use tollgate_core::{Admitted, Decision, Finish, Renewal, StoreError, Usage};
+use tollgate_core::{Admitted, Decision, Deny, Finish, Reason, Renewal, StoreError, Usage};
 
 use crate::{
-    Admission, Invocation, Part, RedisStore, admit_invocation, decision, finish_invocation,
-    finish_reply, shard_of,
+    Invocation, RedisStore, admit_invocation, decision, finish_invocation, finish_reply, shard_of,
 };
+
+/// One shard's share of a request's plan, and where its checks sit in the whole plan.
+pub(crate) struct Part {
+    pub(crate) shard: usize,
+    pub(crate) plan: Plan,
+    pub(crate) rate: Vec<usize>,
+    pub(crate) concurrency: Vec<usize>,
+    pub(crate) budget: Vec<usize>,
+}
+
+impl Part {
+    /// Where a refusal of this part ranks among all the request's: by control, then by the
+    /// scope's place in the plan (the order a single-shard store reports in).
+    pub(crate) fn rank(&self, d: &Deny) -> (Reason, usize) {
+        let at =
+            |ids: &[usize], pos: Option<usize>| pos.and_then(|p| ids.get(p).copied()).unwrap_or(0);
+        let idx = match d.reason {
+            Reason::RequestRateLimit => at(
+                &self.rate,
+                self.plan.rate.iter().position(|r| r.scope == d.scope),
+            ),
+            Reason::ConcurrencyLimit => at(
+                &self.concurrency,
+                self.plan
+                    .concurrency
+                    .iter()
+                    .position(|c| c.scope == d.scope),
+            ),
+            Reason::BudgetLimit => at(
+                &self.budget,
+                self.plan.budget.iter().position(|b| b.scope == d.scope),
+            ),
+            _ => 0,
+        };
+        (d.reason, idx)
+    }
+}
+
+/// What this instance remembers of a request it admitted on a sharded store: the shards
+/// holding its parts, with the plan positions of each part's budgets (for the charges' order).
+#[derive(Debug, Clone)]
+pub(crate) struct Admission {
+    pub(crate) expires_at: u64,
+    pub(crate) parts: Vec<(usize, Vec<usize>)>,
+}
+
+/// Requests admitted here on a sharded store, by id, until they end. A request missing here
+/// (admitted elsewhere, or forgotten) is looked for in every shard.
+#[derive(Debug, Default)]
+pub(crate) struct Admissions {
+    pub(crate) map: std::collections::HashMap<String, Admission>,
+    /// Size after the last pruning; the next one runs at twice that.
+    pub(crate) pruned_at: usize,
+}
 
 /// Beyond this many remembered admissions, forgotten ones are pruned (they are then looked for in
 /// every shard at settlement).

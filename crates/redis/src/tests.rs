@@ -1,4 +1,5 @@
 use super::*;
+use crate::sharded::Admission;
 use tollgate_core::{Dimension, Identity, Policy, RequestFacts, plan};
 
 /// The exact KEYS and ARGV of a typical admission (one scope with every control), alone in a
@@ -153,4 +154,87 @@ async fn remembered_admissions_are_pruned() {
         "old ones pruned"
     );
     assert_eq!(m.map.len(), 5_000);
+}
+
+/// The reply kinds and reason codes the scripts write are exactly those the Rust side names, and
+/// the decoder reads each kind it names.
+#[test]
+fn script_replies_are_the_named_ones() {
+    let sources = [
+        include_str!("lua/common_v4.lua"),
+        include_str!("lua/batch_v2.lua"),
+        include_str!("lua/renew_v4.lua"),
+        include_str!("lua/usage_v2.lua"),
+        include_str!("lua/sweep_v2.lua"),
+    ];
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut reasons = std::collections::BTreeSet::new();
+    for line in sources.iter().flat_map(|s| s.lines()) {
+        let code = line.split("--").next().unwrap_or("");
+        for (i, _) in code.match_indices("{'") {
+            let rest = &code[i + 2..];
+            let Some(end) = rest.find('\'') else { continue };
+            kinds.insert(rest[..end].to_owned());
+            if &rest[..end] == "deny" {
+                let after = rest[end + 1..].trim_start_matches([',', ' ']);
+                let reason = after.trim_start_matches('\'').split('\'').next().unwrap();
+                reasons.insert(reason.to_owned());
+            }
+        }
+    }
+    let named: std::collections::BTreeSet<String> = ADMIT_REPLIES
+        .iter()
+        .chain(&FINISH_REPLIES)
+        .chain(&RENEW_REPLIES)
+        .chain(&OTHER_REPLIES)
+        .map(|k| (*k).to_owned())
+        .collect();
+    assert_eq!(kinds, named);
+    let codes: std::collections::BTreeSet<String> =
+        STORE_REASONS.iter().map(|r| r.code().to_owned()).collect();
+    assert_eq!(reasons, codes);
+
+    // Each named kind is read: none is "unknown" to the decoder.
+    let plan = tollgate_core::plan(
+        &tollgate_core::Policy::from_toml(
+            "[[scopes]]\nkey = \"user\"\nrequests = { limit = 1, window = \"1m\" }\n\
+             concurrency = { limit = 1 }\nbudget = { tokens = 10, period = \"day\" }\n",
+        )
+        .unwrap(),
+        &tollgate_core::RequestFacts {
+            request_id: "r".into(),
+            identity: tollgate_core::Identity::default().with(tollgate_core::Dimension::User, "u"),
+            input_tokens: 1,
+            max_output_tokens: Some(1),
+            cache_write_tokens: 0,
+        },
+    )
+    .unwrap();
+    let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+    for kind in ADMIT_REPLIES {
+        let mut reply = vec![bulk(kind)];
+        match kind {
+            "deny" => reply.extend([bulk("budget_limit"), Value::Int(0)]),
+            "killed" => reply.extend([bulk("all"), bulk("why")]),
+            _ => {}
+        }
+        reply.extend((0..8).map(|_| Value::Int(1)));
+        if let Err(StoreError::Protocol(e)) = decision(&plan, reply) {
+            assert!(!e.contains("unknown"), "{kind}: {e}");
+        }
+    }
+    for reason in STORE_REASONS {
+        let mut reply = vec![bulk("deny"), bulk(reason.code()), Value::Int(0)];
+        reply.extend((0..3).map(|_| Value::Int(1)));
+        match decision(&plan, reply) {
+            Ok(Decision::Deny(d)) => assert_eq!(d.reason, reason),
+            other => panic!("{reason:?}: {other:?}"),
+        }
+    }
+    for kind in FINISH_REPLIES {
+        let reply = vec![bulk(kind), bulk("settled")];
+        if let Err(StoreError::Protocol(e)) = finish_reply(reply) {
+            assert!(!e.contains("unknown"), "{kind}: {e}");
+        }
+    }
 }

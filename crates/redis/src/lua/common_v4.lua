@@ -1,9 +1,11 @@
 -- Tollgate ledger, shared by every script (prepended to each). Integer arithmetic only; every
 -- ledger function mirrors crates/core/src/ledger.rs. Numbers stay below 2^53 by the policy's
 -- bounds. Admission and settlement are functions so that one call can carry many of them.
--- v3: the ticket is one msgpack string under P:ts:<request>, which becomes the request's
--- finished marker when it ends (one SET ... GET at settlement; v2 read a list, deleted it and
--- created a separate marker key).
+-- The ticket is one msgpack string under P:ts:<request>, which becomes the request's finished
+-- marker when it ends (one SET ... GET at settlement). v4: a refusal names its control by its
+-- reason code ('request_rate_limit', 'concurrency_limit', 'budget_limit'), as
+-- tollgate_redis::STORE_REASONS does; the reply kinds are those of ADMIT_REPLIES and
+-- FINISH_REPLIES (a test reads this file and checks both).
 
 -- Constants are written as literals: 10000, the sliding window's fixed-point weight scale;
 -- 2147483648 (2^31), the cap of a window's count; 86400000, a day in ms. A shared local is
@@ -430,7 +432,7 @@ end
 --   kill-switch targets,
 --   then per rate scope: key, limit, window; per lease scope: key, limit; per budget scope: key,
 --   limit, unit (t|m), period length (0 = month), period label, amount.
--- Returns {'admit', expires_at, quota values...} | {'deny', reason, scope index, remaining,
+-- Returns {'admit', expires_at, quota values...} | {'deny', reason code, scope index, remaining,
 --   retry_after (-1 none), reset (-1 none)} | {'token'} | {'dup'} | {'killed', target, reason}.
 local function admit_one(A, a, now, kills, probe)
   ITEMS = ITEMS + 1
@@ -484,7 +486,7 @@ local function admit_one(A, a, now, kills, probe)
     local count = scaled(w, now, window)
     local reset = w[1] + window - now
     if count > limit * 10000 and rate_fail == nil then
-      rate_fail = {'deny', 0, i - 1, 0, retry_after(w, now, window, limit), reset}
+      rate_fail = {'deny', 'request_rate_limit', i - 1, 0, retry_after(w, now, window, limit), reset}
     end
     local used = math.ceil(count / 10000)
     out[no + 1], out[no + 2] = math.max(limit - used, 0), reset
@@ -514,7 +516,7 @@ local function admit_one(A, a, now, kills, probe)
       local soonest = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
       local wait = 1000
       if soonest[2] ~= nil then wait = math.max(1, math.min(1000, tonumber(soonest[2]) - now)) end
-      return {'deny', 4, i - 1, 0, wait, -1}
+      return {'deny', 'concurrency_limit', i - 1, 0, wait, -1}
     end
     no = no + 1
     out[no] = limit - held - 1
@@ -534,7 +536,7 @@ local function admit_one(A, a, now, kills, probe)
     if committed + amount > limit then
       local retry = -1
       if amount <= limit then retry = pend - now end
-      return {'deny', 5, i - 1, math.max(limit - committed, 0), retry, pend - now}
+      return {'deny', 'budget_limit', i - 1, math.max(limit - committed, 0), retry, pend - now}
     end
     local cur = cell[6]
     if cur == '' then cur = false end

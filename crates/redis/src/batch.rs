@@ -1,0 +1,214 @@
+//! Batching: admissions and settlements that wait at the same moment travel in one script call
+//! per shard (`batch_v2.lua`), each applied as its own atomic transition, in order.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use redis::Value;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tollgate_core::{Clock, StoreError};
+
+use crate::config::RedisConfig;
+use crate::conn::{Conn, evalsha, no_answer, scripts, unavailable};
+use crate::decode::{items, text};
+use crate::encode::{Invocation, num};
+
+/// Where one shard's admissions and settlements wait for a script call.
+pub(crate) struct Lane {
+    pub(crate) queue: OnceLock<mpsc::Sender<Job>>,
+    /// Script calls in flight (`RedisConfig::batches_in_flight`), shared by the batch task and
+    /// by callers that find the lane idle.
+    pub(crate) slots: Arc<Semaphore>,
+}
+
+impl Lane {
+    fn new(config: &RedisConfig) -> Self {
+        Self {
+            queue: OnceLock::new(),
+            slots: Arc::new(Semaphore::new(config.batches_in_flight.max(1))),
+        }
+    }
+}
+
+pub(crate) fn lanes(config: &RedisConfig, shards: usize) -> Arc<[Lane]> {
+    (0..shards).map(|_| Lane::new(config)).collect()
+}
+
+/// An admission (`a`) or a settlement (`f`) waiting for a batch call.
+pub(crate) struct Job {
+    pub(crate) op: &'static str,
+    pub(crate) inv: Invocation,
+    pub(crate) reply: oneshot::Sender<Result<Value, StoreError>>,
+}
+
+/// Collects waiting jobs into batch calls: takes the first, waits for a free call slot, then
+/// takes whatever else has arrived meanwhile (up to `max_batch`).
+pub(crate) async fn run_batches(
+    mut rx: mpsc::Receiver<Job>,
+    slots: Arc<Semaphore>,
+    conn: Conn,
+    config: Arc<RedisConfig>,
+    marker: Arc<AtomicBool>,
+    prefix: Arc<str>,
+    clock: Option<Arc<dyn Clock>>,
+) {
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut jobs = vec![first];
+        while jobs.len() < config.max_batch.max(1) {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        let (conn, config, prefix, marker) =
+            (conn.clone(), config.clone(), prefix.clone(), marker.clone());
+        let now = clock.as_ref().map_or(0, |c| c.now().max(1));
+        tokio::spawn(async move {
+            call_batch(conn, &config, &marker, &prefix, now, jobs).await;
+            drop(permit);
+        });
+    }
+}
+
+/// The parts of a batch call that are not its items'.
+pub(crate) struct BatchHead {
+    keys: [String; 5],
+    args: [String; 4],
+}
+
+impl BatchHead {
+    fn new(prefix: &str, now: u64, retention_ms: u64, marker_seen: bool) -> Self {
+        Self {
+            keys: [
+                format!("{prefix}:x"),
+                format!("{prefix}:clock"),
+                format!("{prefix}:kill"),
+                format!("{prefix}:marker"),
+                format!("{prefix}:lost"),
+            ],
+            args: [
+                prefix.to_owned(),
+                num(now),
+                num(retention_ms),
+                if marker_seen { "1" } else { "0" }.to_owned(),
+            ],
+        }
+    }
+
+    /// KEYS and ARGV of the call, borrowed from the head, the items and their argument counts.
+    fn layout<'a>(
+        &'a self,
+        items: &[(&'a str, &'a Invocation)],
+        counts: &'a [String],
+    ) -> (Vec<&'a str>, Vec<&'a str>) {
+        let mut keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        for (&(op, inv), n) in items.iter().zip(counts) {
+            keys.extend(inv.keys.iter().map(String::as_str));
+            args.push(op);
+            args.push(n);
+            args.extend(inv.args.iter().map(String::as_str));
+        }
+        (keys, args)
+    }
+}
+
+pub(crate) fn arg_counts(items: &[(&str, &Invocation)]) -> Vec<String> {
+    items.iter().map(|(_, inv)| num(inv.args.len())).collect()
+}
+
+/// The KEYS and ARGV of one batch call: what `call_batch` sends.
+pub fn batch_invocation<'a>(
+    prefix: &str,
+    now: u64,
+    retention_ms: u64,
+    marker_seen: bool,
+    items: impl IntoIterator<Item = (&'a str, &'a Invocation)>,
+) -> Invocation {
+    let items: Vec<_> = items.into_iter().collect();
+    let counts = arg_counts(&items);
+    let head = BatchHead::new(prefix, now, retention_ms, marker_seen);
+    let (keys, args) = head.layout(&items, &counts);
+    Invocation {
+        keys: keys.into_iter().map(str::to_owned).collect(),
+        args: args.into_iter().map(str::to_owned).collect(),
+    }
+}
+
+/// One batch call of these items: a reply per item, in order.
+pub(crate) async fn call_items(
+    mut conn: Conn,
+    config: &RedisConfig,
+    marker: &AtomicBool,
+    prefix: &str,
+    now: u64,
+    parts: &[(&str, &Invocation)],
+) -> Result<Vec<Value>, StoreError> {
+    let counts = arg_counts(parts);
+    let seen = marker.load(Ordering::Relaxed);
+    let head = BatchHead::new(prefix, now, config.retention_ms, seen);
+    let (keys, args) = head.layout(parts, &counts);
+    // Callers stop waiting at their own timeout; this one only ends calls that never return.
+    let replies = tokio::time::timeout(
+        config.call_timeout.saturating_mul(4),
+        evalsha::<Value>(&mut conn, &scripts().batch, &keys, &args),
+    )
+    .await
+    .map_err(|_| no_answer(config.call_timeout))
+    .and_then(|r| r.map_err(unavailable))
+    .and_then(items)?;
+    if replies.len() != parts.len() {
+        return Err(StoreError::Protocol(format!(
+            "{} replies to a batch of {}",
+            replies.len(),
+            parts.len()
+        )));
+    }
+    if !seen && !replies.iter().any(is_lost) {
+        // The call found the marker, or wrote it: from now on its absence is a loss.
+        marker.store(true, Ordering::Relaxed);
+    }
+    Ok(replies)
+}
+
+/// Whether an item's reply is `{'lost'}`.
+pub(crate) fn is_lost(v: &Value) -> bool {
+    matches!(v, Value::Array(a) if a.len() == 1 && matches!(&a[0], Value::BulkString(b) if b == b"lost"))
+}
+
+pub(crate) async fn call_batch(
+    conn: Conn,
+    config: &RedisConfig,
+    marker: &AtomicBool,
+    prefix: &str,
+    now: u64,
+    jobs: Vec<Job>,
+) {
+    let parts: Vec<(&str, &Invocation)> = jobs.iter().map(|j| (j.op, &j.inv)).collect();
+    match call_items(conn, config, marker, prefix, now, &parts).await {
+        Ok(replies) => {
+            for (job, reply) in jobs.into_iter().zip(replies) {
+                let _ = job.reply.send(item_reply(reply));
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// One item's reply; `{'error', message}` when its script step failed.
+pub(crate) fn item_reply(v: Value) -> Result<Value, StoreError> {
+    if let Value::Array(a) = &v {
+        if a.len() == 2 && a.first().and_then(|k| text(k).ok()).as_deref() == Some("error") {
+            let msg = a.get(1).and_then(|m| text(m).ok()).unwrap_or_default();
+            return Err(StoreError::Protocol(msg));
+        }
+    }
+    Ok(v)
+}

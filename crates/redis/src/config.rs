@@ -1,0 +1,46 @@
+//! Connection settings.
+
+use std::time::Duration;
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://host:port/db`.
+    pub url: String,
+    /// Key prefix; several deployments may share one Redis under different prefixes.
+    pub prefix: String,
+    /// Longest wait for one call; then the call fails with `Unavailable`.
+    pub call_timeout: Duration,
+    /// How long finished request ids are remembered (late duplicates are no-ops).
+    pub retention_ms: u64,
+    /// Redis Cluster: the seed nodes (`url` is then unused). With one shard, every key of the
+    /// prefix shares one hash tag, `{prefix}`, so each script runs atomically on one node.
+    pub cluster: Option<Vec<String>>,
+    /// Shards of the key space (default 1). With more, each scope's keys carry the tag
+    /// `{prefix.N}` of the shard its id hashes to, so a cluster spreads the load over its nodes;
+    /// a request whose scopes sit in several shards is admitted shard by shard in shard order,
+    /// with roll-back when one refuses (see `docs/redis.md`). Every instance sharing the store
+    /// must use the same number.
+    pub shards: u16,
+    /// Most admissions and settlements carried by one script call.
+    pub max_batch: usize,
+    /// Batch calls on their way at once; while they are, new work waits and joins the next one.
+    pub batches_in_flight: usize,
+}
+
+impl RedisConfig {
+    /// Defaults: prefix `tollgate`, 250 ms per call, one hour of retention, batches of at most
+    /// 64, two batch calls in flight.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            prefix: "tollgate".into(),
+            call_timeout: Duration::from_millis(250),
+            retention_ms: 3_600_000,
+            cluster: None,
+            shards: 1,
+            max_batch: 64,
+            batches_in_flight: 2,
+        }
+    }
+}

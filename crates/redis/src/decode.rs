@@ -1,0 +1,192 @@
+//! Wire decoding: the script's replies back into decisions and endings. Every reply kind and
+//! reason the script writes is named in [`ADMIT_REPLIES`], [`FINISH_REPLIES`] and
+//! [`STORE_REASONS`], which a test checks against the script's source.
+
+use redis::Value;
+use tollgate_core::pipeline::Plan;
+use tollgate_core::{Admitted, Decision, Deny, Ending, Finish, Period, Quota, Reason, StoreError};
+
+/// Every reply kind an admission may get from the script.
+pub const ADMIT_REPLIES: [&str; 6] = ["admit", "deny", "token", "dup", "lost", "killed"];
+/// Every reply kind a settlement or release may get from the script.
+pub const FINISH_REPLIES: [&str; 3] = ["done", "ended", "unknown"];
+/// Every reply kind a renewal may get from the script.
+pub const RENEW_REPLIES: [&str; 2] = ["renewed", "gone"];
+/// The other reply kinds: an undone part of a sharded admission (best effort: not read), and
+/// an item whose script step failed (its message follows).
+pub const OTHER_REPLIES: [&str; 2] = ["undone", "error"];
+/// The controls the script itself decides (the token controls are decided before it runs),
+/// named in a `deny` reply by their reason codes.
+pub const STORE_REASONS: [Reason; 3] = [
+    Reason::RequestRateLimit,
+    Reason::ConcurrencyLimit,
+    Reason::BudgetLimit,
+];
+
+pub(crate) fn int(v: &Value) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        other => Err(StoreError::Protocol(format!(
+            "expected an integer, got {other:?}"
+        ))),
+    }
+}
+
+pub(crate) fn text(v: &Value) -> Result<String, StoreError> {
+    match v {
+        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Ok(s.clone()),
+        other => Err(StoreError::Protocol(format!(
+            "expected a string, got {other:?}"
+        ))),
+    }
+}
+
+pub(crate) fn items(v: Value) -> Result<Vec<Value>, StoreError> {
+    match v {
+        Value::Array(a) => Ok(a),
+        other => Err(StoreError::Protocol(format!(
+            "expected an array, got {other:?}"
+        ))),
+    }
+}
+
+pub(crate) fn opt_ms(v: i64) -> Option<u64> {
+    u64::try_from(v).ok()
+}
+
+/// Turns the admit script's answer into a decision, with the plan's scopes and limits.
+pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, StoreError> {
+    let kind = reply.first().map(text).transpose()?.unwrap_or_default();
+    let num = |i: usize| {
+        reply
+            .get(i)
+            .ok_or_else(|| StoreError::Protocol(format!("short reply: {reply:?}")))
+            .and_then(int)
+    };
+    match kind.as_str() {
+        "admit" => {
+            let expires_at = num(1)?.max(0) as u64;
+            let mut quotas = Vec::new();
+            let mut i = 2;
+            for (check, r) in plan.rate.iter().enumerate() {
+                quotas.push(Quota {
+                    reason: Reason::RequestRateLimit,
+                    check,
+                    limit: r.limit,
+                    remaining: num(i)?.max(0) as u64,
+                    window_ms: Some(r.window_ms),
+                    reset_after_ms: opt_ms(num(i + 1)?),
+                });
+                i += 2;
+            }
+            for (check, c) in plan.concurrency.iter().enumerate() {
+                quotas.push(Quota {
+                    reason: Reason::ConcurrencyLimit,
+                    check,
+                    limit: c.limit,
+                    remaining: num(i)?.max(0) as u64,
+                    window_ms: None,
+                    reset_after_ms: None,
+                });
+                i += 1;
+            }
+            for (check, b) in plan.budget.iter().enumerate() {
+                let reset = opt_ms(num(i + 1)?);
+                quotas.push(Quota {
+                    reason: Reason::BudgetLimit,
+                    check,
+                    limit: b.limit,
+                    remaining: num(i)?.max(0) as u64,
+                    window_ms: match b.period {
+                        Period::Fixed(len) => Some(len),
+                        Period::CalendarMonth => {
+                            let (_, start, end) =
+                                b.period.at(expires_at.saturating_sub(plan.ttl_ms));
+                            Some(end - start)
+                        }
+                    },
+                    reset_after_ms: reset,
+                });
+                i += 2;
+            }
+            Ok(Decision::Admit(Admitted {
+                max_output_tokens: plan.max_output_tokens,
+                expires_at,
+                quotas,
+                fail_open: false,
+            }))
+        }
+        "deny" => {
+            let code = reply.get(1).map(text).transpose()?.unwrap_or_default();
+            let reason = STORE_REASONS
+                .into_iter()
+                .find(|r| r.code() == code)
+                .ok_or_else(|| StoreError::Protocol(format!("unknown reason {code:?}")))?;
+            let idx = usize::try_from(num(2)?)
+                .map_err(|_| StoreError::Protocol("bad scope index".into()))?;
+            let missing = || StoreError::Protocol(format!("scope index {idx} out of range"));
+            let (scope, limit, requested) = match reason {
+                Reason::RequestRateLimit => {
+                    plan.rate.get(idx).map(|r| (r.scope.clone(), r.limit, 1))
+                }
+                Reason::ConcurrencyLimit => plan
+                    .concurrency
+                    .get(idx)
+                    .map(|c| (c.scope.clone(), c.limit, 1)),
+                _ => plan
+                    .budget
+                    .get(idx)
+                    .map(|b| (b.scope.clone(), b.limit, b.amount)),
+            }
+            .ok_or_else(missing)?;
+            Ok(Decision::Deny(Deny {
+                reason,
+                scope,
+                limit,
+                remaining: num(3)?.max(0) as u64,
+                requested,
+                retry_after_ms: opt_ms(num(4)?),
+                reset_after_ms: opt_ms(num(5)?),
+            }))
+        }
+        "token" => plan
+            .token_verdict
+            .clone()
+            .map(Decision::Deny)
+            .ok_or_else(|| StoreError::Protocol("token denial without a verdict".into())),
+        "dup" => Err(StoreError::DuplicateRequestId(plan.request_id.clone())),
+        "lost" => Err(StoreError::StateLost),
+        "killed" => Ok(Decision::Killed(tollgate_core::decision::Killed {
+            target: reply.get(1).map(text).transpose()?.unwrap_or_default(),
+            reason: reply.get(2).map(text).transpose()?.unwrap_or_default(),
+        })),
+        other => Err(StoreError::Protocol(format!(
+            "unknown admit reply {other:?}"
+        ))),
+    }
+}
+
+pub(crate) fn finish_reply(reply: Vec<Value>) -> Result<Finish, StoreError> {
+    let kind = reply.first().map(text).transpose()?.unwrap_or_default();
+    match kind.as_str() {
+        "done" => Ok(Finish::Done {
+            charged: reply[1..]
+                .iter()
+                .map(|v| int(v).map(|n| n.max(0) as u64))
+                .collect::<Result<_, _>>()?,
+        }),
+        "ended" => {
+            let how = reply.get(1).map(text).transpose()?.unwrap_or_default();
+            Ok(Finish::AlreadyEnded(match how.as_str() {
+                "settled" => Ending::Settled,
+                "released" => Ending::Released,
+                _ => Ending::Expired,
+            }))
+        }
+        "unknown" => Ok(Finish::Unknown),
+        other => Err(StoreError::Protocol(format!(
+            "unknown finish reply {other:?}"
+        ))),
+    }
+}
