@@ -47,134 +47,22 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let mut out = std::io::stdout();
     match cli.command {
         Command::StressStore(args) => stress::run(args).await,
         Command::HashKey { key } => {
-            writeln!(out, "{}", tollgate_gateway::hash_key(&key))?;
+            writeln!(std::io::stdout(), "{}", tollgate_gateway::hash_key(&key))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve {
             config,
-            demo,
+            demo: _,
             listen,
-        } => {
-            let (text, sim) = match (&config, demo) {
-                (Some(path), _) => (
-                    std::fs::read_to_string(path)
-                        .with_context(|| format!("reading {}", path.display()))?,
-                    None,
-                ),
-                (None, _) => {
-                    let sim = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default()).await?;
-                    (demo::config(&sim.base_url()), Some(sim))
-                }
-            };
-            let mut cfg = tollgate_gateway::GatewayConfig::from_toml(&text)?;
-            if let Some(l) = listen {
-                cfg.listen = l;
-            }
-            let listener = tokio::net::TcpListener::bind(cfg.listen)
-                .await
-                .with_context(|| format!("listening on {}", cfg.listen))?;
-            let addr = listener.local_addr()?;
-            let (store, warnings) = tollgate_gateway::start_store_with_warnings(&cfg).await?;
-            for w in warnings {
-                writeln!(std::io::stderr(), "tollgate: warning: {w}")?;
-            }
-            let records = cfg.records.clone();
-            let mut gw = tollgate_gateway::Gateway::new(cfg, store);
-            if let Some(path) = config {
-                gw = gw.with_config_path(path);
-            }
-            if let Some(r) = records {
-                gw = gw.with_records(tollgate_gateway::records::RecordSink::open(&r)?);
-            }
-            match &sim {
-                Some(sim) => write!(out, "{}", demo::banner(addr, &sim.base_url()))?,
-                None => writeln!(out, "tollgate: serving on http://{addr}")?,
-            }
-            out.flush()?;
-            // SIGINT or SIGTERM (what container runtimes and systemd send) starts the drain.
-            let shutdown = async {
-                #[cfg(unix)]
-                {
-                    use tokio::signal::unix::{SignalKind, signal};
-                    match signal(SignalKind::terminate()) {
-                        Ok(mut term) => {
-                            tokio::select! {
-                                _ = tokio::signal::ctrl_c() => {}
-                                _ = term.recv() => {}
-                            }
-                        }
-                        Err(_) => {
-                            let _ = tokio::signal::ctrl_c().await;
-                        }
-                    }
-                }
-                #[cfg(not(unix))]
-                {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            };
-            tollgate_gateway::serve_with(gw, listener, shutdown).await?;
-            Ok(ExitCode::SUCCESS)
-        }
+        } => serve(config, listen).await,
         Command::Replay {
             fixture,
             format,
             store,
-        } => {
-            let text = std::fs::read_to_string(&fixture)
-                .with_context(|| format!("reading {}", fixture.display()))?;
-            let fx =
-                Fixture::from_toml(&text).with_context(|| format!("in {}", fixture.display()))?;
-            let (report, mismatches) = if store == "memory" {
-                replay::replay(&fx, |_, _, clock: ManualClock| {
-                    MemoryStore::with_clock(clock)
-                })
-                .await?
-            } else {
-                let base = RedisStore::connect(RedisConfig::new(store.as_str()))
-                    .await
-                    .with_context(|| format!("connecting to {store}"))?;
-                base.ping()
-                    .await
-                    .with_context(|| format!("connecting to {store}"))?;
-                // A fresh prefix per run and case: each case starts from a clean state.
-                let run_id = format!(
-                    "tollgate-replay:{}:{}",
-                    std::process::id(),
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_nanos())
-                        .unwrap_or(0)
-                );
-                replay::replay(&fx, |path, case, clock: ManualClock| {
-                    base.clone()
-                        .with_prefix(format!("{run_id}:{path}:{case}"))
-                        .with_clock(Arc::new(clock))
-                })
-                .await?
-            };
-            match format {
-                Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
-                Format::Table => write!(out, "{}", replay::table(&report))?,
-            }
-            if mismatches.is_empty() {
-                Ok(ExitCode::SUCCESS)
-            } else {
-                let mut err = std::io::stderr();
-                for m in &mismatches {
-                    writeln!(
-                        err,
-                        "mismatch: path {} case {} request {}: expected {}, got {}",
-                        m.path, m.case, m.request, m.expected, m.actual
-                    )?;
-                }
-                Ok(ExitCode::from(1))
-            }
-        }
+        } => replay_fixture(&fixture, format, &store).await,
         Command::Count {
             model,
             request,
@@ -190,47 +78,173 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             };
             let count = count::count(&body, model.as_deref(), format, tokenizer.as_deref())?;
-            writeln!(out, "{}", serde_json::to_string(&count)?)?;
+            writeln!(std::io::stdout(), "{}", serde_json::to_string(&count)?)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { config } => {
-            let text = std::fs::read_to_string(&config)
-                .with_context(|| format!("reading {}", config.display()))?;
-            let context = || format!("in {}", config.display());
-            // A replay fixture has cases; a gateway configuration has upstreams, or its policy
-            // under [policy]; a policy file has none of these (its scopes are at the top).
-            let table: toml::Table = toml::from_str(&text).with_context(context)?;
-            if table.contains_key("cases") {
-                let fixture =
-                    tollgate_core::replay::Fixture::from_toml(&text).with_context(context)?;
-                writeln!(
-                    out,
-                    "ok: replay fixture with {} cases, policy {} with {} scopes",
-                    fixture.cases.len(),
-                    fixture.policy.version,
-                    fixture.policy.scopes.len()
-                )?;
-            } else if !(table.contains_key("upstreams") || table.contains_key("policy")) {
-                let policy = Policy::from_toml(&text).with_context(context)?;
-                writeln!(
-                    out,
-                    "ok: policy {} with {} scopes",
-                    policy.version,
-                    policy.scopes.len()
-                )?;
-            } else {
-                let cfg =
-                    tollgate_gateway::GatewayConfig::from_toml(&text).with_context(context)?;
-                writeln!(
-                    out,
-                    "ok: gateway configuration with {} upstreams, {} keys, policy {} with {} scopes",
-                    cfg.upstreams.len(),
-                    cfg.keys.len(),
-                    cfg.policy.version,
-                    cfg.policy.scopes.len()
-                )?;
+        Command::Check { config } => check(&config),
+    }
+}
+
+/// `tollgate serve`: the gateway of `config`, or the demo (a simulator upstream) without one.
+async fn serve(
+    config: Option<std::path::PathBuf>,
+    listen: Option<std::net::SocketAddr>,
+) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout();
+    let (text, sim) = match &config {
+        Some(path) => (
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+            None,
+        ),
+        None => {
+            let sim = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default()).await?;
+            (demo::config(&sim.base_url()), Some(sim))
+        }
+    };
+    let mut cfg = tollgate_gateway::GatewayConfig::from_toml(&text)?;
+    if let Some(l) = listen {
+        cfg.listen = l;
+    }
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("listening on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let (store, warnings) = tollgate_gateway::start_store_with_warnings(&cfg).await?;
+    for w in warnings {
+        writeln!(std::io::stderr(), "tollgate: warning: {w}")?;
+    }
+    let records = cfg.records.clone();
+    let mut gw = tollgate_gateway::Gateway::new(cfg, store);
+    if let Some(path) = config {
+        gw = gw.with_config_path(path);
+    }
+    if let Some(r) = records {
+        gw = gw.with_records(tollgate_gateway::records::RecordSink::open(&r)?);
+    }
+    match &sim {
+        Some(sim) => write!(out, "{}", demo::banner(addr, &sim.base_url()))?,
+        None => writeln!(out, "tollgate: serving on http://{addr}")?,
+    }
+    out.flush()?;
+    tollgate_gateway::serve_with(gw, listener, shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// SIGINT or SIGTERM (what container runtimes and systemd send): the drain starts.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
             }
-            Ok(ExitCode::SUCCESS)
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// `tollgate replay`: the fixture's cases on the memory store or a Redis; 1 on a mismatch.
+async fn replay_fixture(
+    fixture: &std::path::Path,
+    format: Format,
+    store: &str,
+) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(fixture)
+        .with_context(|| format!("reading {}", fixture.display()))?;
+    let fx = Fixture::from_toml(&text).with_context(|| format!("in {}", fixture.display()))?;
+    let (report, mismatches) = if store == "memory" {
+        replay::replay(&fx, |_, _, clock: ManualClock| {
+            MemoryStore::with_clock(clock)
+        })
+        .await?
+    } else {
+        let base = RedisStore::connect(RedisConfig::new(store))
+            .await
+            .with_context(|| format!("connecting to {store}"))?;
+        base.ping()
+            .await
+            .with_context(|| format!("connecting to {store}"))?;
+        // A fresh prefix per run and case: each case starts from a clean state.
+        let run_id = format!(
+            "tollgate-replay:{}:{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        );
+        replay::replay(&fx, |path, case, clock: ManualClock| {
+            base.clone()
+                .with_prefix(format!("{run_id}:{path}:{case}"))
+                .with_clock(Arc::new(clock))
+        })
+        .await?
+    };
+    let mut out = std::io::stdout();
+    match format {
+        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+        Format::Table => write!(out, "{}", replay::table(&report))?,
+    }
+    if mismatches.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut err = std::io::stderr();
+    for m in &mismatches {
+        writeln!(
+            err,
+            "mismatch: path {} case {} request {}: expected {}, got {}",
+            m.path, m.case, m.request, m.expected, m.actual
+        )?;
+    }
+    Ok(ExitCode::from(1))
+}
+
+/// `tollgate check`: validates a replay fixture, a policy or a gateway configuration.
+fn check(config: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout();
+    let text =
+        std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    let context = || format!("in {}", config.display());
+    // A replay fixture has cases; a gateway configuration has upstreams, or its policy under
+    // [policy]; a policy file has none of these (its scopes are at the top).
+    let table: toml::Table = toml::from_str(&text).with_context(context)?;
+    if table.contains_key("cases") {
+        let fixture = tollgate_core::replay::Fixture::from_toml(&text).with_context(context)?;
+        writeln!(
+            out,
+            "ok: replay fixture with {} cases, policy {} with {} scopes",
+            fixture.cases.len(),
+            fixture.policy.version,
+            fixture.policy.scopes.len()
+        )?;
+    } else if !(table.contains_key("upstreams") || table.contains_key("policy")) {
+        let policy = Policy::from_toml(&text).with_context(context)?;
+        writeln!(
+            out,
+            "ok: policy {} with {} scopes",
+            policy.version,
+            policy.scopes.len()
+        )?;
+    } else {
+        let cfg = tollgate_gateway::GatewayConfig::from_toml(&text).with_context(context)?;
+        writeln!(
+            out,
+            "ok: gateway configuration with {} upstreams, {} keys, policy {} with {} scopes",
+            cfg.upstreams.len(),
+            cfg.keys.len(),
+            cfg.policy.version,
+            cfg.policy.scopes.len()
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -198,8 +198,73 @@ pub enum PlanError {
 
 /// Builds the plan of one request under `policy`.
 pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
+    let scopes = matched_scopes(policy, facts);
+    let rule = |i: usize| &policy.scopes[i];
+    let rate: Vec<RateCheck> = scopes
+        .iter()
+        .filter_map(|(i, k)| {
+            rule(*i).requests.map(|r| RateCheck {
+                scope: k.clone(),
+                limit: r.limit.get(),
+                window_ms: r.window_ms.get(),
+            })
+        })
+        .collect();
+    let granted = granted_cap(policy, &scopes, facts.max_output_tokens);
+    let input = facts.input_tokens;
+    let token_verdict = token_verdict(policy, &scopes, input, granted);
+    let concurrency: Vec<ConcurrencyCheck> = scopes
+        .iter()
+        .filter_map(|(i, k)| {
+            rule(*i).concurrency.map(|c| ConcurrencyCheck {
+                scope: k.clone(),
+                limit: c.limit.get(),
+            })
+        })
+        .collect();
+    let ttl_ms = scopes
+        .iter()
+        .filter_map(|(i, _)| rule(*i).concurrency.map(|c| c.lease_ttl_ms.get()))
+        .min()
+        .unwrap_or(policy.reservation_ttl.get());
+    let model = facts.identity.model.as_deref().unwrap_or("");
+    let price = policy.prices.get(model).copied();
+    let estimate = Usage {
+        input_tokens: input,
+        cached_input_tokens: 0,
+        output_tokens: granted,
+        cache_write_tokens: 0,
+        cache_write_1h_tokens: facts.cache_write_tokens.min(input),
+    };
+    let budget = budgets(policy, &scopes, model, price, &estimate)?;
+    let open = |r: Reason| policy.fail_open.contains(&r);
+    let fail_open = (rate.is_empty() || open(Reason::RequestRateLimit))
+        && (concurrency.is_empty() || open(Reason::ConcurrencyLimit))
+        && (budget.is_empty() || open(Reason::BudgetLimit));
+    Ok(Plan {
+        fail_open,
+        kill_targets: KillTargets::of(&facts.identity),
+        request_id: facts.request_id.clone(),
+        policy_version: policy.version.clone(),
+        input_tokens: input,
+        max_output_tokens: granted,
+        rate,
+        token_verdict,
+        concurrency,
+        budget,
+        ttl_ms,
+        price,
+        expired_usage: expired_usage(policy, estimate),
+    })
+}
+
+/// The rules a request falls under, by index, with the scope each puts it in.
+type Matched = Vec<(usize, ScopeKey)>;
+
+/// The rules whose matches the identity meets and whose dimensions it has.
+fn matched_scopes(policy: &Policy, facts: &RequestFacts) -> Matched {
     // Sized for every rule: growing past four scopes moved the list once per request.
-    let mut scopes: Vec<(usize, ScopeKey)> = Vec::with_capacity(policy.scopes.len());
+    let mut scopes: Matched = Vec::with_capacity(policy.scopes.len());
     scopes.extend(
         policy
             .scopes
@@ -223,22 +288,13 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
                 Some((i, key))
             }),
     );
+    scopes
+}
+
+/// The granted output cap: the request's own, or the tightest default; clamped where a
+/// clamping scope says so. Reject-mode caps are checked against the request's own value.
+fn granted_cap(policy: &Policy, scopes: &Matched, requested: Option<u64>) -> u64 {
     let rule = |i: usize| &policy.scopes[i];
-
-    let rate: Vec<RateCheck> = scopes
-        .iter()
-        .filter_map(|(i, k)| {
-            rule(*i).requests.map(|r| RateCheck {
-                scope: k.clone(),
-                limit: r.limit.get(),
-                window_ms: r.window_ms.get(),
-            })
-        })
-        .collect();
-
-    // The granted output cap: the request's own, or the tightest default; clamped where a
-    // clamping scope says so. Reject-mode caps are checked against the request's own value.
-    let requested = facts.max_output_tokens;
     let mut granted = match requested {
         Some(m) => m,
         None => scopes
@@ -247,14 +303,20 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
             .min()
             .unwrap_or(policy.default_max_output_tokens.get()),
     };
-    for (i, _) in &scopes {
+    for (i, _) in scopes {
         if let Some(o) = rule(*i).output_tokens {
             if o.mode == OutputMode::Clamp {
                 granted = granted.min(o.max.get());
             }
         }
     }
+    granted
+}
 
+/// Controls 2 to 4, decided here without a store: the first input limit exceeded, else the
+/// first output cap, else the first total limit.
+fn token_verdict(policy: &Policy, scopes: &Matched, input: u64, granted: u64) -> Option<Deny> {
+    let rule = |i: usize| &policy.scopes[i];
     let token_deny = |reason: Reason, scope: &ScopeKey, limit: u64, requested: u64| Deny {
         reason,
         scope: scope.clone(),
@@ -264,9 +326,8 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
         retry_after_ms: None,
         reset_after_ms: None,
     };
-    let input = facts.input_tokens;
     let total = input.saturating_add(granted);
-    let token_verdict = scopes
+    scopes
         .iter()
         .find_map(|(i, k)| {
             rule(*i)
@@ -289,39 +350,28 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
                     .filter(|l| total > l.get())
                     .map(|l| token_deny(Reason::TotalTokenLimit, k, l.get(), total))
             })
-        });
-
-    let concurrency: Vec<ConcurrencyCheck> = scopes
-        .iter()
-        .filter_map(|(i, k)| {
-            rule(*i).concurrency.map(|c| ConcurrencyCheck {
-                scope: k.clone(),
-                limit: c.limit.get(),
-            })
         })
-        .collect();
-    let ttl_ms = scopes
-        .iter()
-        .filter_map(|(i, _)| rule(*i).concurrency.map(|c| c.lease_ttl_ms.get()))
-        .min()
-        .unwrap_or(policy.reservation_ttl.get());
+}
 
-    let model = facts.identity.model.as_deref().unwrap_or("");
-    let price = policy.prices.get(model).copied();
-    let estimate = Usage {
-        input_tokens: input,
-        cached_input_tokens: 0,
-        output_tokens: granted,
-        cache_write_tokens: 0,
-        cache_write_1h_tokens: facts.cache_write_tokens.min(input),
-    };
+/// The reservation in every budget scope: input + granted output in tokens, or its price at
+/// the estimate in money (a model without a price cannot be reserved in money).
+fn budgets(
+    policy: &Policy,
+    scopes: &Matched,
+    model: &str,
+    price: Option<Price>,
+    estimate: &Usage,
+) -> Result<Vec<BudgetCheck>, PlanError> {
+    let total = estimate.input_tokens.saturating_add(estimate.output_tokens);
     let mut budget = Vec::new();
-    for (i, k) in &scopes {
-        let Some(b) = rule(*i).budget else { continue };
+    for (i, k) in scopes {
+        let Some(b) = policy.scopes[*i].budget else {
+            continue;
+        };
         let amount = match b.unit {
             Unit::Tokens => total,
             Unit::MicroUsd => match price {
-                Some(p) => p.cost(&estimate),
+                Some(p) => p.cost(estimate),
                 None => {
                     return Err(PlanError::UnpricedModel {
                         model: model.to_owned(),
@@ -338,42 +388,25 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
             amount,
         });
     }
+    Ok(budget)
+}
+
+/// What an abandoned request is charged, as the policy says.
+fn expired_usage(policy: &Policy, estimate: Usage) -> Usage {
     // Without cache writes: the Redis ticket keeps input, cached input and output only, and
     // what an abandoned request wrote to a cache is not known.
     let estimate = Usage {
         cache_write_1h_tokens: 0,
         ..estimate
     };
-    let expired_usage = match policy.expired_charge {
+    match policy.expired_charge {
         crate::policy::ExpiredCharge::Full => estimate,
         crate::policy::ExpiredCharge::Input => Usage {
             output_tokens: 0,
             ..estimate
         },
         crate::policy::ExpiredCharge::None => Usage::default(),
-    };
-
-    let rate_empty = rate.is_empty();
-    let kill_targets = KillTargets::of(&facts.identity);
-    let open = |r: Reason| policy.fail_open.contains(&r);
-    let fail_open = (rate_empty || open(Reason::RequestRateLimit))
-        && (concurrency.is_empty() || open(Reason::ConcurrencyLimit))
-        && (budget.is_empty() || open(Reason::BudgetLimit));
-    Ok(Plan {
-        fail_open,
-        kill_targets,
-        request_id: facts.request_id.clone(),
-        policy_version: policy.version.clone(),
-        input_tokens: input,
-        max_output_tokens: granted,
-        rate,
-        token_verdict,
-        concurrency,
-        budget,
-        ttl_ms,
-        price,
-        expired_usage,
-    })
+    }
 }
 
 /// The amount one usage costs in a unit.

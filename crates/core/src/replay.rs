@@ -4,250 +4,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::clock::{ManualClock, Millis};
 use crate::decision::{Decision, Reason};
 use crate::ledger::Usage;
 use crate::pipeline::{RequestFacts, plan};
-use crate::policy::{Policy, PolicyError, RawPolicy, Unit};
-use crate::scope::{Dimension, Identity};
+use crate::policy::{Policy, Unit};
 use crate::store::{Finish, Store, StoreError};
 
-/// A fixture as written.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawFixture {
-    /// What the fixture is.
-    pub description: Option<String>,
-    /// Clock value at the start of every case, ms since the epoch (default 0).
-    pub start_ms: Option<u64>,
-    /// The policy of the `layered_controls` path.
-    pub policy: RawPolicy,
-    /// Independent cases, each from a clean state.
-    pub cases: Vec<RawCase>,
-}
-
-/// One case as written.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawCase {
-    /// Unique name.
-    pub name: String,
-    /// Events in time order.
-    pub events: Vec<RawEvent>,
-}
-
-/// One event: a request (`request = "id"`) or a completion (`complete = "id"`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawEvent {
-    /// Time since the start of the case, e.g. `0s`, `1500ms`.
-    pub at: String,
-    /// A request with this id.
-    pub request: Option<String>,
-    /// The completion of this request id.
-    pub complete: Option<String>,
-    /// Identity of a request.
-    pub tenant: Option<String>,
-    /// Identity of a request.
-    pub key: Option<String>,
-    /// Identity of a request.
-    pub user: Option<String>,
-    /// Identity of a request.
-    pub ip: Option<String>,
-    /// Identity of a request.
-    pub model: Option<String>,
-    /// Declared input tokens of a request.
-    pub input_tokens: Option<u64>,
-    /// Declared output cap of a request.
-    pub max_output_tokens: Option<u64>,
-    /// Predicted outcome on the layered path: `admit` or a reason code.
-    pub expect: Option<String>,
-    /// Actual output tokens of a completion.
-    pub output_tokens: Option<u64>,
-}
-
-/// A validated fixture.
-#[derive(Debug, Clone)]
-pub struct Fixture {
-    /// The layered policy.
-    pub policy: Policy,
-    /// Clock start.
-    pub start_ms: Millis,
-    /// Cases.
-    pub cases: Vec<Case>,
-}
-
-/// A validated case.
-#[derive(Debug, Clone)]
-pub struct Case {
-    /// Name.
-    pub name: String,
-    /// Events, time-ordered.
-    pub events: Vec<Event>,
-}
-
-/// A validated event.
-#[derive(Debug, Clone)]
-pub struct Event {
-    /// Offset from the case start, ms.
-    pub at_ms: u64,
-    /// What happens.
-    pub kind: EventKind,
-}
-
-/// What happens at an event.
-#[derive(Debug, Clone)]
-pub enum EventKind {
-    /// A request arrives.
-    Request {
-        /// Its facts.
-        facts: RequestFacts,
-        /// The predicted layered outcome (`None`: admit expected? no prediction).
-        expect: Option<Expect>,
-    },
-    /// A request completes with this usage.
-    Complete {
-        /// Request id.
-        id: String,
-        /// Actual output tokens.
-        output_tokens: u64,
-    },
-}
-
-/// A predicted outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expect {
-    /// Admitted.
-    Admit,
-    /// Denied for this reason.
-    Deny(Reason),
-}
-
-impl Fixture {
-    /// Parses and validates a TOML fixture; errors name the field.
-    pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
-        let raw: RawFixture = toml::from_str(text).map_err(|e| PolicyError {
-            path: "fixture".into(),
-            message: e.to_string(),
-        })?;
-        Self::validate(raw)
-    }
-
-    fn validate(raw: RawFixture) -> Result<Self, PolicyError> {
-        let err = |path: String, message: String| PolicyError { path, message };
-        let policy = Policy::validate(raw.policy, "policy")?;
-        let mut cases = Vec::new();
-        let mut names = std::collections::HashSet::new();
-        for (ci, c) in raw.cases.into_iter().enumerate() {
-            let cpath = format!("cases[{ci}]");
-            if !names.insert(c.name.clone()) {
-                return Err(err(
-                    format!("{cpath}.name"),
-                    format!("duplicate case {:?}", c.name),
-                ));
-            }
-            let mut events = Vec::new();
-            let mut last = 0u64;
-            let mut known = HashMap::new();
-            for (ei, e) in c.events.into_iter().enumerate() {
-                let epath = format!("{cpath}.events[{ei}]");
-                let at = humantime::parse_duration(e.at.trim())
-                    .map_err(|x| err(format!("{epath}.at"), format!("invalid duration: {x}")))?;
-                let at_ms = u64::try_from(at.as_millis()).unwrap_or(u64::MAX);
-                if at_ms < last {
-                    return Err(err(
-                        format!("{epath}.at"),
-                        "events must be in time order".into(),
-                    ));
-                }
-                last = at_ms;
-                let kind = match (e.request, e.complete) {
-                    (Some(id), None) => {
-                        let input = e.input_tokens.ok_or_else(|| {
-                            err(
-                                format!("{epath}.input_tokens"),
-                                "a request needs input_tokens".into(),
-                            )
-                        })?;
-                        let expect = match e.expect.as_deref() {
-                            None => None,
-                            Some("admit") => Some(Expect::Admit),
-                            Some(code) => {
-                                Some(Expect::Deny(Reason::from_code(code).ok_or_else(|| {
-                                    err(
-                                        format!("{epath}.expect"),
-                                        format!("unknown outcome {code:?}"),
-                                    )
-                                })?))
-                            }
-                        };
-                        if known.insert(id.clone(), ()).is_some() {
-                            return Err(err(
-                                format!("{epath}.request"),
-                                format!("duplicate id {id:?}"),
-                            ));
-                        }
-                        let mut identity = Identity::default();
-                        for (d, v) in [
-                            (Dimension::Tenant, e.tenant),
-                            (Dimension::Key, e.key),
-                            (Dimension::User, e.user),
-                            (Dimension::Ip, e.ip),
-                            (Dimension::Model, e.model),
-                        ] {
-                            if let Some(v) = v {
-                                identity = identity.with(d, v);
-                            }
-                        }
-                        EventKind::Request {
-                            facts: RequestFacts {
-                                request_id: id,
-                                identity,
-                                input_tokens: input,
-                                max_output_tokens: e.max_output_tokens,
-                                cache_write_tokens: 0,
-                            },
-                            expect,
-                        }
-                    }
-                    (None, Some(id)) => {
-                        if !known.contains_key(&id) {
-                            return Err(err(
-                                format!("{epath}.complete"),
-                                format!("no earlier request {id:?}"),
-                            ));
-                        }
-                        let output_tokens = e.output_tokens.ok_or_else(|| {
-                            err(
-                                format!("{epath}.output_tokens"),
-                                "a completion needs output_tokens".into(),
-                            )
-                        })?;
-                        EventKind::Complete { id, output_tokens }
-                    }
-                    _ => {
-                        return Err(err(
-                            epath,
-                            "give exactly one of `request` or `complete`".into(),
-                        ));
-                    }
-                };
-                events.push(Event { at_ms, kind });
-            }
-            cases.push(Case {
-                name: c.name,
-                events,
-            });
-        }
-        Ok(Fixture {
-            policy,
-            start_ms: raw.start_ms.unwrap_or(0),
-            cases,
-        })
-    }
-}
+mod fixture;
+pub use fixture::*;
 
 /// The figures of one path.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -387,148 +154,205 @@ async fn run_case<S: Store>(
     path: &mut PathReport,
     mismatches: &mut Vec<Mismatch>,
 ) -> Result<CaseReport, ReplayError> {
-    let serr = |source| ReplayError::Store {
-        case: case.name.clone(),
-        source,
-    };
     let start = clock.now_ms();
-    let mut cr = CaseReport {
-        predictions_matched: true,
-        ..CaseReport::default()
+    let mut run = CaseRun {
+        path_name,
+        policy,
+        accounting,
+        case,
+        store,
+        path,
+        mismatches,
+        report: CaseReport {
+            predictions_matched: true,
+            ..CaseReport::default()
+        },
+        in_flight: HashMap::new(),
+        committed: HashMap::new(),
+        peak: 0,
     };
-    let mut in_flight: HashMap<String, InFlight> = HashMap::new();
-    // Committed tokens per token-budget scope of the accounting policy, and its peak overrun.
-    let mut committed: HashMap<String, (u64, u64, u64)> = HashMap::new();
-    let mut peak = 0u64;
     for ev in &case.events {
         clock.set(start + ev.at_ms);
         match &ev.kind {
-            EventKind::Request { facts, expect } => {
-                path.requests += 1;
-                let p = plan(policy, facts).map_err(|e| ReplayError::Plan {
-                    case: case.name.clone(),
-                    message: e.to_string(),
-                })?;
-                let decision = store.admit(&p).await.map_err(serr)?;
-                let predicted = match path_name {
-                    "unbounded" => Some(Expect::Admit),
-                    _ => *expect,
-                };
-                let actual = match &decision {
-                    Decision::Admit(_) => Expect::Admit,
-                    Decision::Deny(d) => Expect::Deny(d.reason),
-                    Decision::Killed(k) => {
-                        return Err(ReplayError::Plan {
-                            case: case.name.clone(),
-                            message: format!("the kill switch is on for {}", k.target),
-                        });
-                    }
-                };
-                if let Some(exp) = predicted {
-                    if exp != actual {
-                        cr.predictions_matched = false;
-                        mismatches.push(Mismatch {
-                            path: path_name,
-                            case: case.name.clone(),
-                            request: facts.request_id.clone(),
-                            expected: outcome(exp),
-                            actual: outcome(actual),
-                        });
-                    }
-                }
-                match decision {
-                    Decision::Admit(a) => {
-                        path.accepted += 1;
-                        cr.accepted += 1;
-                        let estimate = facts.input_tokens + a.max_output_tokens;
-                        path.accepted_estimated_tokens += estimate;
-                        // Budget accounting against the fixture's policy, on both paths.
-                        let scopes: Vec<(String, u64)> = plan(accounting, facts)
-                            .map(|ap| {
-                                ap.budget
-                                    .iter()
-                                    .filter(|b| b.unit == Unit::Tokens)
-                                    .map(|b| (b.scope.id().to_owned(), b.limit))
-                                    .collect()
-                            })
-                            .unwrap_or_default();
-                        for (s, limit) in &scopes {
-                            let c = committed.entry(s.clone()).or_insert((0, *limit, 0));
-                            c.0 += estimate;
-                            c.2 = c.2.max(c.0.saturating_sub(c.1));
-                        }
-                        in_flight.insert(
-                            facts.request_id.clone(),
-                            InFlight {
-                                estimate,
-                                input: facts.input_tokens,
-                                scopes,
-                            },
-                        );
-                        peak = peak.max(in_flight.len() as u64);
-                    }
-                    Decision::Killed(_) => {}
-                    Decision::Deny(d) => {
-                        path.rejected += 1;
-                        cr.rejected += 1;
-                        *path
-                            .rejections_by_reason
-                            .entry(d.reason.code().to_owned())
-                            .or_default() += 1;
-                    }
-                }
-            }
-            EventKind::Complete { id, output_tokens } => {
-                let Some(InFlight {
-                    estimate,
-                    input,
-                    scopes,
-                }) = in_flight.remove(id)
-                else {
-                    // Never admitted: the completion of a refused request changes nothing, and the
-                    // store must agree.
-                    let f = store
-                        .settle(
-                            id,
-                            Usage {
-                                input_tokens: 0,
-                                cached_input_tokens: 0,
-                                output_tokens: *output_tokens,
-                                ..Usage::default()
-                            },
-                        )
-                        .await
-                        .map_err(serr)?;
-                    if !matches!(f, Finish::Unknown) {
-                        return Err(ReplayError::Plan {
-                            case: case.name.clone(),
-                            message: format!("store settled {id:?}, which was never admitted"),
-                        });
-                    }
-                    continue;
-                };
-                let usage = Usage {
-                    input_tokens: input,
-                    cached_input_tokens: 0,
-                    output_tokens: *output_tokens,
-                    ..Usage::default()
-                };
-                if let Finish::Done { .. } = store.settle(id, usage).await.map_err(serr)? {
-                    path.settled_tokens += usage.total();
-                    for (s, _) in &scopes {
-                        if let Some(c) = committed.get_mut(s) {
-                            c.0 = c.0 - estimate + usage.total();
-                            c.2 = c.2.max(c.0.saturating_sub(c.1));
-                        }
-                    }
-                }
-            }
+            EventKind::Request { facts, expect } => run.request(facts, *expect).await?,
+            EventKind::Complete { id, output_tokens } => run.complete(id, *output_tokens).await?,
         }
     }
+    let CaseRun {
+        path,
+        report,
+        in_flight,
+        committed,
+        peak,
+        ..
+    } = run;
     path.reserved_outstanding_tokens += in_flight.values().map(|v| v.estimate).sum::<u64>();
     path.max_concurrency = path.max_concurrency.max(peak);
     path.budget_overrun_tokens += committed.values().map(|c| c.2).sum::<u64>();
-    Ok(cr)
+    Ok(report)
+}
+
+/// One case on its way through one path.
+struct CaseRun<'a, S> {
+    path_name: &'static str,
+    policy: &'a Policy,
+    accounting: &'a Policy,
+    case: &'a Case,
+    store: &'a S,
+    path: &'a mut PathReport,
+    mismatches: &'a mut Vec<Mismatch>,
+    report: CaseReport,
+    in_flight: HashMap<String, InFlight>,
+    /// Committed tokens per token-budget scope of the accounting policy: (committed, limit,
+    /// peak overrun).
+    committed: HashMap<String, (u64, u64, u64)>,
+    peak: u64,
+}
+
+impl<S: Store> CaseRun<'_, S> {
+    fn store_error(&self, source: crate::store::StoreError) -> ReplayError {
+        ReplayError::Store {
+            case: self.case.name.clone(),
+            source,
+        }
+    }
+
+    fn plan_error(&self, message: String) -> ReplayError {
+        ReplayError::Plan {
+            case: self.case.name.clone(),
+            message,
+        }
+    }
+
+    /// A request: admitted or refused, its outcome compared with the prediction.
+    async fn request(
+        &mut self,
+        facts: &RequestFacts,
+        expect: Option<Expect>,
+    ) -> Result<(), ReplayError> {
+        self.path.requests += 1;
+        let p = plan(self.policy, facts).map_err(|e| self.plan_error(e.to_string()))?;
+        let decision = self
+            .store
+            .admit(&p)
+            .await
+            .map_err(|e| self.store_error(e))?;
+        let predicted = match self.path_name {
+            "unbounded" => Some(Expect::Admit),
+            _ => expect,
+        };
+        let actual = match &decision {
+            Decision::Admit(_) => Expect::Admit,
+            Decision::Deny(d) => Expect::Deny(d.reason),
+            Decision::Killed(k) => {
+                return Err(self.plan_error(format!("the kill switch is on for {}", k.target)));
+            }
+        };
+        if let Some(exp) = predicted.filter(|exp| *exp != actual) {
+            self.report.predictions_matched = false;
+            self.mismatches.push(Mismatch {
+                path: self.path_name,
+                case: self.case.name.clone(),
+                request: facts.request_id.clone(),
+                expected: outcome(exp),
+                actual: outcome(actual),
+            });
+        }
+        match decision {
+            Decision::Admit(a) => self.admitted(facts, a.max_output_tokens),
+            Decision::Killed(_) => {}
+            Decision::Deny(d) => {
+                self.path.rejected += 1;
+                self.report.rejected += 1;
+                *self
+                    .path
+                    .rejections_by_reason
+                    .entry(d.reason.code().to_owned())
+                    .or_default() += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// An admitted request: its estimate committed in the accounting policy's token budgets.
+    fn admitted(&mut self, facts: &RequestFacts, granted: u64) {
+        self.path.accepted += 1;
+        self.report.accepted += 1;
+        let estimate = facts.input_tokens + granted;
+        self.path.accepted_estimated_tokens += estimate;
+        // Budget accounting against the fixture's policy, on both paths.
+        let scopes: Vec<(String, u64)> = plan(self.accounting, facts)
+            .map(|ap| {
+                ap.budget
+                    .iter()
+                    .filter(|b| b.unit == Unit::Tokens)
+                    .map(|b| (b.scope.id().to_owned(), b.limit))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (s, limit) in &scopes {
+            let c = self.committed.entry(s.clone()).or_insert((0, *limit, 0));
+            c.0 += estimate;
+            c.2 = c.2.max(c.0.saturating_sub(c.1));
+        }
+        self.in_flight.insert(
+            facts.request_id.clone(),
+            InFlight {
+                estimate,
+                input: facts.input_tokens,
+                scopes,
+            },
+        );
+        self.peak = self.peak.max(self.in_flight.len() as u64);
+    }
+
+    /// A completion: settled with its output, or, for a request never admitted, a settlement
+    /// the store must not know.
+    async fn complete(&mut self, id: &str, output_tokens: u64) -> Result<(), ReplayError> {
+        let Some(InFlight {
+            estimate,
+            input,
+            scopes,
+        }) = self.in_flight.remove(id)
+        else {
+            let usage = Usage {
+                output_tokens,
+                ..Usage::default()
+            };
+            let f = self
+                .store
+                .settle(id, usage)
+                .await
+                .map_err(|e| self.store_error(e))?;
+            if !matches!(f, Finish::Unknown) {
+                return Err(
+                    self.plan_error(format!("store settled {id:?}, which was never admitted"))
+                );
+            }
+            return Ok(());
+        };
+        let usage = Usage {
+            input_tokens: input,
+            cached_input_tokens: 0,
+            output_tokens,
+            ..Usage::default()
+        };
+        let finish = self
+            .store
+            .settle(id, usage)
+            .await
+            .map_err(|e| self.store_error(e))?;
+        if let Finish::Done { .. } = finish {
+            self.path.settled_tokens += usage.total();
+            for (s, _) in &scopes {
+                if let Some(c) = self.committed.get_mut(s) {
+                    c.0 = c.0 - estimate + usage.total();
+                    c.2 = c.2.max(c.0.saturating_sub(c.1));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 fn outcome(e: Expect) -> String {

@@ -10,6 +10,9 @@
 //! with the time. Tools that the upstream runs (web search and the like) are called
 //! [`SimConfig::tool_calls`] times each unless the request bounds them, each call billed as
 //! [`SimConfig::tool_call_input_tokens`] of input.
+//!
+//! This file is over 600 lines: the handlers of the five APIs share the simulator's state and
+//! counters, and each of them is short.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -1,4 +1,7 @@
 //! The conformance cases. Each starts from a clean store at [`T0`].
+//!
+//! This file is over 600 lines: one function per case, in the order the suite runs them, so
+//! that every store is held to one list.
 
 use tollgate_core::policy::Unit;
 use tollgate_core::{

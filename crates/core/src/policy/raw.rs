@@ -1,0 +1,126 @@
+//! The policy as written: every table deserialized, unknown fields refused, nothing checked.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// The policy as written. Unknown fields are errors, so a typo never silently disables a limit.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    /// A version string that appears in every decision record.
+    pub version: Option<String>,
+    /// Output cap for requests that give none and meet no scope default (default 4096).
+    pub default_max_output_tokens: Option<u64>,
+    /// How long an admitted request may stay unfinished when none of its scopes sets a lease TTL.
+    pub reservation_ttl: Option<String>,
+    /// What an expired reservation costs: `full` (default), `input`, or `none`.
+    pub expired_reservation_charge: Option<String>,
+    /// Stateful controls allowed to fail open when the store cannot be reached
+    /// (`request_rate_limit`, `concurrency_limit`, `budget_limit`); default: none (fail closed).
+    #[serde(default)]
+    pub fail_open: Vec<String>,
+    /// Prices per model, in micro-units per million tokens.
+    #[serde(default)]
+    pub prices: BTreeMap<String, RawPrice>,
+    /// The scopes and their limits, checked in this order within each control.
+    #[serde(default)]
+    pub scopes: Vec<RawScope>,
+}
+
+/// A model's price, in micro-units (micro-USD by default) per million tokens.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrice {
+    /// Input tokens.
+    pub input: u64,
+    /// Cached input tokens (defaults to the input price).
+    pub cached_input: Option<u64>,
+    /// Output tokens.
+    pub output: u64,
+}
+
+/// One scope rule as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawScope {
+    /// Unique name (letters, digits, `-`, `_`); defaults to the key.
+    pub name: Option<String>,
+    /// `global`, or dimensions joined by `/`: `tenant`, `key`, `user`, `ip`, `model`.
+    pub key: String,
+    /// Only requests whose dimensions equal these values fall in this scope.
+    #[serde(default, rename = "match")]
+    pub match_: BTreeMap<String, String>,
+    /// Requests per sliding window; every attempt counts.
+    pub requests: Option<RawRequests>,
+    /// Maximum input tokens of one request.
+    pub input_tokens: Option<u64>,
+    /// Output-token cap of one request.
+    pub output_tokens: Option<RawOutput>,
+    /// Maximum input + max output tokens of one request.
+    pub total_tokens: Option<u64>,
+    /// Maximum unfinished requests at once.
+    pub concurrency: Option<RawConcurrency>,
+    /// Budget per period, in tokens or money.
+    pub budget: Option<RawBudget>,
+    /// For a rule keyed on `ip`: how many leading bits of an address make one scope
+    /// (default `{ v4 = 32, v6 = 64 }`).
+    pub ip_prefix: Option<RawIpPrefix>,
+}
+
+/// `ip_prefix = { v4 = 24, v6 = 48 }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIpPrefix {
+    /// Prefix length of IPv4 networks, 1 to 32 (default 32: one address).
+    pub v4: Option<u8>,
+    /// Prefix length of IPv6 networks, 1 to 128 (default 64).
+    pub v6: Option<u8>,
+}
+
+/// `requests = { limit = 60, window = "1m" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRequests {
+    /// Attempts per window.
+    pub limit: u64,
+    /// Window length, e.g. `60s`, `1m`, `1h`.
+    pub window: String,
+}
+
+/// `output_tokens = { max = 1000, mode = "clamp", default = 512 }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOutput {
+    /// The cap.
+    pub max: u64,
+    /// `reject` (a request over the cap is refused) or `clamp` (it is lowered to the cap).
+    pub mode: Option<String>,
+    /// The cap given to a request that states none (defaults to `max`).
+    pub default: Option<u64>,
+}
+
+/// `concurrency = { limit = 2, lease_ttl = "5m" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConcurrency {
+    /// Unfinished requests at once.
+    pub limit: u64,
+    /// How long a lease lives without renewal (default 5m).
+    pub lease_ttl: Option<String>,
+}
+
+/// `budget = { tokens = 100000, period = "day" }` or `{ micro_usd = 5000000, period = "month" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudget {
+    /// A budget in tokens (input + output).
+    pub tokens: Option<u64>,
+    /// A budget in money, integer micro-units.
+    pub micro_usd: Option<u64>,
+    /// `day`, `month` (UTC calendar), or a fixed duration such as `1h`, `7d`.
+    pub period: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validated.
