@@ -18,10 +18,9 @@ use tollgate_redis::{RedisConfig, RedisStore};
 use crate::cli::{Cli, Command, Format};
 
 // A gateway keeps every finished request id for the retention (up to a million): long-lived
-// small allocations among the short-lived ones of each request. Measured under load
-// (docs/benchmarks.md): with glibc's allocator the gateway's CPU per request rose by a third
-// to a half as they accumulated; jemalloc used 8% to 44% less CPU per request than glibc with
-// a similar 99th percentile. mimalloc saved as much CPU but stalled for up to 250 ms.
+// small allocations among the short-lived ones of each request, which fragment glibc's heap
+// until the CPU per request grows with them. jemalloc does not degrade that way; mimalloc did
+// not either, but stalled for hundreds of milliseconds.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -123,3 +123,50 @@ pub trait Store: Send + Sync {
         period: Option<crate::ledger::Period>,
     ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send;
 }
+
+/// A shared store is a store: the embedded layer and the gateway hold one behind an `Arc`.
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn admit(&self, plan: &Plan) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        (**self).admit(plan)
+    }
+
+    fn settle(
+        &self,
+        request_id: &str,
+        usage: Usage,
+    ) -> impl Future<Output = Result<Finish, StoreError>> + Send {
+        (**self).settle(request_id, usage)
+    }
+
+    fn release(
+        &self,
+        request_id: &str,
+        usage: Option<Usage>,
+    ) -> impl Future<Output = Result<Finish, StoreError>> + Send {
+        (**self).release(request_id, usage)
+    }
+
+    fn renew(&self, request_id: &str) -> impl Future<Output = Result<Renewal, StoreError>> + Send {
+        (**self).renew(request_id)
+    }
+
+    fn set_kill(
+        &self,
+        target: &str,
+        reason: Option<&str>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).set_kill(target, reason)
+    }
+
+    fn kills(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        (**self).kills()
+    }
+
+    fn usage(
+        &self,
+        scope_id: &str,
+        period: Option<crate::ledger::Period>,
+    ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
+        (**self).usage(scope_id, period)
+    }
+}

@@ -375,3 +375,59 @@ async fn the_table_answers_as_each_control_says() {
         assert_eq!(got, want, "{}", case.name);
     }
 }
+
+/// The layer over a store of the embedder's own type (here `Arc<MemoryStore>`, not `AnyStore`):
+/// admitted, then refused by the rate, then settled in that store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_runs_over_any_store() {
+    let store = Arc::new(tollgate_core::MemoryStore::new());
+    let policy = Policy::from_toml(
+        "[[scopes]]\nkey = \"user\"\nrequests = { limit = 1, window = \"1m\" }\n\
+         budget = { tokens = 1000, period = \"day\" }\n",
+    )
+    .unwrap();
+    let n = Arc::new(AtomicU64::new(0));
+    let layer = AdmissionLayer::new(policy, store.clone(), move |_, _| {
+        Ok(RequestFacts {
+            request_id: format!("own-{}", n.fetch_add(1, Ordering::SeqCst)),
+            identity: Identity::default().with(Dimension::User, "u"),
+            input_tokens: 10,
+            max_output_tokens: Some(20),
+            cache_write_tokens: 0,
+        })
+    });
+    let app = Router::new()
+        .route(
+            "/",
+            post(
+                |Extension(h): Extension<AdmissionHandle<Arc<tollgate_core::MemoryStore>>>| async move {
+                    h.settle(Usage {
+                        input_tokens: 10,
+                        output_tokens: 5,
+                        ..Usage::default()
+                    })
+                    .await;
+                    "ok"
+                },
+            ),
+        )
+        .layer(layer);
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let r = app
+            .clone()
+            .oneshot(Request::post("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 429]);
+    let u = store
+        .usage(
+            "user|user:u",
+            Some(tollgate_core::Period::Fixed(86_400_000)),
+        )
+        .await
+        .unwrap();
+    assert_eq!((u.settled, u.reserved), (15, 0));
+}
