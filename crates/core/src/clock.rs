@@ -15,10 +15,9 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
 }
 
 /// The operating system's wall clock, read between anchorings through the CPU's time-stamp
-/// counter ([`quanta`]): a store reads it on every call, and the system's clock took 36 to 48 ns
-/// a read on the 2-core test machines, this 12 to 19 ns (the admit bench's `system_clock_now`
-/// row, and its `wall_clock_now` row for the system's clock). The system's clock is read again once a
-/// second, so a step or slew of the wall clock is followed within a second. Where the counter is
+/// counter ([`quanta`]): a store reads it on every call, and a counter read costs about a third
+/// of a system clock read (the admit bench's `system_clock_now` and `wall_clock_now` rows compare
+/// them). The system's clock is read again once a second, so a step or slew of the wall clock is followed within a second. Where the counter is
 /// not usable, quanta reads the system's monotonic clock instead.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;

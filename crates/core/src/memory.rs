@@ -41,8 +41,8 @@ pub const DEFAULT_MAX_REMEMBERED: usize = 1_000_000;
 pub const CONCURRENCY_RETRY_HINT_MS: u64 = 1_000;
 const FULL_SWEEP_EVERY_MS: u64 = 1_000;
 /// Scope slots examined per call while a pass is under way: a pass over a million scopes is
-/// spread over about a thousand calls (some 30 µs each) instead of pausing one call for 60 to
-/// 110 ms, which every request waiting on the lock would wait out too.
+/// spread over about a thousand calls instead of pausing one call for the whole pass, which every
+/// request waiting on the lock would wait out too.
 const PASS_SLOTS_PER_CALL: usize = 1024;
 /// Most remembered ids forgotten in one call (a call remembers at most one more), so a clock
 /// jump does not make one call forget them all at once.
@@ -81,8 +81,8 @@ struct State {
     /// admission checks for a duplicate id with one lookup.
     requests: ShardedMap<Id, Request>,
     /// In-flight tickets, in order of expiry. A ticket leaves when it ends, so the sweep never
-    /// meets a stale one and nothing needs rebuilding: a heap with entries left behind had to
-    /// be rebuilt from every remembered request, a pause of about 16 ms at 1,000,000 of them.
+    /// meets a stale one and nothing needs rebuilding (a heap with entries left behind would be
+    /// rebuilt from every remembered request, under the lock).
     tickets: Tickets,
     kills: BTreeMap<String, String>,
     /// Budget periods found by recent admissions: a period's id, start and end hold for every

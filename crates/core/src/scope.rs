@@ -262,8 +262,8 @@ impl fmt::Display for ScopeKey {
 /// characters and `?`: injective, so two different values never share a scope.
 fn escape_into(value: &str, out: &mut String) {
     let escaped = |c: char| c.is_control() || matches!(c, '%' | '/' | ':' | '|' | '{' | '}' | '?');
-    // Most values are plain ASCII with nothing to escape: copied whole (char by char, a
-    // five-scope plan spent a quarter of its instructions here).
+    // Most values are plain ASCII with nothing to escape: copied whole, since char by char is
+    // a large part of a plan's cost.
     if value
         .bytes()
         .all(|b| b.is_ascii() && !escaped(char::from(b)))

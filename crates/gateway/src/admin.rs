@@ -4,7 +4,7 @@
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -13,16 +13,9 @@ use serde_json::json;
 use tollgate_core::{Clock, Store, SystemClock};
 
 use crate::gateway::Shared;
-use crate::respond::ApiError;
 
 fn store_failed(e: tollgate_core::StoreError) -> Response {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "service_unavailable",
-        "store_unavailable",
-        e.to_string(),
-    )
-    .into_response()
+    crate::respond::store_failed(&e).into_response()
 }
 
 /// Whether `given` is the admin token, in time that depends on neither its content nor its
@@ -58,13 +51,7 @@ pub fn router(gw: Shared, token: String) -> Router {
                         .and_then(|v| v.strip_prefix("Bearer "));
                     let ok = given.is_some_and(|g| token_matches(g, &token));
                     if !ok {
-                        return ApiError::new(
-                            StatusCode::UNAUTHORIZED,
-                            "invalid_request_error",
-                            "invalid_admin_token",
-                            "Admin token required.",
-                        )
-                        .into_response();
+                        return crate::respond::admin_unauthorized().into_response();
                     }
                     next.run(req).await
                 }
@@ -97,12 +84,7 @@ fn valid_target(t: &str) -> bool {
 
 async fn set_kill(State(gw): State<Shared>, axum::Json(k): axum::Json<KillRequest>) -> Response {
     if !valid_target(&k.target) {
-        return ApiError::invalid(
-            "invalid_value",
-            "target must be all, tenant:<id>, key:<id>, model:<name> or user:<id>",
-        )
-        .param("target")
-        .into_response();
+        return crate::respond::invalid_kill_target().into_response();
     }
     match gw.store.set_kill(&k.target, Some(&k.reason)).await {
         Ok(()) => axum::Json(json!({"target": k.target, "reason": k.reason, "killed": true}))
@@ -128,14 +110,7 @@ async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Respons
     let cfg = gw.config();
     let rule_name = q.scope.split('|').next().unwrap_or("");
     let Some(rule) = cfg.policy.scopes.iter().find(|r| &*r.name == rule_name) else {
-        return ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "unknown_scope",
-            format!("No rule named {rule_name:?}."),
-        )
-        .param("scope")
-        .into_response();
+        return crate::respond::unknown_scope(rule_name).into_response();
     };
     let period = rule.budget.map(|b| b.period);
     match gw.store.usage(&q.scope, period).await {
@@ -160,7 +135,7 @@ async fn reload(State(gw): State<Shared>) -> Response {
     match gw.reload() {
         Ok(cfg) => axum::Json(json!({"reloaded": true, "policy_version": &*cfg.policy.version}))
             .into_response(),
-        Err(e) => ApiError::invalid("invalid_config", e).into_response(),
+        Err(e) => crate::respond::invalid_config(e).into_response(),
     }
 }
 

@@ -43,7 +43,7 @@ impl Gateway {
     /// A gateway over `store`.
     pub fn new(config: GatewayConfig, store: AnyStore) -> Self {
         // Load the vocabularies now, off the request path: the first request would otherwise
-        // wait for them (about 50 ms in a release build).
+        // wait for them.
         std::thread::spawn(TokenCounter::warm_up);
         let nonce = {
             use std::hash::{BuildHasher, RandomState};

@@ -115,10 +115,10 @@ pub(super) const SHARDS: usize = 128;
 
 /// A hash map by string id, split into [`SHARDS`] tables by bits of the id's hash that the
 /// tables themselves do not use. A hash table grows in one step, moving every entry, and the
-/// store grows its maps under its lock: one map of a million remembered ids made one call wait
-/// 85 ms. Split, a growth moves a 128th of the entries (256 shards cut the pause further but
-/// cost about 50 ns per admission and settlement in the same-run benchmark; 128 cost none
-/// measurable). Each operation hashes the id once.
+/// store grows its maps under its lock: one map of a million remembered ids would stall every
+/// waiting request while it moved them. Split, a growth moves a 128th of the entries (more
+/// tables cut the pause further, but each table's header is one more cache line to find per
+/// operation). Each operation hashes the id once.
 #[derive(Debug)]
 pub(super) struct ShardedMap<K, V> {
     hasher: foldhash::fast::RandomState,

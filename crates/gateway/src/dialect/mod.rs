@@ -152,13 +152,10 @@ fn plain((input_tokens, cached_input_tokens, output_tokens): (u64, u64, u64)) ->
 fn choice_count(json: &Value, field: &str) -> Result<u64, ApiError> {
     match json.get(field) {
         None | Some(Value::Null) => Ok(1),
-        Some(v) => v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
-            ApiError::invalid(
-                "invalid_value",
-                format!("{field} must be a positive integer."),
-            )
-            .param(field)
-        }),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| crate::respond::not_a_choice_count(field)),
     }
 }
 

@@ -7,7 +7,7 @@ use tollgate_core::Usage;
 use tollgate_tokens::Format;
 
 use super::{Dialect, plain};
-use crate::respond::ApiError;
+use crate::respond::{self, ApiError};
 use crate::sse::SseMeter;
 
 #[derive(Debug)]
@@ -29,12 +29,7 @@ impl Dialect for Responses {
     fn check_body(&self, json: &Value) -> Result<(), ApiError> {
         if json.get("background").and_then(Value::as_bool) == Some(true) {
             // Its usage arrives after the call returns, where no settlement can see it.
-            return Err(ApiError::invalid(
-                "unsupported_parameter",
-                "background responses are not served through this gateway: their usage is \
-                 known only after the call returns, so they could not be settled.",
-            )
-            .param("background"));
+            return Err(respond::background_unsupported());
         }
         Ok(())
     }

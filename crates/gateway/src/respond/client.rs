@@ -119,3 +119,31 @@ pub fn admin_unauthorized() -> ApiError {
         "Admin token required.",
     )
 }
+
+/// A kill switch for a target that is none of the known kinds.
+pub fn invalid_kill_target() -> ApiError {
+    invalid_field(
+        "target",
+        "target must be all, tenant:<id>, key:<id>, model:<name> or user:<id>",
+    )
+}
+
+/// A configuration file that does not validate (a reload): the old one stays.
+pub fn invalid_config(e: impl Into<String>) -> ApiError {
+    ApiError::invalid("invalid_config", e)
+}
+
+/// `background: true` on the Responses API: its usage would come after settlement.
+pub fn background_unsupported() -> ApiError {
+    ApiError::invalid(
+        "unsupported_parameter",
+        "background responses are not served through this gateway: their usage is known only \
+         after the call returns, so they could not be settled.",
+    )
+    .param("background")
+}
+
+/// `n` or `best_of` that is not a positive integer.
+pub fn not_a_choice_count(field: &str) -> ApiError {
+    invalid_field(field, format!("{field} must be a positive integer."))
+}
