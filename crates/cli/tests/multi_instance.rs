@@ -258,3 +258,138 @@ async fn instances_hold_the_limits_when_clients_leave() {
     );
     drop(started);
 }
+
+/// Two instances racing on one agent operation's limits, as the upstream counts them: its model
+/// rounds (`requests`, every attempt counted: exactly the limit is served) for one tenant, its
+/// concurrency for another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_hold_an_operations_limits() {
+    const ROUNDS: u64 = 12;
+    const AT_ONCE: u64 = 2;
+    let sim = Sim::start(SimConfig {
+        latency: Duration::from_millis(40),
+        output_tokens: 5,
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"{}\"\nprefix = \"mi-op\"\ncall_timeout = \"2s\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"rounds\"\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"slots\"\n\
+             [[policy.scopes]]\nname = \"op-rounds\"\nkey = \"operation\"\n\
+             match = {{ tenant = \"rounds\" }}\n\
+             requests = {{ limit = {ROUNDS}, window = \"1h\" }}\n\
+             [[policy.scopes]]\nname = \"op-slots\"\nkey = \"operation\"\n\
+             match = {{ tenant = \"slots\" }}\n\
+             concurrency = {{ limit = {AT_ONCE}, lease_ttl = \"30s\" }}\n",
+            redis.url(),
+            sim.base_url(),
+            tollgate_gateway::hash_key("sk-rounds"),
+            tollgate_gateway::hash_key("sk-slots"),
+        ),
+    )
+    .unwrap();
+    let started: Vec<(Instance, String)> = (0..2).map(|_| start_instance(&config)).collect();
+    let urls: Arc<Vec<String>> = Arc::new(started.iter().map(|(_, u)| u.clone()).collect());
+
+    // Slots first: the upstream's peak is then this phase's alone.
+    let slots = race(&urls, "sk-slots", 64).await;
+    let stats = sim.stats();
+    let max_in_flight = stats.max_in_flight.values().copied().max().unwrap_or(0);
+    assert!(
+        max_in_flight <= AT_ONCE,
+        "the upstream saw {max_in_flight} at once"
+    );
+    assert_eq!(
+        stats.completed, slots.ok,
+        "every 200 was one upstream request"
+    );
+    assert!(
+        slots.ok >= AT_ONCE && slots.conc > 0,
+        "{} served, {} refused",
+        slots.ok,
+        slots.conc
+    );
+
+    let rounds = race(&urls, "sk-rounds", 64).await;
+    eprintln!(
+        "2 instances, one operation: with {AT_ONCE} slots {} of 64 served, the upstream saw at \
+         most {max_in_flight} at once; with {ROUNDS} rounds {} of 64 served",
+        slots.ok, rounds.ok
+    );
+    assert_eq!(
+        (rounds.ok, rounds.rate, rounds.conc),
+        (ROUNDS, 64 - ROUNDS, 0),
+        "exactly the operation's rounds are served, whichever instance takes them"
+    );
+    assert_eq!(
+        sim.stats().completed,
+        slots.ok + ROUNDS,
+        "as the upstream counts"
+    );
+    drop(started);
+}
+
+/// What a race of `n` rounds of one operation got.
+struct Raced {
+    ok: u64,
+    rate: u64,
+    conc: u64,
+}
+
+/// `n` rounds of operation `agent-run-1` with `key`, from 8 workers, over the instances in turn.
+async fn race(urls: &Arc<Vec<String>>, key: &'static str, n: usize) -> Raced {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let workers = 8;
+    let tasks: Vec<_> = (0..workers)
+        .map(|w| {
+            let (client, urls) = (client.clone(), urls.clone());
+            tokio::spawn(async move {
+                let mut results = Vec::new();
+                for i in (w..n).step_by(workers) {
+                    let body = json!({"model": "gpt-4o", "max_tokens": 10,
+                        "messages": [{"role": "user", "content": format!("round {i}")}]});
+                    let req =
+                        Request::post(format!("{}/v1/chat/completions", urls[i % urls.len()]))
+                            .header("authorization", format!("Bearer {key}"))
+                            .header("content-type", "application/json")
+                            .header("x-tollgate-operation", "agent-run-1")
+                            .body(Full::new(Bytes::from(body.to_string())))
+                            .unwrap();
+                    let r = client.request(req).await.unwrap();
+                    let status = r.status().as_u16();
+                    let bytes = r.into_body().collect().await.unwrap().to_bytes();
+                    let code = serde_json::from_slice::<serde_json::Value>(&bytes)
+                        .ok()
+                        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    results.push((status, code));
+                }
+                results
+            })
+        })
+        .collect();
+    let mut raced = Raced {
+        ok: 0,
+        rate: 0,
+        conc: 0,
+    };
+    for t in tasks {
+        for r in t.await.unwrap() {
+            match r {
+                (200, _) => raced.ok += 1,
+                (429, c) if c == "request_rate_limit" => raced.rate += 1,
+                (429, c) if c == "concurrency_limit" => raced.conc += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    raced
+}

@@ -443,7 +443,7 @@ fn validate_dims(key: &str, path: &str) -> Result<Vec<Dimension>, PolicyError> {
                 PolicyError::new(
                     &key_path,
                     format!(
-                        "unknown dimension {part:?}; expected \"global\" or tenant, key, user, ip, model joined by '/'"
+                        "unknown dimension {part:?}; expected \"global\" or tenant, key, user, ip, model, operation joined by '/'"
                     ),
                 )
             })?;

@@ -17,16 +17,20 @@ pub enum Dimension {
     Ip,
     /// The model requested.
     Model,
+    /// An agent operation: the client-chosen id of one user action's model rounds and tool
+    /// calls (a header), always inside its key's tenant.
+    Operation,
 }
 
 impl Dimension {
     /// All dimensions in their canonical order (the order in scope keys).
-    pub const ALL: [Dimension; 5] = [
+    pub const ALL: [Dimension; 6] = [
         Dimension::Tenant,
         Dimension::Key,
         Dimension::User,
         Dimension::Ip,
         Dimension::Model,
+        Dimension::Operation,
     ];
 
     /// The name used in policies and scope keys.
@@ -37,6 +41,7 @@ impl Dimension {
             Dimension::User => "user",
             Dimension::Ip => "ip",
             Dimension::Model => "model",
+            Dimension::Operation => "operation",
         }
     }
 
@@ -65,6 +70,8 @@ pub struct Identity {
     pub ip: Option<String>,
     /// Model name.
     pub model: Option<String>,
+    /// Agent operation id.
+    pub operation: Option<String>,
 }
 
 impl Identity {
@@ -76,6 +83,7 @@ impl Identity {
             Dimension::User => self.user.as_deref(),
             Dimension::Ip => self.ip.as_deref(),
             Dimension::Model => self.model.as_deref(),
+            Dimension::Operation => self.operation.as_deref(),
         }
     }
 
@@ -89,6 +97,7 @@ impl Identity {
             Dimension::User => self.user = v,
             Dimension::Ip => self.ip = v,
             Dimension::Model => self.model = v,
+            Dimension::Operation => self.operation = v,
         }
         self
     }
@@ -199,10 +208,11 @@ impl ScopeKey {
         if dims.is_empty() {
             id.push_str("global");
         }
-        // An end user is named by the client, so a user scope is always inside its tenant
-        // where one is known: two tenants' `alice` are two scopes.
+        // An end user and an operation are named by the client, so their scopes are always
+        // inside their tenant where one is known: two tenants' `alice` are two scopes.
         let mut first = true;
-        if dims.contains(&Dimension::User) && !dims.contains(&Dimension::Tenant) {
+        let chosen = dims.contains(&Dimension::User) || dims.contains(&Dimension::Operation);
+        if chosen && !dims.contains(&Dimension::Tenant) {
             if let Some(t) = identity.tenant.as_deref() {
                 id.push_str("tenant:");
                 escape_into(t, id);

@@ -94,6 +94,8 @@ pub struct GatewayConfig {
     pub remote_tokens_per_item: u64,
     /// `anthropic-beta` values clients may send.
     pub anthropic_betas: Vec<String>,
+    /// The request header that names a request's agent operation.
+    pub operation_header: axum::http::HeaderName,
     /// Metrics.
     pub metrics: MetricsConfig,
     /// Kill switches of the file: (target, reason).

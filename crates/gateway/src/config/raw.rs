@@ -46,6 +46,9 @@ pub struct RawConfig {
     /// Anthropic's Messages API.
     #[serde(default)]
     pub anthropic: RawAnthropic,
+    /// Agent operations.
+    #[serde(default)]
+    pub operations: RawOperations,
     /// The Prometheus metrics.
     #[serde(default)]
     pub metrics: RawMetrics,
@@ -71,6 +74,14 @@ pub struct RawAnthropic {
     /// gateway never sees (the MCP connector, for one), so only those named here pass.
     #[serde(default)]
     pub betas: Vec<String>,
+}
+
+/// `[operations]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawOperations {
+    /// The request header that names a request's operation (default `x-tollgate-operation`).
+    pub header: Option<String>,
 }
 
 /// `[metrics]`

@@ -5,14 +5,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use axum::http::HeaderValue;
+use axum::http::{HeaderName, HeaderValue};
 use tollgate_core::{Policy, Reason, Unit};
 use tollgate_tokens::{Counting, Encoding};
 
 use super::{
     AdminConfig, ConfigError, GatewayConfig, KeyConfig, MetricsConfig, QueueConfig, RawAdmin,
-    RawAnthropic, RawConfig, RawKey, RawKill, RawMetrics, RawQueue, RawRemoteContent, RawResponses,
-    RawServer, RawStore, RawUpstream, RawUpstreamTools, StoreConfig, StreamBounds, err,
+    RawAnthropic, RawConfig, RawKey, RawKill, RawMetrics, RawOperations, RawQueue,
+    RawRemoteContent, RawResponses, RawServer, RawStore, RawUpstream, RawUpstreamTools,
+    StoreConfig, StreamBounds, err,
 };
 use crate::upstream_tools::UpstreamTools;
 
@@ -83,6 +84,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         http2_max_streams: conns.http2_max_streams,
         remote_tokens_per_item: remote_content(&raw.remote_content)?,
         anthropic_betas: raw.anthropic.betas,
+        operation_header: operation_header(&raw.operations)?,
         metrics: metrics(&raw.metrics)?,
         kills: kills(&raw.kill)?,
         counter: tollgate_tokens::TokenCounter::default(),
@@ -473,6 +475,35 @@ fn validate_betas(raw: &RawAnthropic) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// Headers the gateway reads for itself, which cannot also name an operation.
+const OWN_HEADERS: [&str; 8] = [
+    "authorization",
+    "x-api-key",
+    "content-type",
+    "content-length",
+    "host",
+    "x-tollgate-user",
+    "anthropic-version",
+    "anthropic-beta",
+];
+
+fn operation_header(raw: &RawOperations) -> Result<HeaderName, ConfigError> {
+    let name = raw.header.as_deref().unwrap_or("x-tollgate-operation");
+    let header = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()).map_err(|_| {
+        err(
+            "operations.header",
+            format!("{name:?} is not a header name"),
+        )
+    })?;
+    if OWN_HEADERS.contains(&header.as_str()) {
+        return Err(err(
+            "operations.header",
+            format!("{name:?} is a header the gateway reads for something else"),
+        ));
+    }
+    Ok(header)
 }
 
 fn kills(raw: &[RawKill]) -> Result<Vec<(String, String)>, ConfigError> {

@@ -5,7 +5,7 @@
 use serde_json::Value;
 use tollgate_core::{Dimension, Identity, Reason, RequestFacts};
 
-use super::intake::{Intake, end_user};
+use super::intake::{Intake, end_user, operation};
 use crate::config::{GatewayConfig, KeyConfig};
 use crate::contexts::{carried, hidden_input};
 use crate::dialect::Dialect;
@@ -86,12 +86,11 @@ pub(crate) async fn count(
         .saturating_add(kept_context)
         .saturating_add(tool_input)
         .saturating_add(remote_input);
-    let identity = identity(
-        key,
-        &intake.ip,
-        &count.model,
-        end_user(key, &json, &intake.headers)?,
-    );
+    let user = end_user(key, &json, &intake.headers)?;
+    let mut identity = identity(key, &intake.ip, &count.model, user);
+    if let Some(op) = operation(cfg, &intake.headers)? {
+        identity = identity.with(Dimension::Operation, op);
+    }
     // Several choices multiply the output: the cap and the estimate are for the whole request,
     // and each choice gets its share.
     let choices = dialect.choices(&json)?;
@@ -150,14 +149,14 @@ async fn kept_context(gw: &Gateway, cfg: &GatewayConfig, json: &Value) -> u64 {
 /// rules this request may fall under (past it, each of those is exceeded and the first in order
 /// is reported), but not when one of them has a budget, which reserves the whole count. Rules
 /// another tenant, key or address is matched by do not count; a rule whose match depends on
-/// what the body says (model, end user) is taken as applying.
+/// what the request says (model, end user, operation) is taken as applying.
 fn count_limit(policy: &tollgate_core::Policy, key: &KeyConfig, ip: &str) -> Option<u64> {
     let known = |d: Dimension| match d {
         Dimension::Tenant => Some(key.tenant.as_str()),
         Dimension::Key => Some(key.key_id.as_str()),
         Dimension::Ip => Some(ip),
         Dimension::User if !key.allow_user => key.user.as_deref().or(Some("")),
-        Dimension::User | Dimension::Model => None,
+        Dimension::User | Dimension::Model | Dimension::Operation => None,
     };
     let mut limit = None;
     for rule in &policy.scopes {

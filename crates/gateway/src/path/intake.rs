@@ -16,6 +16,8 @@ use crate::respond::{self, ApiError};
 
 /// The longest end-user id accepted, in bytes (OpenAI's own bound on `user`).
 pub const MAX_USER_BYTES: usize = 256;
+/// The longest operation id accepted, in bytes: room for a UUID or a trace id with a prefix.
+pub const MAX_OPERATION_BYTES: usize = 128;
 
 /// A request past intake.
 #[derive(Debug)]
@@ -149,4 +151,25 @@ pub(crate) fn end_user(
     } else {
         key.user.clone()
     })
+}
+
+/// The agent operation a request names in `cfg.operation_header`: visible ASCII, 1 to
+/// [`MAX_OPERATION_BYTES`] bytes; none without the header.
+pub(crate) fn operation(
+    cfg: &GatewayConfig,
+    headers: &HeaderMap,
+) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get(&cfg.operation_header) else {
+        return Ok(None);
+    };
+    let name = cfg.operation_header.as_str();
+    let v = v.to_str().map_err(|_| respond::operation_not_ascii(name))?;
+    if v.is_empty() || v.len() > MAX_OPERATION_BYTES {
+        return Err(respond::operation_length(
+            name,
+            v.len(),
+            MAX_OPERATION_BYTES,
+        ));
+    }
+    Ok(Some(v.to_owned()))
 }

@@ -147,3 +147,16 @@ pub fn background_unsupported() -> ApiError {
 pub fn not_a_choice_count(field: &str) -> ApiError {
     invalid_field(field, format!("{field} must be a positive integer."))
 }
+
+/// An operation header that is not visible ASCII.
+pub fn operation_not_ascii(header: &str) -> ApiError {
+    invalid_field("operation", format!("{header} must be visible ASCII."))
+}
+
+/// An operation id that is empty or longer than `max` bytes.
+pub fn operation_length(header: &str, len: usize, max: usize) -> ApiError {
+    invalid_field(
+        "operation",
+        format!("{header} is {len} bytes long; 1 to {max} are accepted."),
+    )
+}
