@@ -364,3 +364,33 @@ fn sighup_reloads_the_policy() {
     hup(instance.0.id());
     assert_eq!(status(), "429");
 }
+
+/// An agent loop, replayed: the operation's round limit stops it at its sixth round, and the
+/// figures are those worked out in the fixture's header.
+#[test]
+fn an_agent_loop_is_stopped_by_its_operations_round_limit() {
+    let out = bin()
+        .args(["replay", "--format", "json"])
+        .arg(repo("fixtures/agent-loop.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let u = &v["paths"]["unbounded"];
+    let l = &v["paths"]["layered_controls"];
+    let fig = |p: &Value, k: &str| p[k].as_u64().unwrap_or_else(|| panic!("missing {k}"));
+    for (k, unbounded, layered) in [
+        ("requests", 14, 14),
+        ("accepted", 14, 7),
+        ("rejected", 0, 7),
+        ("accepted_estimated_tokens", 8700, 2050),
+        ("settled_tokens", 8560, 1980),
+    ] {
+        assert_eq!((fig(u, k), fig(l, k)), (unbounded, layered), "{k}");
+    }
+    assert_eq!(l["rejections_by_reason"]["request_rate_limit"], 7);
+}

@@ -55,6 +55,8 @@ pub struct RawEvent {
     pub ip: Option<String>,
     /// Identity of a request.
     pub model: Option<String>,
+    /// Identity of a request: the agent operation it belongs to.
+    pub operation: Option<String>,
     /// Declared input tokens of a request.
     pub input_tokens: Option<u64>,
     /// Declared output cap of a request.
@@ -193,6 +195,7 @@ impl Fixture {
                             (Dimension::User, e.user),
                             (Dimension::Ip, e.ip),
                             (Dimension::Model, e.model),
+                            (Dimension::Operation, e.operation),
                         ] {
                             if let Some(v) = v {
                                 identity = identity.with(d, v);
