@@ -12,8 +12,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use serde_json::Value;
-use tollgate_core::{Admitted, Plan, Usage};
+use tollgate_core::Usage;
 
+use super::Admission;
 use super::count::Counted;
 use super::intake::Intake;
 use super::meter::{self, Answer, MAX_UPSTREAM_BODY};
@@ -38,18 +39,20 @@ pub(crate) struct Forward {
 }
 
 /// The upstream request of an admitted one, and what its answer will need.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn prepare(
     gw: &Shared,
     cfg: &Arc<GatewayConfig>,
     dialect: &'static dyn Dialect,
     intake: &Intake<'_>,
     counted: Counted,
-    p: &Plan,
-    admitted: Admitted,
-    ticket: Ticket,
-    id: &str,
+    admission: Admission,
 ) -> Result<Forward, ApiError> {
+    let Admission {
+        plan: p,
+        granted: admitted,
+        ticket,
+    } = admission;
+    let (p, id) = (&p, p.request_id.as_str());
     let Counted {
         mut json,
         model,

@@ -60,11 +60,8 @@ async fn steps(
     let cfg = gw.config();
     let intake = intake::intake(&cfg, dialect, req).await?;
     let counted = count::count(gw, &cfg, dialect, &intake, id).await?;
-    let (p, admitted, ticket) = admit_counted(gw, &cfg, dialect, intake.key, &counted).await?;
-    let f = forward::prepare(
-        gw, &cfg, dialect, &intake, counted, &p, admitted, ticket, id,
-    )
-    .await?;
+    let admission = admit_counted(gw, &cfg, dialect, intake.key, &counted).await?;
+    let f = forward::prepare(gw, &cfg, dialect, &intake, counted, admission).await?;
     // From here the request runs in a task of its own, so that a client who leaves does not
     // cut it off half way: a non-streamed request goes on until the upstream answers (within
     // `upstream_timeout`) and settles its true usage, its lease held while the upstream may
@@ -80,6 +77,13 @@ async fn steps(
     }
 }
 
+/// An admitted request: its plan, what was granted, and its ticket.
+pub(crate) struct Admission {
+    pub plan: Plan,
+    pub granted: Admitted,
+    pub ticket: Ticket,
+}
+
 /// The admit step of the proxy: the plan, the decision, its record, and for an admitted
 /// request its ticket; a refusal becomes its error, in words that say what was counted.
 async fn admit_counted(
@@ -88,7 +92,7 @@ async fn admit_counted(
     dialect: &dyn Dialect,
     key: &crate::config::KeyConfig,
     counted: &Counted,
-) -> Result<(Plan, Admitted, Ticket), ApiError> {
+) -> Result<Admission, ApiError> {
     let mut p = plan(&cfg.policy, &counted.facts).map_err(respond::unpriced_model)?;
     let controls = Controls {
         store: &gw.store,
@@ -122,7 +126,11 @@ async fn admit_counted(
     if let Some(sink) = &gw.records {
         ticket.record_to(record(&Decision::Admit(admitted.clone())), sink.clone());
     }
-    Ok((p, admitted, ticket))
+    Ok(Admission {
+        plan: p,
+        granted: admitted,
+        ticket,
+    })
 }
 
 /// The error of a refused request, with what its input count included and, for a money budget,
