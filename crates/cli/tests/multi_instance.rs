@@ -99,20 +99,8 @@ async fn instances_sharing_redis_never_exceed_limits_as_the_upstream_sees_it() {
                     }
                     let body = json!({"model": "gpt-4o", "max_tokens": 40, "stream": i % 2 == 0,
                         "messages": [{"role": "user", "content": format!("request {i}")}]});
-                    let req =
-                        Request::post(format!("{}/v1/chat/completions", urls[i % urls.len()]))
-                            .header("authorization", "Bearer sk-mi")
-                            .header("content-type", "application/json")
-                            .body(Full::new(Bytes::from(body.to_string())))
-                            .unwrap();
-                    let r = client.request(req).await.unwrap();
-                    let status = r.status().as_u16();
-                    let bytes = r.into_body().collect().await.unwrap().to_bytes();
-                    let code = serde_json::from_slice::<serde_json::Value>(&bytes)
-                        .ok()
-                        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
-                        .unwrap_or_default();
-                    results.push((status, code));
+                    let url = &urls[i % urls.len()];
+                    results.push(chat(&client, url, "sk-mi", None, body).await);
                 }
                 results
             })
@@ -356,21 +344,8 @@ async fn race(urls: &Arc<Vec<String>>, key: &'static str, n: usize) -> Raced {
                 for i in (w..n).step_by(workers) {
                     let body = json!({"model": "gpt-4o", "max_tokens": 10,
                         "messages": [{"role": "user", "content": format!("round {i}")}]});
-                    let req =
-                        Request::post(format!("{}/v1/chat/completions", urls[i % urls.len()]))
-                            .header("authorization", format!("Bearer {key}"))
-                            .header("content-type", "application/json")
-                            .header("x-tollgate-operation", "agent-run-1")
-                            .body(Full::new(Bytes::from(body.to_string())))
-                            .unwrap();
-                    let r = client.request(req).await.unwrap();
-                    let status = r.status().as_u16();
-                    let bytes = r.into_body().collect().await.unwrap().to_bytes();
-                    let code = serde_json::from_slice::<serde_json::Value>(&bytes)
-                        .ok()
-                        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
-                        .unwrap_or_default();
-                    results.push((status, code));
+                    let url = &urls[i % urls.len()];
+                    results.push(chat(&client, url, key, Some("agent-run-1"), body).await);
                 }
                 results
             })
@@ -392,4 +367,30 @@ async fn race(urls: &Arc<Vec<String>>, key: &'static str, n: usize) -> Raced {
         }
     }
     raced
+}
+
+/// One chat completion through the gateway at `url` with `key` (and an operation): its status
+/// and error code.
+async fn chat(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    url: &str,
+    key: &str,
+    operation: Option<&str>,
+    body: serde_json::Value,
+) -> (u16, String) {
+    let mut req = Request::post(format!("{url}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json");
+    if let Some(op) = operation {
+        req = req.header("x-tollgate-operation", op);
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_string()))).unwrap();
+    let r = client.request(req).await.unwrap();
+    let status = r.status().as_u16();
+    let bytes = r.into_body().collect().await.unwrap().to_bytes();
+    let code = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    (status, code)
 }
