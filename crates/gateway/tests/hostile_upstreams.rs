@@ -495,7 +495,16 @@ async fn a_settlement_during_a_partition_lands_when_the_store_returns() {
         "charged the reported usage, not the reservation"
     );
     assert!(start.elapsed() < Duration::from_secs(10));
-    let line = std::fs::read_to_string(&records).unwrap();
+    // The record is written once the retry that landed has returned: a moment after the books
+    // show it.
+    let mut line = String::new();
+    for _ in 0..200 {
+        line = std::fs::read_to_string(&records).unwrap();
+        if line.contains("\"ending\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(line.contains("\"ending\":\"settled\""), "{line}");
     assert!(line.contains("\"end_attempts\":"), "{line}");
 }
