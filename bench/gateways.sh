@@ -38,6 +38,17 @@ concurrency = { limit = 100000, lease_ttl = "1m" }
 budget = { tokens = 1000000000000, period = "day" }
 '
 
+# The same, and a rule on the agent operation the request names (bench/post-operation.lua
+# sends one): its rounds, budget and concurrency.
+WITH_OPERATION="$ALL_SIX"'
+[[policy.scopes]]
+name = "per-operation"
+key = "operation"
+requests = { limit = 100000000, window = "1h" }
+concurrency = { limit = 100000, lease_ttl = "1m" }
+budget = { tokens = 1000000000000, period = "day" }
+'
+
 # gateway_config NAME PORT SIM_PORT STORE_TOML POLICY_TOML: writes $tmp/NAME.toml.
 gateway_config() {
   local hash; hash=$("$BIN/tollgate" hash-key sk-bench)

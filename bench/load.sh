@@ -2,6 +2,8 @@
 # Load benchmark of the gateway, on loopback only, bounded in time.
 #
 #   bench/load.sh [DURATION_SECONDS=10] [CONNECTIONS=64] [ROUNDS=3]
+#   TOLLGATE_BENCH_OPERATION=1 bench/load.sh ...   (adds a fifth target: the memory store with
+#   a rule on the request's agent operation as well, each request naming one)
 #
 # Four targets, the same wrk settings: the upstream simulator directly; the gateway with no
 # scopes (parse, count, admit an empty plan, forward: "controls off"); the gateway with all six
@@ -44,6 +46,11 @@ gateway() { # name store policy
 PASS=$(gateway pass "" "")
 MEM=$(gateway memory "" "$ALL_SIX")
 RED=$(gateway redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")
+TARGETS=("direct $SIM" "pass $PASS" "memory $MEM" "redis $RED")
+if [ "${TOLLGATE_BENCH_OPERATION:-0}" = 1 ]; then
+  OPS=$(gateway operation "" "$WITH_OPERATION")
+  TARGETS+=("operation $OPS")
+fi
 
 # CPU time (user + system, in clock ticks) a process has used so far; 0 when there is none.
 ticks() { if [ -n "$1" ] && [ -r "/proc/$1/stat" ]; then awk '{print $14 + $15}' "/proc/$1/stat"; else echo 0; fi; }
@@ -56,7 +63,8 @@ run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per
   local gw; gw=$(cat "$tmp/pid-$1" 2>/dev/null || true)
   local rd=""; [ "$1" = redis ] && rd=$REDIS_PID
   local g0 r0 g1 r1 m0 m1; g0=$(ticks "$gw"); r0=$(ticks "$rd"); m0=$(machine)
-  local out; out=$(wrk -t2 -c"$CONN" -d"${DUR}s" --latency -s bench/post.lua "http://127.0.0.1:$2/v1/chat/completions" 2>&1)
+  local script=bench/post.lua; [ "$1" = operation ] && script=bench/post-operation.lua
+  local out; out=$(wrk -t2 -c"$CONN" -d"${DUR}s" --latency -s "$script" "http://127.0.0.1:$2/v1/chat/completions" 2>&1)
   g1=$(ticks "$gw"); r1=$(ticks "$rd"); m1=$(machine)
   if echo "$out" | grep -q "Non-2xx"; then echo "$out" >&2; echo "non-2xx responses for $1" >&2; exit 1; fi
   local rps p50 p99 n
@@ -72,7 +80,7 @@ echo "wrk -t2 -c$CONN -d${DUR}s, $ROUNDS rounds, one small chat completion (16 o
 echo
 rows="$tmp/rows"
 for r in $(seq "$ROUNDS"); do
-  for t in "direct $SIM" "pass $PASS" "memory $MEM" "redis $RED"; do
+  for t in "${TARGETS[@]}"; do
     set -- $t
     echo "$r $1 $(run "$1" "$2")" | tee -a "$rows"
   done
@@ -95,7 +103,9 @@ def ms(v):  # wrk latency: 1.23ms, 456.78us, 1.02s
     return float("nan")
 rps = {t: {r: x for r, x, _, _ in v} for t, v in by.items()}
 names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-through)"),
-         ("memory", "gateway, six controls, memory store"), ("redis", "gateway, six controls, Redis store")]
+         ("memory", "gateway, six controls, memory store"), ("redis", "gateway, six controls, Redis store"),
+         ("operation", "gateway, six controls and an operation rule, memory store")]
+names = [(t, label) for t, label in names if t in by]
 print("| target | req/s (median) | p50 | p99 | vs pass-through (median of rounds) | per round | gateway CPU per request | Redis CPU per request | machine idle |")
 print("|---|---|---|---|---|---|---|---|---|")
 for t, label in names:
@@ -106,4 +116,8 @@ for t, label in names:
           f"{statistics.median(ratios):.2f}x | {' '.join(f'{x:.2f}' for x in ratios)} | "
           f"{statistics.median(g for g, _ in cpu[t]):.1f} µs | {statistics.median(r for _, r in cpu[t]):.1f} µs | "
           f"{100 * statistics.median(idle[t]):.0f}% |")
+if "operation" in rps:
+    ratios = [rps["operation"][r] / rps["memory"][r] for r in rps["operation"]]
+    print(f"\nthe operation rule against the same run without it (memory store): "
+          f"{statistics.median(ratios):.3f}x (rounds {' '.join(f'{x:.3f}' for x in ratios)})")
 PY
