@@ -20,11 +20,11 @@ fn repo(path: &str) -> PathBuf {
         .join(path)
 }
 
-#[test]
-fn day28_replay_reproduces_the_published_figures() {
+/// `tollgate replay --format json` of a fixture of the repository, which must succeed.
+fn replay_json(fixture: &str) -> Value {
     let out = bin()
         .args(["replay", "--format", "json"])
-        .arg(repo("fixtures/day28.toml"))
+        .arg(repo(fixture))
         .output()
         .unwrap();
     assert!(
@@ -32,7 +32,12 @@ fn day28_replay_reproduces_the_published_figures() {
         "stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn day28_replay_reproduces_the_published_figures() {
+    let v = replay_json("fixtures/day28.toml");
     let top: Vec<&String> = v.as_object().unwrap().keys().collect();
     assert_eq!(top, ["paths"]);
     let u = &v["paths"]["unbounded"];
@@ -369,17 +374,7 @@ fn sighup_reloads_the_policy() {
 /// figures are those worked out in the fixture's header.
 #[test]
 fn an_agent_loop_is_stopped_by_its_operations_round_limit() {
-    let out = bin()
-        .args(["replay", "--format", "json"])
-        .arg(repo("fixtures/agent-loop.toml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = replay_json("fixtures/agent-loop.toml");
     let u = &v["paths"]["unbounded"];
     let l = &v["paths"]["layered_controls"];
     let fig = |p: &Value, k: &str| p[k].as_u64().unwrap_or_else(|| panic!("missing {k}"));
