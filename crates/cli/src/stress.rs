@@ -130,7 +130,7 @@ async fn task_loop(
                 .with(Dimension::Model, args.model.clone()),
             input_tokens: input,
             max_output_tokens: Some(max),
-            cache_write_tokens: 0,
+            ..RequestFacts::default()
         };
         let Ok(p) = plan(policy, &facts) else {
             lines.push(json!({"op": "plan_error", "id": id}).to_string());

@@ -102,7 +102,7 @@ fn measure(label: &str, retention: u64, long_ids: bool, user_len: usize) {
                 ),
                 input_tokens: 10,
                 max_output_tokens: Some(10),
-                cache_write_tokens: 0,
+                ..RequestFacts::default()
             };
             let Decision::Admit(_) = store.admit_sync(&plan(&policy, &f).unwrap()).unwrap() else {
                 panic!("denied");

@@ -63,7 +63,7 @@ fn run(label: &str, users: u64) {
                 .with(Dimension::Tenant, "acme"),
             input_tokens: 100,
             max_output_tokens: Some(100),
-            cache_write_tokens: 0,
+            ..RequestFacts::default()
         };
         let p = plan(&policy, &f).unwrap();
         let start = Instant::now();

@@ -6,8 +6,8 @@ use std::fmt;
 use crate::clock::Millis;
 use crate::scope::ScopeKey;
 
-/// The six controls, in the order they are checked. Their strings are the reason codes used in
-/// logs, metrics, error bodies and replay output.
+/// The six controls, then the two of agent operations, in the order they are checked. Their
+/// strings are the reason codes used in logs, metrics, error bodies and replay output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reason {
     /// Attempts per sliding window.
@@ -22,17 +22,24 @@ pub enum Reason {
     ConcurrencyLimit,
     /// Tokens or money per period.
     BudgetLimit,
+    /// Tool calls per period (an agent operation's, usually): settled from the answers.
+    ToolCallLimit,
+    /// The same request repeated too often within a window, or the same tool call (name and
+    /// arguments) repeated too often in a request's history.
+    LoopDetected,
 }
 
 impl Reason {
-    /// The six controls in order.
-    pub const ALL: [Reason; 6] = [
+    /// Every control in order.
+    pub const ALL: [Reason; 8] = [
         Reason::RequestRateLimit,
         Reason::InputTokenLimit,
         Reason::OutputTokenLimit,
         Reason::TotalTokenLimit,
         Reason::ConcurrencyLimit,
         Reason::BudgetLimit,
+        Reason::ToolCallLimit,
+        Reason::LoopDetected,
     ];
 
     /// The reason code.
@@ -44,6 +51,8 @@ impl Reason {
             Reason::TotalTokenLimit => "total_token_limit",
             Reason::ConcurrencyLimit => "concurrency_limit",
             Reason::BudgetLimit => "budget_limit",
+            Reason::ToolCallLimit => "tool_call_limit",
+            Reason::LoopDetected => "loop_detected",
         }
     }
 
@@ -52,11 +61,24 @@ impl Reason {
         Self::ALL.into_iter().find(|r| r.code() == s)
     }
 
-    /// Whether waiting can help. Token-size rejections are about the request itself.
+    /// Whether waiting can help. Token-size rejections are about the request itself, and a
+    /// loop is not broken by sending it again later.
     pub fn is_retryable(self) -> bool {
         matches!(
             self,
-            Reason::RequestRateLimit | Reason::ConcurrencyLimit | Reason::BudgetLimit
+            Reason::RequestRateLimit
+                | Reason::ConcurrencyLimit
+                | Reason::BudgetLimit
+                | Reason::ToolCallLimit
+        )
+    }
+
+    /// Whether the store decides it (and so whether it may fail open): all but the three
+    /// token controls.
+    pub fn is_stateful(self) -> bool {
+        !matches!(
+            self,
+            Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit
         )
     }
 

@@ -186,6 +186,11 @@ pub struct Usage {
     /// twice the input price.
     #[serde(default)]
     pub cache_write_1h_tokens: u64,
+    /// Tool calls the model emitted (chat `tool_calls`, the Responses API's function and
+    /// built-in tool calls, Anthropic's `tool_use` and `server_tool_use` blocks): counted by
+    /// the gateway from the answer, never taken from a number the upstream reports.
+    #[serde(default)]
+    pub tool_calls: u64,
 }
 
 impl Usage {
@@ -214,6 +219,7 @@ impl Usage {
             output_tokens: self.output_tokens.min(max),
             cache_write_tokens,
             cache_write_1h_tokens,
+            tool_calls: self.tool_calls.min(max),
         }
     }
 }

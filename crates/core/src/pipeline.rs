@@ -26,6 +26,12 @@ pub struct RequestFacts {
     /// at the dearest write price, twice the input price, so that settlement stays within the
     /// reservation.
     pub cache_write_tokens: u64,
+    /// What makes this request the same as another for loop detection (model, messages,
+    /// tools; volatile fields left out), when a rule detects loops.
+    pub fingerprint: Option<u64>,
+    /// How often the most repeated tool call (name and arguments) appears in the request's
+    /// history.
+    pub tool_call_repeats: u64,
 }
 
 /// A rate check in one scope.
@@ -48,7 +54,7 @@ pub struct ConcurrencyCheck {
     pub limit: u64,
 }
 
-/// A reservation to make in one scope.
+/// A reservation to make in one scope: of tokens, money, or tool calls.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetCheck {
     /// Scope.
@@ -80,8 +86,14 @@ pub struct Plan {
     pub token_verdict: Option<Deny>,
     /// Concurrency checks, in policy order.
     pub concurrency: Vec<ConcurrencyCheck>,
-    /// Budget checks, in policy order.
+    /// Budget checks, in policy order, then tool-call checks in policy order.
     pub budget: Vec<BudgetCheck>,
+    /// Repeats of this request, counted like attempts in every loop-detecting scope but
+    /// refused only after the budgets passed.
+    pub repeats: Vec<RateCheck>,
+    /// The first loop-detecting scope whose limit the history's tool calls exceed, decided
+    /// without state and reported after the repeats.
+    pub loop_verdict: Option<Deny>,
     /// How long leases and reservation live without renewal.
     pub ttl_ms: u64,
     /// The model's price, when any budget is in money.
@@ -177,7 +189,10 @@ impl Plan {
         match q.reason {
             Reason::RequestRateLimit => self.rate.get(q.check).map(|c| &c.scope),
             Reason::ConcurrencyLimit => self.concurrency.get(q.check).map(|c| &c.scope),
-            Reason::BudgetLimit => self.budget.get(q.check).map(|c| &c.scope),
+            Reason::BudgetLimit | Reason::ToolCallLimit => {
+                self.budget.get(q.check).map(|c| &c.scope)
+            }
+            Reason::LoopDetected => self.repeats.get(q.check).map(|c| &c.scope),
             Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => None,
         }
     }
@@ -235,12 +250,15 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
         output_tokens: granted,
         cache_write_tokens: 0,
         cache_write_1h_tokens: facts.cache_write_tokens.min(input),
+        tool_calls: 0,
     };
     let budget = budgets(policy, &scopes, model, price, &estimate)?;
+    let (repeats, loop_verdict) = loops(policy, &scopes, facts);
     let open = |r: Reason| policy.fail_open.contains(&r);
     let fail_open = (rate.is_empty() || open(Reason::RequestRateLimit))
         && (concurrency.is_empty() || open(Reason::ConcurrencyLimit))
-        && (budget.is_empty() || open(Reason::BudgetLimit));
+        && budget.iter().all(|b| open(b.unit.reason()))
+        && (repeats.is_empty() && loop_verdict.is_none() || open(Reason::LoopDetected));
     Ok(Plan {
         fail_open,
         kill_targets: KillTargets::of(&facts.identity),
@@ -252,6 +270,8 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
         token_verdict,
         concurrency,
         budget,
+        repeats,
+        loop_verdict,
         ttl_ms,
         price,
         expired_usage: expired_usage(policy, estimate),
@@ -369,7 +389,7 @@ fn budgets(
             continue;
         };
         let amount = match b.unit {
-            Unit::Tokens => total,
+            Unit::Tokens | Unit::ToolCalls => total,
             Unit::MicroUsd => match price {
                 Some(p) => p.cost(estimate),
                 None => {
@@ -388,7 +408,57 @@ fn budgets(
             amount,
         });
     }
+    // Tool calls after every budget, as their control comes after the budget's. Each round
+    // reserves one call: rounds in flight at once cannot all take the last one. What a round
+    // emits beyond it is known only from its answer, and settled then.
+    for (i, k) in scopes {
+        if let Some(t) = policy.scopes[*i].tool_calls {
+            budget.push(BudgetCheck {
+                scope: k.child("tool_calls"),
+                limit: t.limit.get(),
+                unit: Unit::ToolCalls,
+                period: t.period,
+                amount: 1,
+            });
+        }
+    }
     Ok(budget)
+}
+
+/// Loop detection in every scope whose rule has it: the request's repeats, counted in a
+/// counter of the scope's own per fingerprint, and the verdict on its history's tool calls.
+fn loops(
+    policy: &Policy,
+    scopes: &Matched,
+    facts: &RequestFacts,
+) -> (Vec<RateCheck>, Option<Deny>) {
+    let mut repeats = Vec::new();
+    let mut verdict = None;
+    for (i, k) in scopes {
+        let Some(l) = policy.scopes[*i].loops else {
+            continue;
+        };
+        let max = l.max_identical.get();
+        if let Some(fp) = facts.fingerprint {
+            repeats.push(RateCheck {
+                scope: k.child(&format!("repeat:{fp:016x}")),
+                limit: max,
+                window_ms: l.window_ms.get(),
+            });
+        }
+        if verdict.is_none() && facts.tool_call_repeats > max {
+            verdict = Some(Deny {
+                reason: Reason::LoopDetected,
+                scope: k.clone(),
+                limit: max,
+                remaining: 0,
+                requested: facts.tool_call_repeats,
+                retry_after_ms: None,
+                reset_after_ms: None,
+            });
+        }
+    }
+    (repeats, verdict)
 }
 
 /// What an abandoned request is charged, as the policy says.
@@ -400,7 +470,11 @@ fn expired_usage(policy: &Policy, estimate: Usage) -> Usage {
         ..estimate
     };
     match policy.expired_charge {
-        crate::policy::ExpiredCharge::Full => estimate,
+        // With the round's one reserved tool call, which it may have made.
+        crate::policy::ExpiredCharge::Full => Usage {
+            tool_calls: 1,
+            ..estimate
+        },
         crate::policy::ExpiredCharge::Input => Usage {
             output_tokens: 0,
             ..estimate
@@ -414,6 +488,7 @@ pub fn charge(unit: Unit, price: Option<Price>, usage: &Usage) -> u64 {
     match unit {
         Unit::Tokens => usage.total(),
         Unit::MicroUsd => price.map_or(0, |p| p.cost(usage)),
+        Unit::ToolCalls => usage.tool_calls,
     }
 }
 

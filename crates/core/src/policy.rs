@@ -107,6 +107,10 @@ pub struct ScopeRule {
     pub concurrency: Option<ConcurrencyLimit>,
     /// Budget.
     pub budget: Option<BudgetLimit>,
+    /// Tool calls per period (a [`BudgetLimit`] in [`Unit::ToolCalls`]).
+    pub tool_calls: Option<BudgetLimit>,
+    /// Loop detection.
+    pub loops: Option<LoopLimit>,
     /// How client addresses are grouped into `ip` scopes.
     pub ip_prefix: IpPrefix,
     /// The one key of a rule with no dimensions (`name|global`), derived once here so that
@@ -120,6 +124,17 @@ pub struct RateLimit {
     /// Attempts per window.
     pub limit: NonZeroU64,
     /// Window length in ms.
+    pub window_ms: NonZeroU64,
+}
+
+/// Loop detection: repeats of one request within a window, and of one tool call in a
+/// request's history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopLimit {
+    /// Identical requests allowed within the window, and identical tool calls in one history:
+    /// the one past it is refused.
+    pub max_identical: NonZeroU64,
+    /// Window of request repeats, ms.
     pub window_ms: NonZeroU64,
 }
 
@@ -159,6 +174,8 @@ pub enum Unit {
     Tokens,
     /// Money in integer micro-units, from the model's price.
     MicroUsd,
+    /// Tool calls the model emitted.
+    ToolCalls,
 }
 
 impl Unit {
@@ -167,6 +184,15 @@ impl Unit {
         match self {
             Unit::Tokens => "tokens",
             Unit::MicroUsd => "micro_usd",
+            Unit::ToolCalls => "tool_calls",
+        }
+    }
+
+    /// The control that refuses when this unit runs out.
+    pub fn reason(self) -> crate::decision::Reason {
+        match self {
+            Unit::Tokens | Unit::MicroUsd => crate::decision::Reason::BudgetLimit,
+            Unit::ToolCalls => crate::decision::Reason::ToolCallLimit,
         }
     }
 }
@@ -232,10 +258,10 @@ impl Policy {
             let path = format!("{root}.fail_open[{i}]");
             let r = crate::decision::Reason::from_code(code)
                 .ok_or_else(|| PolicyError::new(&path, format!("unknown control {code:?}")))?;
-            if !r.is_retryable() {
+            if !r.is_stateful() {
                 return Err(PolicyError::new(
                     path,
-                    "token limits need no store and never fail open; only request_rate_limit, concurrency_limit and budget_limit may",
+                    "token limits need no store and never fail open; only request_rate_limit, concurrency_limit, budget_limit, tool_call_limit and loop_detected may",
                 ));
             }
             fail_open.push(r);
@@ -414,6 +440,22 @@ fn validate_scope(
         .budget
         .map(|b| validate_budget(b, path, prices))
         .transpose()?;
+    let tool_calls = match s.tool_calls {
+        Some(t) => Some(BudgetLimit {
+            limit: positive(t.limit, &format!("{path}.tool_calls.limit"))?,
+            unit: Unit::ToolCalls,
+            period: Period::parse(&t.period)
+                .map_err(|m| PolicyError::new(format!("{path}.tool_calls.period"), m))?,
+        }),
+        None => None,
+    };
+    let loops = match s.loops {
+        Some(l) => Some(LoopLimit {
+            max_identical: positive(l.max_identical, &format!("{path}.loops.max_identical"))?,
+            window_ms: duration_ms(&l.window, &format!("{path}.loops.window"))?,
+        }),
+        None => None,
+    };
     let global_key = dims
         .is_empty()
         .then(|| ScopeKey::derive(&name, &dims, &Identity::default()))
@@ -430,6 +472,8 @@ fn validate_scope(
         total_tokens,
         concurrency,
         budget,
+        tool_calls,
+        loops,
     })
 }
 

@@ -175,7 +175,11 @@ async fn run_case<S: Store>(
         clock.set(start + ev.at_ms);
         match &ev.kind {
             EventKind::Request { facts, expect } => run.request(facts, *expect).await?,
-            EventKind::Complete { id, output_tokens } => run.complete(id, *output_tokens).await?,
+            EventKind::Complete {
+                id,
+                output_tokens,
+                tool_calls,
+            } => run.complete(id, *output_tokens, *tool_calls).await?,
         }
     }
     let CaseRun {
@@ -308,7 +312,12 @@ impl<S: Store> CaseRun<'_, S> {
 
     /// A completion: settled with its output, or, for a request never admitted, a settlement
     /// the store must not know.
-    async fn complete(&mut self, id: &str, output_tokens: u64) -> Result<(), ReplayError> {
+    async fn complete(
+        &mut self,
+        id: &str,
+        output_tokens: u64,
+        tool_calls: u64,
+    ) -> Result<(), ReplayError> {
         let Some(InFlight {
             estimate,
             input,
@@ -317,6 +326,7 @@ impl<S: Store> CaseRun<'_, S> {
         else {
             let usage = Usage {
                 output_tokens,
+                tool_calls,
                 ..Usage::default()
             };
             let f = self
@@ -335,6 +345,7 @@ impl<S: Store> CaseRun<'_, S> {
             input_tokens: input,
             cached_input_tokens: 0,
             output_tokens,
+            tool_calls,
             ..Usage::default()
         };
         let finish = self

@@ -163,6 +163,8 @@ pub struct ScopeKey {
     // Shared: a key is cloned into quotas, tickets and map keys on every admission.
     id: Arc<str>,
     rule_len: usize,
+    /// Where the scope as shown ends: before a [`ScopeKey::child`]'s tag.
+    key_end: usize,
 }
 
 impl ScopeKey {
@@ -241,7 +243,23 @@ impl ScopeKey {
         Some(Self {
             id: Arc::from(id.as_str()),
             rule_len: rule.len(),
+            key_end: id.len(),
         })
+    }
+
+    /// A counter of its own inside this scope, `rule|key?tag`: a rule's tool calls beside its
+    /// budget, or one request's repeats. No value or rule name holds a `?` (values escape it),
+    /// so no scope's id equals a child's. Shown as its parent.
+    pub fn child(&self, tag: &str) -> Self {
+        let mut id = String::with_capacity(self.id.len() + 1 + tag.len());
+        id.push_str(&self.id);
+        id.push('?');
+        id.push_str(tag);
+        Self {
+            id: Arc::from(id),
+            rule_len: self.rule_len,
+            key_end: self.key_end,
+        }
     }
 
     /// The storage identity, `rule|key`.
@@ -258,7 +276,9 @@ impl ScopeKey {
     }
     /// The scope as shown to people, e.g. `tenant:acme/model:gpt-4o` or `global`.
     pub fn key(&self) -> &str {
-        &self.id[self.rule_len + 1..]
+        self.id
+            .get(self.rule_len + 1..self.key_end)
+            .unwrap_or_default()
     }
 }
 

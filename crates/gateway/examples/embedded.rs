@@ -70,7 +70,7 @@ async fn main() {
                 .count_text("gpt-4o", &text, Some(100_000))
                 .0,
             max_output_tokens: None,
-            cache_write_tokens: 0,
+            ..RequestFacts::default()
         })
     });
     let app = Router::new()

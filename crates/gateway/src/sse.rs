@@ -21,6 +21,9 @@ pub struct SseMeter {
     pub usage: Option<(u64, u64, u64)>,
     /// Output tokens counted from the streamed content.
     pub counted_output: u64,
+    /// Tool calls the stream began (counted at their first event, so a stream cut short still
+    /// counts the calls it started).
+    pub tool_calls: u64,
     /// Whether `[DONE]` was seen.
     pub done: bool,
     /// Anthropic's events rather than OpenAI's chunks.
@@ -55,6 +58,22 @@ pub fn anthropic_output_text(content: &Value) -> String {
         }
     }
     out
+}
+
+/// Whether a Responses API output or input item is a tool call the model made: a function
+/// call, or a built-in tool's (web and file search, code interpreter, computer use, image
+/// generation, shell, MCP, custom tools), whose types all end in `_call`.
+pub fn is_responses_tool_call(item: &Value) -> bool {
+    item["type"].as_str().is_some_and(|t| t.ends_with("_call"))
+}
+
+/// Whether an Anthropic content block is a tool call the model made: a client tool's
+/// (`tool_use`), or one Anthropic runs (`server_tool_use`, `mcp_tool_use`).
+pub fn is_anthropic_tool_call(block: &Value) -> bool {
+    matches!(
+        block["type"].as_str(),
+        Some("tool_use" | "server_tool_use" | "mcp_tool_use")
+    )
 }
 
 /// One usage number as an upstream reported it, which is outside input: `None` when absent
@@ -162,6 +181,7 @@ impl SseMeter {
             model: model.to_owned(),
             usage: None,
             counted_output: 0,
+            tool_calls: 0,
             done: false,
             anthropic: false,
             responses: false,
@@ -251,6 +271,12 @@ impl SseMeter {
                 }
             }
             for choice in v["choices"].as_array().into_iter().flatten() {
+                let delta = &choice["delta"];
+                // A tool call's first chunk carries its id; its arguments follow without one.
+                let started = delta["tool_calls"].as_array().into_iter().flatten();
+                let started = started.filter(|c| c["id"].is_string()).count() as u64;
+                let legacy = u64::from(delta["function_call"]["name"].is_string());
+                self.tool_calls = self.tool_calls.saturating_add(started + legacy);
                 if let Some(s) = choice["delta"]["content"]
                     .as_str()
                     .or(choice["text"].as_str())
@@ -277,6 +303,9 @@ impl SseMeter {
             "response.created" => {
                 self.response_id = v["response"]["id"].as_str().map(str::to_owned);
             }
+            "response.output_item.added" if is_responses_tool_call(&v["item"]) => {
+                self.tool_calls = self.tool_calls.saturating_add(1);
+            }
             // The last event of a response, whatever its end, carries its usage.
             "response.completed" | "response.incomplete" | "response.failed" => {
                 if let Some(u) = responses_usage(&v["response"]["usage"], &mut self.bad_usage) {
@@ -301,6 +330,9 @@ impl SseMeter {
                 let u = &v["message"]["usage"];
                 self.anthropic_input = anthropic_usage(u, &mut self.bad_usage);
                 self.cache_writes = anthropic_cache_writes(u, &mut self.bad_usage);
+            }
+            Some("content_block_start") if is_anthropic_tool_call(&v["content_block"]) => {
+                self.tool_calls = self.tool_calls.saturating_add(1);
             }
             Some("content_block_delta") => {
                 let d = &v["delta"];
@@ -368,12 +400,14 @@ pub fn fuzz_check(data: &[u8]) {
                 (
                     whole.usage,
                     whole.counted_output,
+                    whole.tool_calls,
                     whole.done,
                     &whole.response_id
                 ),
                 (
                     split.usage,
                     split.counted_output,
+                    split.tool_calls,
                     split.done,
                     &split.response_id
                 ),

@@ -39,7 +39,7 @@ fn app(store: AnyStore) -> Router {
                 .with(Dimension::User, parts.headers["x-user"].to_str().unwrap()),
             input_tokens: body.len() as u64,
             max_output_tokens: Some(500),
-            cache_write_tokens: 0,
+            ..RequestFacts::default()
         })
     })
     .max_body_bytes(64);

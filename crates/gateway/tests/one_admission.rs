@@ -293,7 +293,7 @@ async fn through_layer(case: &Case) -> Answers {
                 .with(Dimension::Model, count.model.clone()),
             input_tokens: count.input_tokens,
             max_output_tokens: count.max_output_tokens,
-            cache_write_tokens: 0,
+            ..RequestFacts::default()
         })
     })
     .exempt(case.exempt.iter().copied())
@@ -393,7 +393,7 @@ async fn the_layer_runs_over_any_store() {
             identity: Identity::default().with(Dimension::User, "u"),
             input_tokens: 10,
             max_output_tokens: Some(20),
-            cache_write_tokens: 0,
+            ..RequestFacts::default()
         })
     });
     let app = Router::new()

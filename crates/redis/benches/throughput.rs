@@ -69,7 +69,7 @@ async fn tollgate(store: &RedisStore, policy: &Arc<Policy>, clients: u64, settle
                             .with(Dimension::Tenant, "acme"),
                         input_tokens: 100,
                         max_output_tokens: Some(100),
-                        cache_write_tokens: 0,
+                        ..RequestFacts::default()
                     };
                     let p = plan(&policy, &f).unwrap();
                     match store.admit(&p).await.unwrap() {

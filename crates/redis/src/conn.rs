@@ -17,7 +17,7 @@ pub(crate) struct Scripts {
 macro_rules! script {
     ($file:literal) => {
         Script::new(concat!(
-            include_str!("lua/common_v4.lua"),
+            include_str!("lua/common_v5.lua"),
             "\n",
             include_str!($file)
         ))

@@ -7,7 +7,7 @@ use tollgate_core::pipeline::Plan;
 use tollgate_core::{Admitted, Decision, Deny, Ending, Finish, Period, Quota, Reason, StoreError};
 
 /// Every reply kind an admission may get from the script.
-pub const ADMIT_REPLIES: [&str; 6] = ["admit", "deny", "token", "dup", "lost", "killed"];
+pub const ADMIT_REPLIES: [&str; 7] = ["admit", "deny", "token", "loop", "dup", "lost", "killed"];
 /// Every reply kind a settlement or release may get from the script.
 pub const FINISH_REPLIES: [&str; 3] = ["done", "ended", "unknown"];
 /// Every reply kind a renewal may get from the script.
@@ -17,10 +17,12 @@ pub const RENEW_REPLIES: [&str; 2] = ["renewed", "gone"];
 pub const OTHER_REPLIES: [&str; 2] = ["undone", "error"];
 /// The controls the script itself decides (the token controls are decided before it runs),
 /// named in a `deny` reply by their reason codes.
-pub const STORE_REASONS: [Reason; 3] = [
+pub const STORE_REASONS: [Reason; 5] = [
     Reason::RequestRateLimit,
     Reason::ConcurrencyLimit,
     Reason::BudgetLimit,
+    Reason::ToolCallLimit,
+    Reason::LoopDetected,
 ];
 
 pub(crate) fn int(v: &Value) -> Result<i64, StoreError> {
@@ -94,7 +96,7 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
             for (check, b) in plan.budget.iter().enumerate() {
                 let reset = opt_ms(num(i + 1)?);
                 quotas.push(Quota {
-                    reason: Reason::BudgetLimit,
+                    reason: b.unit.reason(),
                     check,
                     limit: b.limit,
                     remaining: num(i)?.max(0) as u64,
@@ -134,6 +136,9 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
                     .concurrency
                     .get(idx)
                     .map(|c| (c.scope.clone(), c.limit, 1)),
+                Reason::LoopDetected => {
+                    plan.repeats.get(idx).map(|r| (r.scope.clone(), r.limit, 1))
+                }
                 _ => plan
                     .budget
                     .get(idx)
@@ -155,6 +160,11 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
             .clone()
             .map(Decision::Deny)
             .ok_or_else(|| StoreError::Protocol("token denial without a verdict".into())),
+        "loop" => plan
+            .loop_verdict
+            .clone()
+            .map(Decision::Deny)
+            .ok_or_else(|| StoreError::Protocol("loop denial without a verdict".into())),
         "dup" => Err(StoreError::DuplicateRequestId(plan.request_id.clone())),
         "lost" => Err(StoreError::StateLost),
         "killed" => Ok(Decision::Killed(tollgate_core::decision::Killed {

@@ -1,5 +1,5 @@
 //! Wire encoding: a plan, a settlement or a release as the KEYS and ARGV of one item of a
-//! batch call, in the layout `common_v4.lua` reads.
+//! batch call, in the layout `common_v5.lua` reads.
 
 use tollgate_core::pipeline::Plan;
 use tollgate_core::policy::Unit;
@@ -49,15 +49,16 @@ pub(crate) fn key(prefix: &str, kind: &str, id: &str) -> String {
 
 /// The exact KEYS and ARGV of an admission, as one item of a batch call.
 pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocation {
-    let mut keys =
-        Vec::with_capacity(1 + plan.rate.len() + plan.concurrency.len() + plan.budget.len());
+    let mut keys = Vec::with_capacity(
+        1 + plan.rate.len() + plan.repeats.len() + plan.concurrency.len() + plan.budget.len(),
+    );
     keys.push(key(prefix, "ts", &plan.request_id));
     let price = plan
         .price
         .map_or([0, 0, 0], |p| [p.input, p.cached_input, p.output]);
     let mut args = Vec::with_capacity(
-        14 + plan.kill_targets.len()
-            + 3 * plan.rate.len()
+        16 + plan.kill_targets.len()
+            + 3 * (plan.rate.len() + plan.repeats.len())
             + 2 * plan.concurrency.len()
             + 6 * plan.budget.len(),
     );
@@ -78,8 +79,17 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocat
     args.extend(price.map(num));
     args.extend(usage_args(&plan.expired_usage));
     args.push(num(plan.kill_targets.len()));
+    args.push(num(plan.repeats.len()));
+    args.push(
+        if plan.loop_verdict.is_some() {
+            "1"
+        } else {
+            "0"
+        }
+        .to_owned(),
+    );
     args.extend(plan.kill_targets.iter().map(str::to_owned));
-    for r in &plan.rate {
+    for r in plan.rate.iter().chain(&plan.repeats) {
         let k = key(prefix, "r", r.scope.id());
         keys.push(k.clone());
         args.extend([k, num(r.limit), num(r.window_ms)]);
@@ -94,17 +104,12 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocat
         keys.push(k.clone());
         let (len, label) = period_arg(b.period);
         let unit = match b.unit {
-            Unit::Tokens => "t",
-            Unit::MicroUsd => "m",
+            Unit::Tokens => "t".to_owned(),
+            Unit::MicroUsd => "m".to_owned(),
+            // With what the round is charged when it ends without an answer.
+            Unit::ToolCalls => format!("c{}", plan.expired_usage.tool_calls),
         };
-        args.extend([
-            k,
-            num(b.limit),
-            unit.to_owned(),
-            num(len),
-            label,
-            num(b.amount),
-        ]);
+        args.extend([k, num(b.limit), unit, num(len), label, num(b.amount)]);
     }
     Invocation { keys, args }
 }
@@ -127,7 +132,11 @@ pub(crate) fn finish_invocation(
     // would be formatted negative there.
     let u = usage.unwrap_or_default().bounded();
     args.extend(usage_args(&u));
-    args.extend([num(u.cache_write_tokens), num(u.cache_write_1h_tokens)]);
+    args.extend([
+        num(u.cache_write_tokens),
+        num(u.cache_write_1h_tokens),
+        num(u.tool_calls),
+    ]);
     Invocation {
         keys: vec![key(prefix, "ts", id)],
         args,

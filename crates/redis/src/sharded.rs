@@ -23,6 +23,7 @@ pub(crate) struct Part {
     pub(crate) rate: Vec<usize>,
     pub(crate) concurrency: Vec<usize>,
     pub(crate) budget: Vec<usize>,
+    pub(crate) repeats: Vec<usize>,
 }
 
 impl Part {
@@ -43,9 +44,13 @@ impl Part {
                     .iter()
                     .position(|c| c.scope == d.scope),
             ),
-            Reason::BudgetLimit => at(
+            Reason::BudgetLimit | Reason::ToolCallLimit => at(
                 &self.budget,
                 self.plan.budget.iter().position(|b| b.scope == d.scope),
+            ),
+            Reason::LoopDetected => at(
+                &self.repeats,
+                self.plan.repeats.iter().position(|r| r.scope == d.scope),
             ),
             _ => 0,
         };
@@ -89,6 +94,8 @@ impl RedisStore {
             token_verdict: plan.token_verdict.clone(),
             concurrency: Vec::new(),
             budget: Vec::new(),
+            repeats: Vec::new(),
+            loop_verdict: plan.loop_verdict.clone(),
             ttl_ms: plan.ttl_ms,
             price: plan.price,
             expired_usage: plan.expired_usage,
@@ -107,6 +114,7 @@ impl RedisStore {
                 rate: Vec::new(),
                 concurrency: Vec::new(),
                 budget: Vec::new(),
+                repeats: Vec::new(),
             })
         }
         for (i, r) in plan.rate.iter().enumerate() {
@@ -123,6 +131,11 @@ impl RedisStore {
             let p = part(&mut parts, &template, shard_of(b.scope.id(), n));
             p.plan.budget.push(b.clone());
             p.budget.push(i);
+        }
+        for (i, r) in plan.repeats.iter().enumerate() {
+            let p = part(&mut parts, &template, shard_of(r.scope.id(), n));
+            p.plan.repeats.push(r.clone());
+            p.repeats.push(i);
         }
         if parts.is_empty() {
             part(&mut parts, &template, shard_of(&plan.request_id, n));

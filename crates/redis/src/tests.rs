@@ -32,7 +32,7 @@ fn admit_sends_exactly_these_arguments() {
             .with(Dimension::Model, "gpt-4o"),
         input_tokens: 40,
         max_output_tokens: Some(60),
-        cache_write_tokens: 0,
+        ..RequestFacts::default()
     };
     let p = plan(&policy, &facts).unwrap_or_else(|e| unreachable!("{e}"));
     let item = admit_invocation("tg", &p, 3_600_000);
@@ -61,7 +61,7 @@ fn admit_sends_exactly_these_arguments() {
             // The marker has been seen.
             "1",
             "a",
-            "35",
+            "37",
             "req-1",
             "30000",
             "3600000",
@@ -76,6 +76,9 @@ fn admit_sends_exactly_these_arguments() {
             "0",
             "0",
             "4",
+            // No repeats, no loop verdict.
+            "0",
+            "0",
             "all",
             "tenant:acme",
             "model:gpt-4o",
@@ -108,18 +111,19 @@ fn admit_sends_exactly_these_arguments() {
         output_tokens: 25,
         cache_write_tokens: 7,
         cache_write_1h_tokens: 3,
+        tool_calls: 2,
     };
     let settle = finish_invocation("tg", "req-0", 3_600_000, Some(usage), "settled");
     let both = batch_invocation("tg", 0, 3_600_000, true, [("f", &settle), ("a", &item)]);
     assert_eq!(both.keys[5..6], ["tg:ts:req-0"]);
     assert_eq!(both.keys[6..], inv.keys[5..]);
     assert_eq!(
-        both.args[4..15],
+        both.args[4..16],
         [
-            "f", "9", "req-0", "3600000", "settled", "1", "40", "0", "25", "7", "3"
+            "f", "10", "req-0", "3600000", "settled", "1", "40", "0", "25", "7", "3", "2"
         ]
     );
-    assert_eq!(both.args[15..], inv.args[4..]);
+    assert_eq!(both.args[16..], inv.args[4..]);
 }
 
 /// A sharded store forgets remembered admissions long past their expiry once it holds many:
@@ -161,7 +165,7 @@ async fn remembered_admissions_are_pruned() {
 #[test]
 fn script_replies_are_the_named_ones() {
     let sources = [
-        include_str!("lua/common_v4.lua"),
+        include_str!("lua/common_v5.lua"),
         include_str!("lua/batch_v2.lua"),
         include_str!("lua/renew_v4.lua"),
         include_str!("lua/usage_v2.lua"),
@@ -198,7 +202,9 @@ fn script_replies_are_the_named_ones() {
     let plan = tollgate_core::plan(
         &tollgate_core::Policy::from_toml(
             "[[scopes]]\nkey = \"user\"\nrequests = { limit = 1, window = \"1m\" }\n\
-             concurrency = { limit = 1 }\nbudget = { tokens = 10, period = \"day\" }\n",
+             concurrency = { limit = 1 }\nbudget = { tokens = 10, period = \"day\" }\n\
+             tool_calls = { limit = 5, period = \"1h\" }\n\
+             loops = { max_identical = 2, window = \"1m\" }\n",
         )
         .unwrap(),
         &tollgate_core::RequestFacts {
@@ -206,7 +212,8 @@ fn script_replies_are_the_named_ones() {
             identity: tollgate_core::Identity::default().with(tollgate_core::Dimension::User, "u"),
             input_tokens: 1,
             max_output_tokens: Some(1),
-            cache_write_tokens: 0,
+            fingerprint: Some(1),
+            ..RequestFacts::default()
         },
     )
     .unwrap();

@@ -119,7 +119,7 @@ fn plan_of(policy: &tollgate_core::Policy, id: String) -> tollgate_core::Plan {
         identity: Identity::default().with(Dimension::User, "u"),
         input_tokens: 10,
         max_output_tokens: Some(10),
-        cache_write_tokens: 0,
+        ..RequestFacts::default()
     };
     tollgate_core::plan(policy, &facts).unwrap()
 }

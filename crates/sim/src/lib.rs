@@ -9,7 +9,9 @@
 //! request whose connection is dropped before the simulator finished is recorded as cancelled,
 //! with the time. Tools that the upstream runs (web search and the like) are called
 //! [`SimConfig::tool_calls`] times each unless the request bounds them, each call billed as
-//! [`SimConfig::tool_call_input_tokens`] of input.
+//! [`SimConfig::tool_call_input_tokens`] of input. A request that offers function tools gets
+//! [`SimConfig::function_calls`] calls to the first of them in its answer, in each API's shape,
+//! streamed or not, and the simulator counts the calls it made.
 //!
 //! This file is over 600 lines: the handlers of the five APIs share the simulator's state and
 //! counters, and each of them is short.
@@ -45,6 +47,9 @@ pub struct SimConfig {
     pub tool_calls: u64,
     /// Input tokens billed for what each such call fetches.
     pub tool_call_input_tokens: u64,
+    /// Calls to the first function tool a request offers (unless its `tool_choice` is `none`)
+    /// that each answer makes: an agent's model that keeps asking for tools.
+    pub function_calls: u64,
 }
 
 impl Default for SimConfig {
@@ -56,6 +61,7 @@ impl Default for SimConfig {
             api_key: None,
             tool_calls: 10,
             tool_call_input_tokens: 500,
+            function_calls: 0,
         }
     }
 }
@@ -79,6 +85,8 @@ pub struct SimStats {
     pub prompt_tokens: u64,
     /// The last request body received.
     pub last_body: Option<Value>,
+    /// Function calls made in answers (streamed ones counted when their stream begins).
+    pub function_calls: u64,
 }
 
 /// A running simulator.
@@ -256,13 +264,20 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
     let id = "chatcmpl-sim";
     let usage = json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
         "prompt_tokens_details": {"cached_tokens": 0}});
+    let calls = function_calls(&state, &req, Format::ChatCompletions);
+    let finish = if calls.is_empty() { "length" } else { "tool_calls" };
     if req["stream"].as_bool() != Some(true) {
         // Tokens take time to produce whether streamed or not.
         tokio::time::sleep(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
         guard.done(prompt, n);
         let content = "tok ".repeat(usize::try_from(n).unwrap_or(0));
+        let mut message = json!({"role": "assistant", "content": content.trim_end()});
+        if !calls.is_empty() {
+            message["tool_calls"] = calls.iter().map(|(id, name, args)| json!({"id": id,
+                "type": "function", "function": {"name": name, "arguments": args}})).collect();
+        }
         return Json(json!({"id": id, "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content.trim_end()}, "finish_reason": "length"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": usage})).into_response();
     }
     let include_usage = req["stream_options"]["include_usage"].as_bool() == Some(true);
@@ -277,7 +292,14 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
     for _ in 0..n {
         events.push(chunk(json!({"content": "tok "}), Value::Null).to_string());
     }
-    events.push(chunk(json!({}), json!("length")).to_string());
+    // A call's first chunk names it; its arguments follow in the next.
+    for (k, (call, name, args)) in calls.iter().enumerate() {
+        events.push(chunk(json!({"tool_calls": [{"index": k, "id": call, "type": "function",
+            "function": {"name": name, "arguments": ""}}]}), Value::Null).to_string());
+        events.push(chunk(json!({"tool_calls": [{"index": k,
+            "function": {"arguments": args}}]}), Value::Null).to_string());
+    }
+    events.push(chunk(json!({}), json!(finish)).to_string());
     if include_usage {
         events.push(json!({"id": id, "object": "chat.completion.chunk", "created": 0, "choices": [], "usage": usage}).to_string());
     }
@@ -374,7 +396,17 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
     };
     let model = req["model"].as_str().unwrap_or("").to_owned();
     let n = state.config.output_tokens.min(cap);
-    let stop = if n == cap { "max_tokens" } else { "end_turn" };
+    let calls = function_calls(&state, &req, Format::AnthropicMessages);
+    let stop = if !calls.is_empty() {
+        "tool_use"
+    } else if n == cap {
+        "max_tokens"
+    } else {
+        "end_turn"
+    };
+    let tool_use = |(id, name, _): &(String, String, String), input: Value| {
+        json!({"type": "tool_use", "id": id, "name": name, "input": input})
+    };
     let usage = cache_usage(&state, &req, prompt);
     let guard = InFlight::new(&state, &headers);
     tokio::time::sleep(state.config.latency).await;
@@ -382,9 +414,13 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
         tokio::time::sleep(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
         guard.done(prompt, n);
         let text = "tok ".repeat(usize::try_from(n).unwrap_or(0));
+        let mut content = vec![json!({"type": "text", "text": text.trim_end()})];
+        for c in &calls {
+            content.push(tool_use(c, serde_json::from_str(&c.2).unwrap_or(Value::Null)));
+        }
         return Json(
             json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": text.trim_end()}], "stop_reason": stop,
+            "content": content, "stop_reason": stop,
             "stop_sequence": null, "usage": with_output(usage, n)}),
         )
         .into_response();
@@ -414,6 +450,14 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
         "content_block_stop",
         json!({"type": "content_block_stop", "index": 0}),
     ));
+    for (k, c) in calls.iter().enumerate() {
+        let index = k + 1;
+        events.push(("content_block_start", json!({"type": "content_block_start",
+            "index": index, "content_block": tool_use(c, json!({}))})));
+        events.push(("content_block_delta", json!({"type": "content_block_delta",
+            "index": index, "delta": {"type": "input_json_delta", "partial_json": c.2}})));
+        events.push(("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+    }
     events.push((
         "message_delta",
         json!({"type": "message_delta",
@@ -538,6 +582,11 @@ async fn responses(
     let usage = json!({"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + n});
+    let calls: Vec<Value> = function_calls(&state, &req, Format::Responses)
+        .into_iter()
+        .map(|(call, name, args)| json!({"type": "function_call", "id": format!("fc_{call}"),
+            "call_id": call, "name": name, "arguments": args, "status": "completed"}))
+        .collect();
     let status = if incomplete {
         "incomplete"
     } else {
@@ -546,8 +595,9 @@ async fn responses(
     if req["stream"].as_bool() != Some(true) {
         tokio::time::sleep(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
         guard.done(prompt, n);
-        let out = json!([message(text.trim_end(), "completed")]);
-        return Json(response(status, out, usage)).into_response();
+        let mut out = vec![message(text.trim_end(), "completed")];
+        out.extend(calls);
+        return Json(response(status, Value::Array(out), usage)).into_response();
     }
     let mut events: Vec<Value> = vec![
         json!({"type": "response.created", "response": response("in_progress", json!([]), Value::Null)}),
@@ -576,8 +626,16 @@ async fn responses(
         json!({"type": "response.output_item.done", "output_index": 0,
         "item": message(&text, "completed")}),
     );
+    for (k, c) in calls.iter().enumerate() {
+        events.push(json!({"type": "response.output_item.added", "output_index": k + 1,
+            "item": c}));
+        events.push(json!({"type": "response.output_item.done", "output_index": k + 1,
+            "item": c}));
+    }
+    let mut out = vec![message(&text, "completed")];
+    out.extend(calls);
     events.push(json!({"type": format!("response.{status}"),
-        "response": response(status, json!([message(&text, "completed")]), usage)}));
+        "response": response(status, Value::Array(out), usage)}));
     let frames = events
         .iter_mut()
         .enumerate()
@@ -590,6 +648,28 @@ async fn responses(
 }
 
 /// The request's JSON and its prompt tokens, counted with the real tokenizer; or the 400 to send.
+/// The function calls an answer makes: [`SimConfig::function_calls`] calls to the first function
+/// tool the request offers, as (call id, name, arguments), counted in the stats.
+fn function_calls(state: &SimState, req: &Value, format: Format) -> Vec<(String, String, String)> {
+    let tools = req["tools"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let name = tools.iter().find_map(|t| match format {
+        Format::ChatCompletions => (t["type"] == "function").then(|| t["function"]["name"].as_str())?,
+        Format::Responses => (t["type"] == "function").then(|| t["name"].as_str())?,
+        // A client tool has an input schema; the server tools Anthropic runs have none.
+        _ => t.get("input_schema").and_then(|_| t["name"].as_str()),
+    });
+    let Some(name) = name.filter(|_| req["tool_choice"] != "none") else {
+        return Vec::new();
+    };
+    let n = state.config.function_calls;
+    if let Ok(mut s) = state.stats.lock() {
+        s.function_calls += n;
+    }
+    (0..n)
+        .map(|k| (format!("call_sim_{k}"), name.to_owned(), format!("{{\"step\":{k}}}")))
+        .collect()
+}
+
 /// The Responses API's built-in tools that fetch input during a call, as the upstream knows them.
 const FETCHING_TOOLS: &[&str] = &[
     "web_search",

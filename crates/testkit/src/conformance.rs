@@ -11,6 +11,9 @@ use tollgate_core::{
 
 use crate::{Harness, T0, facts, policy};
 
+mod agents;
+pub use agents::*;
+
 async fn setup<H: Harness>(h: &H) -> (H::S, ManualClock) {
     let clock = ManualClock::new(T0);
     (h.store(clock.clone()).await, clock)
@@ -527,6 +530,7 @@ pub async fn money_budget<H: Harness>(h: &H) {
         output_tokens: 10,
         cache_write_tokens: 301,
         cache_write_1h_tokens: 201,
+        tool_calls: 0,
     };
     // 900 x 2.5 + 100 x 1.25 + 10 x 10 = 2475, plus 301 x 0.625 + 201 x 2.5 = 690.625, rounded
     // up to 691: 3166.

@@ -42,7 +42,7 @@ pub fn facts(id: &str, user: &str, input: u64, max_output: u64) -> RequestFacts 
             .with(Dimension::Model, "gpt-4o"),
         input_tokens: input,
         max_output_tokens: Some(max_output),
-        cache_write_tokens: 0,
+        ..RequestFacts::default()
     }
 }
 
@@ -58,7 +58,9 @@ macro_rules! conformance_tests {
             expired_reservation_charge_follows_policy,
             period_rollover, clock_going_backwards, duplicate_request_id_is_refused,
             money_budget, retry_hints, calendar_month_budget, kill_switch,
-            quotas_name_their_checks);
+            quotas_name_their_checks, tool_calls_are_reserved_and_settled,
+            tool_calls_come_after_the_budget, repeats_are_refused_last,
+            a_history_of_repeated_tool_calls_is_a_loop);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(

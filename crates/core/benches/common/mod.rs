@@ -18,6 +18,7 @@ pub const USAGE: Usage = Usage {
     output_tokens: 100,
     cache_write_tokens: 0,
     cache_write_1h_tokens: 0,
+    tool_calls: 0,
 };
 
 pub const FIVE_SCOPES: &str = r#"
@@ -59,7 +60,7 @@ pub fn facts(request_id: String, user: u64) -> RequestFacts {
             .with(Dimension::Model, "gpt-4o"),
         input_tokens: 500,
         max_output_tokens: Some(200),
-        cache_write_tokens: 0,
+        ..RequestFacts::default()
     }
 }
 

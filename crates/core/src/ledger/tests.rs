@@ -119,6 +119,7 @@ proptest! {
             output_tokens: output,
             cache_write_tokens: w5,
             cache_write_1h_tokens: w1h,
+            tool_calls: 0,
         };
         let c = cached.min(input);
         let fresh = input - c;

@@ -1,7 +1,8 @@
 //! One admission, in the steps of the Redis script's `admit_one`: the kill switch, the duplicate
-//! check, count the attempt in every rate scope, the token verdict, concurrency, budgets (check
-//! all), then take the holds (leases, reservations, the ticket). Every step before the last only
-//! reads or counts, so a refusal takes nothing.
+//! check, count the attempt in every rate scope and the request's repeats, the token verdict,
+//! concurrency, budgets and tool calls (check all), the repeats' verdict and the history's, then
+//! take the holds (leases, reservations, the ticket). Every step before the last only reads or
+//! counts, so a refusal takes nothing.
 
 use super::{
     CONCURRENCY_RETRY_HINT_MS, Cell, Fresh, Hold, Request, Reservation, Resolved, State, Ticket,
@@ -12,9 +13,6 @@ use crate::decision::{Admitted, Decision, Deny, Quota, Reason};
 use crate::ledger::RateWindow;
 use crate::pipeline::Plan;
 use crate::store::StoreError;
-
-/// A step's outcome: go on, or the decision.
-type Step = Result<Option<Decision>, StoreError>;
 
 /// Each budget's period (id and end), found once in the check and kept for the reservation:
 /// a calendar month takes some arithmetic. Up to eight budgets.
@@ -44,8 +42,17 @@ impl State {
         }
         let mut seen = Resolved::default();
         let mut periods: Periods = [(0, 0); 8];
-        if let Some(d) = self.count_rate(plan, now, &mut seen, &mut quotas)? {
-            return Ok(d);
+        let rate = self.count(
+            &plan.rate,
+            Reason::RequestRateLimit,
+            now,
+            &mut seen,
+            Some(&mut quotas),
+        );
+        // Repeats are counted with the attempt, whatever refuses it, and refuse last.
+        let repeated = self.count(&plan.repeats, Reason::LoopDetected, now, &mut seen, None)?;
+        if let Some(d) = rate? {
+            return Ok(Decision::Deny(d));
         }
         // 2–4. Token controls, decided by the pure pipeline.
         if let Some(d) = &plan.token_verdict {
@@ -56,6 +63,9 @@ impl State {
         }
         if let Some(d) = self.check_budgets(plan, now, &mut seen, &mut quotas, &mut periods) {
             return Ok(d);
+        }
+        if let Some(d) = repeated.or_else(|| plan.loop_verdict.clone()) {
+            return Ok(Decision::Deny(d));
         }
         let expires_at = self.take_holds(plan, now, &mut seen, &periods, id, id_hash)?;
         Ok(Decision::Admit(Admitted {
@@ -81,17 +91,19 @@ impl State {
         })
     }
 
-    /// Step 1: every attempt counts in every rate scope, admitted or not; the first scope
-    /// over its limit refuses.
-    fn count_rate(
+    /// Step 1: every attempt counts in every rate scope (and every repeat in its scope),
+    /// admitted or not; the first scope over its limit refuses, for `reason`. The rate's
+    /// quotas go into `quotas`.
+    fn count(
         &mut self,
-        plan: &Plan,
+        checks: &[crate::pipeline::RateCheck],
+        reason: Reason,
         now: Millis,
         seen: &mut Resolved,
-        quotas: &mut Vec<Quota>,
-    ) -> Step {
+        mut quotas: Option<&mut Vec<Quota>>,
+    ) -> Result<Option<Deny>, StoreError> {
         let mut rate_deny: Option<Deny> = None;
-        for (check, c) in plan.rate.iter().enumerate() {
+        for (check, c) in checks.iter().enumerate() {
             let slot = self.slot(&c.scope, seen);
             let Some(scope) = self.slots.get_mut(slot) else {
                 return Err(lost_slot());
@@ -107,7 +119,7 @@ impl State {
             let reset = w.start + c.window_ms - now;
             if !ok && rate_deny.is_none() {
                 rate_deny = Some(Deny {
-                    reason: Reason::RequestRateLimit,
+                    reason,
                     scope: c.scope.clone(),
                     limit: c.limit,
                     remaining: 0,
@@ -116,16 +128,18 @@ impl State {
                     reset_after_ms: Some(reset),
                 });
             }
-            quotas.push(Quota {
-                reason: Reason::RequestRateLimit,
-                check,
-                limit: c.limit,
-                remaining: w.remaining(now, c.window_ms, c.limit),
-                window_ms: Some(c.window_ms),
-                reset_after_ms: Some(reset),
-            });
+            if let Some(q) = quotas.as_deref_mut() {
+                q.push(Quota {
+                    reason,
+                    check,
+                    limit: c.limit,
+                    remaining: w.remaining(now, c.window_ms, c.limit),
+                    window_ms: Some(c.window_ms),
+                    reset_after_ms: Some(reset),
+                });
+            }
         }
-        Ok(rate_deny.map(Decision::Deny))
+        Ok(rate_deny)
     }
 
     /// Step 5: concurrency; a scope whose leases are all held refuses.
@@ -170,7 +184,7 @@ impl State {
         None
     }
 
-    /// Step 6: budgets, all checked before any is reserved; settled, reserved and this
+    /// Steps 6 and 7: budgets, then tool calls, all checked before any is reserved; settled, reserved and this
     /// request's amount must stay within each limit.
     fn check_budgets(
         &mut self,
@@ -197,7 +211,7 @@ impl State {
             let committed = cell.settled.saturating_add(cell.reserved);
             if committed.saturating_add(c.amount) > c.limit {
                 return Some(Decision::Deny(Deny {
-                    reason: Reason::BudgetLimit,
+                    reason: c.unit.reason(),
                     scope: c.scope.clone(),
                     limit: c.limit,
                     remaining: c.limit.saturating_sub(committed),
@@ -207,7 +221,7 @@ impl State {
                 }));
             }
             quotas.push(Quota {
-                reason: Reason::BudgetLimit,
+                reason: c.unit.reason(),
                 check: i,
                 limit: c.limit,
                 remaining: c.limit - committed - c.amount,

@@ -22,7 +22,7 @@ fn concurrency_hints_come_from_the_earliest_known_expiry() {
             identity: Identity::default().with(Dimension::User, "u"),
             input_tokens: 10,
             max_output_tokens: Some(10),
-            cache_write_tokens: 0,
+            ..RequestFacts::default()
         };
         store.admit_sync(&plan(&policy, &facts).unwrap()).unwrap()
     };

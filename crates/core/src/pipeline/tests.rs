@@ -14,7 +14,7 @@ fn facts(input: u64, max: Option<u64>) -> RequestFacts {
             .with(Dimension::Model, "gpt-4o"),
         input_tokens: input,
         max_output_tokens: max,
-        cache_write_tokens: 0,
+        ..RequestFacts::default()
     }
 }
 

@@ -63,6 +63,10 @@ pub struct RawScope {
     pub concurrency: Option<RawConcurrency>,
     /// Budget per period, in tokens or money.
     pub budget: Option<RawBudget>,
+    /// Tool calls the model may emit per period, counted from the answers.
+    pub tool_calls: Option<RawToolCalls>,
+    /// Repeats allowed of one request, or of one tool call in a request's history.
+    pub loops: Option<RawLoops>,
     /// For a rule keyed on `ip`: how many leading bits of an address make one scope
     /// (default `{ v4 = 32, v6 = 64 }`).
     pub ip_prefix: Option<RawIpPrefix>,
@@ -120,6 +124,27 @@ pub struct RawBudget {
     pub micro_usd: Option<u64>,
     /// `day`, `month` (UTC calendar), or a fixed duration such as `1h`, `7d`.
     pub period: String,
+}
+
+/// `tool_calls = { limit = 50, period = "1h" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawToolCalls {
+    /// Tool calls per period.
+    pub limit: u64,
+    /// `day`, `month` (UTC calendar), or a fixed duration such as `1h`.
+    pub period: String,
+}
+
+/// `loops = { max_identical = 3, window = "10m" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLoops {
+    /// How many identical requests may be sent within the window, and how often one tool call
+    /// (name and arguments) may appear in one request's history.
+    pub max_identical: u64,
+    /// The window of request repeats, e.g. `10m`.
+    pub window: String,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -65,6 +65,13 @@ pub struct RawEvent {
     pub expect: Option<String>,
     /// Actual output tokens of a completion.
     pub output_tokens: Option<u64>,
+    /// Tool calls a completion's answer made (default 0).
+    pub tool_calls: Option<u64>,
+    /// A request's content, as a label: requests with the same label are identical for loop
+    /// detection (a gateway computes it from the model, messages and tools).
+    pub same_as: Option<String>,
+    /// How often the most repeated tool call appears in a request's history (default 0).
+    pub tool_call_repeats: Option<u64>,
 }
 
 /// A validated fixture.
@@ -112,6 +119,8 @@ pub enum EventKind {
         id: String,
         /// Actual output tokens.
         output_tokens: u64,
+        /// Tool calls the answer made.
+        tool_calls: u64,
     },
 }
 
@@ -208,6 +217,8 @@ impl Fixture {
                                 input_tokens: input,
                                 max_output_tokens: e.max_output_tokens,
                                 cache_write_tokens: 0,
+                                fingerprint: e.same_as.as_deref().map(label_hash),
+                                tool_call_repeats: e.tool_call_repeats.unwrap_or(0),
                             },
                             expect,
                         }
@@ -225,7 +236,11 @@ impl Fixture {
                                 "a completion needs output_tokens".into(),
                             )
                         })?;
-                        EventKind::Complete { id, output_tokens }
+                        EventKind::Complete {
+                            id,
+                            output_tokens,
+                            tool_calls: e.tool_calls.unwrap_or(0),
+                        }
                     }
                     _ => {
                         return Err(err(
@@ -247,4 +262,11 @@ impl Fixture {
             cases,
         })
     }
+}
+
+/// A fixture's content label as a fingerprint: FNV-1a, stable across builds and platforms.
+fn label_hash(label: &str) -> u64 {
+    label.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }

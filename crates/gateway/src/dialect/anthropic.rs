@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use tollgate_core::Usage;
 use tollgate_tokens::Format;
 
-use super::{Dialect, plain};
+use super::{Dialect, Volatile, plain};
 use crate::config::{GatewayConfig, Upstream};
 use crate::respond::{self, ApiError};
 use crate::sse::SseMeter;
@@ -86,6 +86,38 @@ impl Dialect for Messages {
                 ..plain((i, c, out))
             }
         })
+    }
+
+    fn tool_calls(&self, answer: &Value) -> u64 {
+        answer["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|b| crate::sse::is_anthropic_tool_call(b))
+            .count() as u64
+    }
+
+    fn content_fields(&self) -> &'static [(&'static str, Volatile)] {
+        &[
+            ("model", Volatile::None),
+            ("system", Volatile::None),
+            ("messages", Volatile::Ids),
+            ("tools", Volatile::None),
+            ("tool_choice", Volatile::None),
+        ]
+    }
+
+    fn history_tool_calls<'a>(&self, json: &'a Value) -> Vec<(&'a Value, &'a Value)> {
+        let blocks = json["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["content"].as_array())
+            .flatten();
+        blocks
+            .filter(|b| crate::sse::is_anthropic_tool_call(b))
+            .map(|b| (&b["name"], &b["input"]))
+            .collect()
     }
 
     fn output_text(&self, answer: &Value) -> String {

@@ -23,6 +23,14 @@ impl Dialect for Completions {
         Ok(choice_count(json, "n")?.max(choice_count(json, "best_of")?))
     }
 
+    fn content_fields(&self) -> &'static [(&'static str, super::Volatile)] {
+        &[
+            ("model", super::Volatile::None),
+            ("prompt", super::Volatile::None),
+            ("suffix", super::Volatile::None),
+        ]
+    }
+
     fn set_cap(&self, body: &mut Map<String, Value>, per_choice: u64, _stream: bool) -> bool {
         body.insert("max_tokens".into(), per_choice.into());
         false

@@ -21,6 +21,13 @@ impl Dialect for Embeddings {
         false
     }
 
+    fn content_fields(&self) -> &'static [(&'static str, super::Volatile)] {
+        &[
+            ("model", super::Volatile::None),
+            ("input", super::Volatile::None),
+        ]
+    }
+
     fn set_cap(&self, _body: &mut Map<String, Value>, _per_choice: u64, _stream: bool) -> bool {
         false
     }

@@ -98,6 +98,48 @@ pub trait Dialect: Sync + Send + std::fmt::Debug {
         crate::sse::chat_usage(usage, input, bad).map(plain)
     }
 
+    /// The tool calls a non-streamed answer makes (chat's `tool_calls` and legacy
+    /// `function_call`, in every choice).
+    fn tool_calls(&self, answer: &Value) -> u64 {
+        let mut n = 0u64;
+        for m in answer["choices"].as_array().into_iter().flatten() {
+            let m = &m["message"];
+            n = n.saturating_add(m["tool_calls"].as_array().map_or(0, |c| c.len() as u64));
+            n = n.saturating_add(u64::from(m["function_call"].is_object()));
+        }
+        n
+    }
+
+    /// The body fields that make a request what it is, for loop detection; those whose entries
+    /// carry ids (of tool calls, of items) that change from one sending to the next are marked.
+    fn content_fields(&self) -> &'static [(&'static str, Volatile)] {
+        &[
+            ("model", Volatile::None),
+            ("messages", Volatile::Ids),
+            ("tools", Volatile::None),
+            ("tool_choice", Volatile::None),
+            ("functions", Volatile::None),
+            ("response_format", Volatile::None),
+        ]
+    }
+
+    /// The tool calls a request's history holds, as (name, arguments).
+    fn history_tool_calls<'a>(&self, json: &'a Value) -> Vec<(&'a Value, &'a Value)> {
+        let mut calls = Vec::new();
+        for m in json["messages"].as_array().into_iter().flatten() {
+            for c in m["tool_calls"].as_array().into_iter().flatten() {
+                calls.push((&c["function"]["name"], &c["function"]["arguments"]));
+            }
+            if m["function_call"].is_object() {
+                calls.push((
+                    &m["function_call"]["name"],
+                    &m["function_call"]["arguments"],
+                ));
+            }
+        }
+        calls
+    }
+
     /// The text of a non-streamed answer, counted when no usage is reported.
     fn output_text(&self, answer: &Value) -> String {
         answer["choices"]
@@ -119,6 +161,16 @@ pub trait Dialect: Sync + Send + std::fmt::Debug {
             "code": code, "param": null}});
         Bytes::from(format!("data: {error}\n\n"))
     }
+}
+
+/// Which keys of a content field change between two sendings of the same request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Volatile {
+    /// None.
+    None,
+    /// The ids of tool calls, their results and items (`id`, `tool_call_id`, `call_id`,
+    /// `tool_use_id`), at any depth.
+    Ids,
 }
 
 /// Every format served, in the order routes are registered.

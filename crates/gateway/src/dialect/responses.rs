@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use tollgate_core::Usage;
 use tollgate_tokens::Format;
 
-use super::{Dialect, plain};
+use super::{Dialect, Volatile, plain};
 use crate::respond::{self, ApiError};
 use crate::sse::SseMeter;
 
@@ -62,6 +62,38 @@ impl Dialect for Responses {
 
     fn usage(&self, usage: &Value, _input: u64, bad: &mut bool) -> Option<Usage> {
         crate::sse::responses_usage(usage, bad).map(plain)
+    }
+
+    fn tool_calls(&self, answer: &Value) -> u64 {
+        answer["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| crate::sse::is_responses_tool_call(i))
+            .count() as u64
+    }
+
+    fn content_fields(&self) -> &'static [(&'static str, Volatile)] {
+        &[
+            ("model", Volatile::None),
+            ("instructions", Volatile::None),
+            ("input", Volatile::Ids),
+            ("previous_response_id", Volatile::None),
+            ("conversation", Volatile::None),
+            ("tools", Volatile::None),
+            ("tool_choice", Volatile::None),
+            ("text", Volatile::None),
+        ]
+    }
+
+    fn history_tool_calls<'a>(&self, json: &'a Value) -> Vec<(&'a Value, &'a Value)> {
+        json["input"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| crate::sse::is_responses_tool_call(i))
+            .map(|i| (&i["name"], i.get("arguments").unwrap_or(&i["input"])))
+            .collect()
     }
 
     fn output_text(&self, answer: &Value) -> String {

@@ -117,7 +117,13 @@ fn exempt(p: &mut Plan, exempt: &[Reason]) {
         match r {
             Reason::RequestRateLimit => p.rate.clear(),
             Reason::ConcurrencyLimit => p.concurrency.clear(),
-            Reason::BudgetLimit => p.budget.clear(),
+            Reason::BudgetLimit | Reason::ToolCallLimit => {
+                p.budget.retain(|b| b.unit.reason() != *r);
+            }
+            Reason::LoopDetected => {
+                p.repeats.clear();
+                p.loop_verdict = None;
+            }
             _ => {
                 if p.token_verdict.as_ref().is_some_and(|d| d.reason == *r) {
                     p.token_verdict = None;

@@ -97,6 +97,12 @@ pub(crate) async fn count(
     if choices > MAX_CHOICES {
         return Err(respond::too_many_choices(choices, MAX_CHOICES));
     }
+    let (fingerprint, tool_call_repeats) = if cfg.policy.scopes.iter().any(|r| r.loops.is_some()) {
+        let (fp, repeats) = super::loops::facts(dialect, &json);
+        (Some(fp), repeats)
+    } else {
+        (None, 0)
+    };
     let facts = RequestFacts {
         request_id: id.to_owned(),
         identity,
@@ -107,6 +113,8 @@ pub(crate) async fn count(
             Some(0)
         },
         cache_write_tokens: dialect.cache_write_tokens(&json, input),
+        fingerprint,
+        tool_call_repeats,
     };
     Ok(Counted {
         json,

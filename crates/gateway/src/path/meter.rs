@@ -96,12 +96,15 @@ fn answered_usage(
 ) -> (Usage, bool) {
     let mut bad = false;
     let reported = dialect.usage(&v["usage"], input, &mut bad);
+    // Counted here whatever the upstream reports: no provider reports tool calls as a number.
+    let tool_calls = dialect.tool_calls(v);
     if bad {
         // Numbers that are not counts: the gateway cannot know what was used, so it charges
         // what it reserved.
         let reserved = Usage {
             input_tokens: input,
             output_tokens: granted,
+            tool_calls,
             ..Usage::default()
         };
         return (reserved, true);
@@ -116,7 +119,13 @@ fn answered_usage(
             ..Usage::default()
         }
     });
-    (usage, false)
+    (
+        Usage {
+            tool_calls,
+            ..usage
+        },
+        false,
+    )
 }
 
 /// A stream's body: metered on its way to the client, settled at its end.
@@ -256,6 +265,7 @@ impl MeteredStream {
             output_tokens: o,
             cache_write_tokens: self.meter.cache_writes.0,
             cache_write_1h_tokens: self.meter.cache_writes.1,
+            tool_calls: self.meter.tool_calls,
         }
     }
 
@@ -282,6 +292,7 @@ impl MeteredStream {
         Usage {
             input_tokens: self.input,
             output_tokens: self.granted,
+            tool_calls: self.meter.tool_calls,
             ..Usage::default()
         }
     }
@@ -299,6 +310,7 @@ impl MeteredStream {
             output_tokens: o,
             cache_write_tokens: self.meter.cache_writes.0,
             cache_write_1h_tokens: self.meter.cache_writes.1,
+            tool_calls: self.meter.tool_calls,
         };
         if self.meter.bad_usage {
             self.ticket.usage_invalid();

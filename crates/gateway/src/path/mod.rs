@@ -13,6 +13,7 @@ pub(crate) mod admit;
 pub(crate) mod count;
 pub(crate) mod forward;
 pub(crate) mod intake;
+mod loops;
 pub(crate) mod meter;
 pub(crate) mod settle;
 

@@ -135,6 +135,7 @@ fn push_policy_name(out: &mut String, reason: Reason, rule: &str) {
     let kind = match reason {
         Reason::RequestRateLimit => "requests",
         Reason::ConcurrencyLimit => "concurrency",
+        Reason::ToolCallLimit => "tool-calls",
         _ => "budget",
     };
     let safe = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
@@ -235,13 +236,17 @@ pub fn admitted_headers(h: &mut HeaderMap, p: &Plan, a: &Admitted) {
     quota_headers(h, &a.quotas, |q| p.scope_of(q).map_or("", |s| s.rule()));
 }
 
-/// The response to a refusal: 429 for rate, concurrency and budget; 400 for token limits.
+/// The response to a refusal: 429 for rate, concurrency, budget, tool calls and loops (a loop
+/// with `x-should-retry: false`, since sending it again only repeats it); 400 for token limits.
 pub fn deny(d: &Deny) -> ApiError {
     let (status, kind) = match d.reason {
         Reason::RequestRateLimit | Reason::ConcurrencyLimit => {
             (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
         }
         Reason::BudgetLimit => (StatusCode::TOO_MANY_REQUESTS, "insufficient_quota"),
+        Reason::ToolCallLimit | Reason::LoopDetected => {
+            (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
+        }
         Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => {
             (StatusCode::BAD_REQUEST, "invalid_request_error")
         }
@@ -250,6 +255,12 @@ pub fn deny(d: &Deny) -> ApiError {
         Reason::RequestRateLimit => "requests".to_owned(),
         Reason::ConcurrencyLimit => "concurrent requests".to_owned(),
         Reason::BudgetLimit => format!("budget (requested {})", d.requested),
+        Reason::ToolCallLimit => "tool calls (each round reserves one)".to_owned(),
+        Reason::LoopDetected if d.requested > 1 => format!(
+            "identical tool calls in one history (the most repeated appears {} times)",
+            d.requested
+        ),
+        Reason::LoopDetected => "identical requests".to_owned(),
         Reason::InputTokenLimit => format!("input tokens (request has {})", d.requested),
         Reason::OutputTokenLimit => format!("output tokens (request asks for {})", d.requested),
         Reason::TotalTokenLimit => {
@@ -290,6 +301,8 @@ pub fn deny(d: &Deny) -> ApiError {
                 put(&mut e.headers, "x-should-retry", "false");
             }
         }
+    } else if d.reason == Reason::LoopDetected {
+        put(&mut e.headers, "x-should-retry", "false");
     } else {
         e = e.param(match d.reason {
             Reason::OutputTokenLimit => "max_tokens",

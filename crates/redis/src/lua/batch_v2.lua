@@ -46,7 +46,7 @@ while a <= #ARGV do
   if ok then out[#out + 1] = reply else out[#out + 1] = {'error', tostring(reply)} end
   a = a + 2 + n
 end
--- Each key the items touched is written once (see the write-back state in common_v4.lua).
+-- Each key the items touched is written once (see the write-back state in common_v5.lua).
 flush()
 if longest > 0 then
   -- Garbage collection for abandoned prefixes only: any call on the prefix sweeps expired

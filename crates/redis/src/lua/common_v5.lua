@@ -2,10 +2,11 @@
 -- ledger function mirrors crates/core/src/ledger.rs. Numbers stay below 2^53 by the policy's
 -- bounds. Admission and settlement are functions so that one call can carry many of them.
 -- The ticket is one msgpack string under P:ts:<request>, which becomes the request's finished
--- marker when it ends (one SET ... GET at settlement). v4: a refusal names its control by its
--- reason code ('request_rate_limit', 'concurrency_limit', 'budget_limit'), as
--- tollgate_redis::STORE_REASONS does; the reply kinds are those of ADMIT_REPLIES and
--- FINISH_REPLIES (a test reads this file and checks both).
+-- marker when it ends (one SET ... GET at settlement). A refusal names its control by its
+-- reason code ('request_rate_limit', 'concurrency_limit', 'budget_limit', 'tool_call_limit',
+-- 'loop_detected'), as tollgate_redis::STORE_REASONS does; the reply kinds are those of
+-- ADMIT_REPLIES and FINISH_REPLIES (a test reads this file and checks both). v5: reservations
+-- of tool calls (unit 'c'), a settlement's tool calls, and the request's repeats.
 
 -- Constants are written as literals: 10000, the sliding window's fixed-point weight scale;
 -- 2147483648 (2^31), the cap of a window's count; 86400000, a day in ms. A shared local is
@@ -312,8 +313,9 @@ local function cost(price, input, cached, output, w5, w1h)
 end
 
 -- A ticket is a msgpack array of strings: [1] exp, [2] ttl, [3..5] price, [6..8] expired usage,
--- [9] the number of leases n, [10..9+n] the lease keys, then per reservation: key, field, unit,
--- amount, period length, label. Written from strings only (see int). cmsgpack is C: packing and
+-- [9] the number of leases n, [10..9+n] the lease keys, then per reservation: key, field, unit
+-- ('t' tokens, 'm' money, 'c<n>' tool calls, n of them charged without usage), amount, period
+-- length, label. Written from strings only (see int). cmsgpack is C: packing and
 -- unpacking cost less than RPUSH and LRANGE of the same fields did. The scripts read it as the
 -- array cmsgpack.unpack makes, by position: a table per part cost more than the reading.
 
@@ -345,10 +347,10 @@ local function take_ticket(tkey, ending, retention)
 end
 
 -- Ends a ticket `v` that take_ticket took: leases back, each reservation replaced by the charge
--- for the usage (input, cached input, output, cache writes for five minutes and for one hour;
--- without it, the ticket's expired usage), out of the expiry index. Appends the charges to
--- `out` when given.
-local function end_ticket(id, v, now, out, input, cached, output, w5, w1h)
+-- for the usage (input, cached input, output, cache writes for five minutes and for one hour,
+-- tool calls; without it, the ticket's expired usage), out of the expiry index. Appends the
+-- charges to `out` when given.
+local function end_ticket(id, v, now, out, input, cached, output, w5, w1h, calls)
   -- A lease whose expiry is ahead is in its set (only the sweep and the clean-up of a full set
   -- take members out, and only expired ones), so a known count goes down by one; otherwise the
   -- count is read again when next needed.
@@ -373,9 +375,12 @@ local function end_ticket(id, v, now, out, input, cached, output, w5, w1h)
   local price = nil
   for i = 10 + n, #v, 6 do
     local bkey, field, amount = v[i], v[i + 1], v[i + 3]
-    local charge
-    if v[i + 2] == 't' then
+    local charge, unit = nil, v[i + 2]
+    if unit == 't' then
       charge = input + output
+    elseif string.byte(unit) == 99 then
+      -- 'c': tool calls.
+      charge = calls or num(string.sub(unit, 2))
     else
       if price == nil then price = {num(v[3]), num(v[4]), num(v[5])} end
       charge = cost(price, input, cached, output, w5, w1h)
@@ -428,12 +433,14 @@ end
 -- in every concurrency scope and reserve in every budget scope, all or nothing.
 --
 -- A[a], ...: request id, ttl, retention, token_deny (0/1), n_rate, n_lease, n_budget, price
---   (input, cached input, output; 0 when none), expired usage (the same three), n_kill, the
---   kill-switch targets,
---   then per rate scope: key, limit, window; per lease scope: key, limit; per budget scope: key,
---   limit, unit (t|m), period length (0 = month), period label, amount.
+--   (input, cached input, output; 0 when none), expired usage (the same three), n_kill,
+--   n_repeat, loop_deny (0/1), the kill-switch targets,
+--   then per rate scope and then per repeat scope: key, limit, window; per lease scope: key,
+--   limit; per budget scope: key, limit, unit (t|m|c<n>), period length (0 = month), period
+--   label, amount.
 -- Returns {'admit', expires_at, quota values...} | {'deny', reason code, scope index, remaining,
---   retry_after (-1 none), reset (-1 none)} | {'token'} | {'dup'} | {'killed', target, reason}.
+--   retry_after (-1 none), reset (-1 none)} | {'token'} | {'loop'} | {'dup'} |
+--   {'killed', target, reason}. A repeat scope's index counts from the first repeat scope.
 local function admit_one(A, a, now, kills, probe)
   ITEMS = ITEMS + 1
   if ITEMS == 2 then MEMO, PERIODS = {}, {} end
@@ -443,8 +450,9 @@ local function admit_one(A, a, now, kills, probe)
   -- Price and expired usage (A[a0 + 7 ...]) only go into the ticket: kept as the strings they
   -- came in, and read where they are (no table of their own).
   local a0 = a
-  local n_kill = num(A[a + 13])
-  a = a + 14
+  local n_kill, n_repeat = num(A[a + 13]), num(A[a + 14])
+  local loop_deny = A[a + 15] == '1'
+  a = a + 16
   -- The kill switch comes before anything is counted.
   for i = 0, n_kill - 1 do
     local reason = kills[A[a + i]]
@@ -461,9 +469,10 @@ local function admit_one(A, a, now, kills, probe)
   -- is set at the end. Made with room for six quotas (a scope's rate, lease and budget): a
   -- table grown one value at a time is copied at every power of two.
   local out, no = {'admit', 0, nil, nil, nil, nil, nil, nil}, 2
-  -- 1. Rate: every attempt counts in every rate scope.
-  local rate_fail = nil
-  for i = 1, n_rate do
+  -- 1. Rate: every attempt counts in every rate scope, and every repeat in its repeat scope
+  -- (refused last, after the budgets).
+  local rate_fail, repeat_fail = nil, nil
+  for i = 1, n_rate + n_repeat do
     local key, limit, window_arg = A[a], num(A[a + 1]), A[a + 2]
     local window = num(window_arg)
     a = a + 3
@@ -485,12 +494,18 @@ local function admit_one(A, a, now, kills, probe)
     w[2] = math.min(w[2] + 1, 2147483648)
     local count = scaled(w, now, window)
     local reset = w[1] + window - now
-    if count > limit * 10000 and rate_fail == nil then
-      rate_fail = {'deny', 'request_rate_limit', i - 1, 0, retry_after(w, now, window, limit), reset}
+    if i > n_rate then
+      if count > limit * 10000 and repeat_fail == nil then
+        repeat_fail = {'deny', 'loop_detected', i - n_rate - 1, 0, retry_after(w, now, window, limit), reset}
+      end
+    else
+      if count > limit * 10000 and rate_fail == nil then
+        rate_fail = {'deny', 'request_rate_limit', i - 1, 0, retry_after(w, now, window, limit), reset}
+      end
+      local used = math.ceil(count / 10000)
+      out[no + 1], out[no + 2] = math.max(limit - used, 0), reset
+      no = no + 2
     end
-    local used = math.ceil(count / 10000)
-    out[no + 1], out[no + 2] = math.max(limit - used, 0), reset
-    no = no + 2
   end
   if rate_fail ~= nil then return rate_fail end
   -- 2-4. Token controls, decided by the caller.
@@ -536,6 +551,10 @@ local function admit_one(A, a, now, kills, probe)
     if committed + amount > limit then
       local retry = -1
       if amount <= limit then retry = pend - now end
+      -- Unit 'c': tool calls.
+      if string.byte(A[a - 4]) == 99 then
+        return {'deny', 'tool_call_limit', i - 1, math.max(limit - committed, 0), retry, pend - now}
+      end
       return {'deny', 'budget_limit', i - 1, math.max(limit - committed, 0), retry, pend - now}
     end
     local cur = cell[6]
@@ -549,6 +568,9 @@ local function admit_one(A, a, now, kills, probe)
     out[no + 1], out[no + 2] = limit - committed - amount, pend - now
     no = no + 2
   end
+  -- 7. Loops: the request's repeats, then its history's (decided by the caller).
+  if repeat_fail ~= nil then return repeat_fail end
+  if loop_deny then return {'loop'} end
   -- A probe (sharded stores, after another shard refused) counts and checks, takes nothing.
   if probe then return out end
   -- Everything passed: take the leases, make the reservations, record the ticket (its layout
@@ -624,8 +646,8 @@ end
 -- One settlement or release. Idempotent: a second call answers how the request ended.
 --
 -- A[a], ...: request id, retention, ending (settled|released), whether usage follows (0/1),
---   usage: input, cached input, output, cache writes for five minutes and for one hour
---   (without usage: the ticket's expired usage).
+--   usage: input, cached input, output, cache writes for five minutes and for one hour, tool
+--   calls (without usage: the ticket's expired usage).
 -- Returns {'done', charges...} | {'ended', ending} | {'unknown'}.
 local function finish_one(A, a, now)
   ITEMS = ITEMS + 1
@@ -639,7 +661,7 @@ local function finish_one(A, a, now)
   local out = {'done'}
   if A[a + 3] == '1' then
     end_ticket(id, v, now, out, 0 + A[a + 4], 0 + A[a + 5], 0 + A[a + 6], 0 + A[a + 7],
-      0 + A[a + 8])
+      0 + A[a + 8], 0 + A[a + 9])
   else
     end_ticket(id, v, now, out)
   end
