@@ -325,15 +325,107 @@ async fn instances_hold_an_operations_limits() {
     drop(started);
 }
 
-/// What a race of `n` rounds of one operation got.
+/// Two instances on one Redis, racing on one operation's tool calls (each answer makes one)
+/// and on one request sent again and again: the operation's calls never pass the limit, as the
+/// upstream counts them, and exactly `max_identical` of the identical requests are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_hold_an_operations_tool_calls_and_loops() {
+    const CALLS: u64 = 6;
+    const SAME: u64 = 4;
+    let sim = Sim::start(SimConfig {
+        latency: Duration::from_millis(40),
+        output_tokens: 5,
+        function_calls: 1,
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"{}\"\nprefix = \"mi-tc\"\ncall_timeout = \"2s\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"calls\"\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"loops\"\n\
+             [[policy.scopes]]\nname = \"op-calls\"\nkey = \"operation\"\n\
+             match = {{ tenant = \"calls\" }}\n\
+             tool_calls = {{ limit = {CALLS}, period = \"1h\" }}\n\
+             [[policy.scopes]]\nname = \"op-loops\"\nkey = \"operation\"\n\
+             match = {{ tenant = \"loops\" }}\n\
+             loops = {{ max_identical = {SAME}, window = \"1h\" }}\n",
+            redis.url(),
+            sim.base_url(),
+            tollgate_gateway::hash_key("sk-calls"),
+            tollgate_gateway::hash_key("sk-loops"),
+        ),
+    )
+    .unwrap();
+    let started: Vec<(Instance, String)> = (0..2).map(|_| start_instance(&config)).collect();
+    let urls: Arc<Vec<String>> = Arc::new(started.iter().map(|(_, u)| u.clone()).collect());
+    let with_tool = |i: usize| {
+        json!({"model": "gpt-4o", "max_tokens": 10,
+            "messages": [{"role": "user", "content": format!("round {i}")}],
+            "tools": [{"type": "function", "function": {"name": "search",
+                "parameters": {"type": "object"}}}]})
+    };
+    let calls = race_with(&urls, "sk-calls", 48, with_tool).await;
+    let made = sim.stats().function_calls;
+    assert!(made <= CALLS, "the upstream made {made} calls");
+    assert_eq!(made, calls.ok, "one call per served round");
+    assert_eq!(calls.ok + calls.refused("tool_call_limit"), 48);
+    assert!(calls.ok > 0);
+    let same = |_| {
+        json!({"model": "gpt-4o", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "the same step"}]})
+    };
+    let loops = race_with(&urls, "sk-loops", 32, same).await;
+    eprintln!(
+        "2 instances, one operation: {} of 48 rounds served under {CALLS} tool calls ({made} \
+         made); {} of 32 identical requests served under max_identical = {SAME}",
+        calls.ok, loops.ok
+    );
+    assert_eq!(
+        (loops.ok, loops.refused("loop_detected")),
+        (SAME, 32 - SAME),
+        "exactly max_identical served, whichever instance takes them"
+    );
+    drop(started);
+}
+
+/// What a race of `n` rounds of one operation got: how many were served, and the refusals by
+/// reason code.
 struct Raced {
     ok: u64,
     rate: u64,
     conc: u64,
+    other: Vec<String>,
+}
+
+impl Raced {
+    fn refused(&self, code: &str) -> u64 {
+        self.other.iter().filter(|c| *c == code).count() as u64
+    }
 }
 
 /// `n` rounds of operation `agent-run-1` with `key`, from 8 workers, over the instances in turn.
 async fn race(urls: &Arc<Vec<String>>, key: &'static str, n: usize) -> Raced {
+    let body = |i: usize| {
+        json!({"model": "gpt-4o", "max_tokens": 10,
+            "messages": [{"role": "user", "content": format!("round {i}")}]})
+    };
+    race_with(urls, key, n, body).await
+}
+
+/// [`race`] with the body of round `i` from `body`.
+async fn race_with(
+    urls: &Arc<Vec<String>>,
+    key: &'static str,
+    n: usize,
+    body: fn(usize) -> serde_json::Value,
+) -> Raced {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let workers = 8;
     let tasks: Vec<_> = (0..workers)
@@ -342,10 +434,8 @@ async fn race(urls: &Arc<Vec<String>>, key: &'static str, n: usize) -> Raced {
             tokio::spawn(async move {
                 let mut results = Vec::new();
                 for i in (w..n).step_by(workers) {
-                    let body = json!({"model": "gpt-4o", "max_tokens": 10,
-                        "messages": [{"role": "user", "content": format!("round {i}")}]});
                     let url = &urls[i % urls.len()];
-                    results.push(chat(&client, url, key, Some("agent-run-1"), body).await);
+                    results.push(chat(&client, url, key, Some("agent-run-1"), body(i)).await);
                 }
                 results
             })
@@ -355,6 +445,7 @@ async fn race(urls: &Arc<Vec<String>>, key: &'static str, n: usize) -> Raced {
         ok: 0,
         rate: 0,
         conc: 0,
+        other: Vec::new(),
     };
     for t in tasks {
         for r in t.await.unwrap() {
@@ -362,6 +453,7 @@ async fn race(urls: &Arc<Vec<String>>, key: &'static str, n: usize) -> Raced {
                 (200, _) => raced.ok += 1,
                 (429, c) if c == "request_rate_limit" => raced.rate += 1,
                 (429, c) if c == "concurrency_limit" => raced.conc += 1,
+                (429, c) => raced.other.push(c),
                 other => panic!("unexpected {other:?}"),
             }
         }

@@ -74,6 +74,7 @@ fn day28_replay_reproduces_the_published_figures() {
         "requests",
         "reserved_outstanding_tokens",
         "settled_tokens",
+        "settled_tool_calls",
     ];
     want.sort();
     assert_eq!(keys, want);
@@ -388,4 +389,56 @@ fn an_agent_loop_is_stopped_by_its_operations_round_limit() {
         assert_eq!((fig(u, k), fig(l, k)), (unbounded, layered), "{k}");
     }
     assert_eq!(l["rejections_by_reason"]["request_rate_limit"], 7);
+}
+
+/// The figures of `fixture`'s two paths: `(figure, unbounded, layered)` each.
+fn assert_figures(v: &Value, rows: &[(&str, u64, u64)]) {
+    let (u, l) = (&v["paths"]["unbounded"], &v["paths"]["layered_controls"]);
+    let fig = |p: &Value, k: &str| p[k].as_u64().unwrap_or_else(|| panic!("missing {k}"));
+    for (k, unbounded, layered) in rows {
+        assert_eq!((fig(u, k), fig(l, k)), (*unbounded, *layered), "{k}");
+    }
+    for (name, case) in v["paths"]["layered_controls"]["cases"].as_object().unwrap() {
+        assert_eq!(case["predictions_matched"], true, "{name}");
+    }
+}
+
+/// An agent asking for four tools a round, replayed: its operation's tool-call limit stops it
+/// after one round past the limit, with the figures of the fixture's header.
+#[test]
+fn an_agent_loop_is_stopped_by_its_operations_tool_calls() {
+    let v = replay_json("fixtures/agent-tool-calls.toml");
+    assert_figures(
+        &v,
+        &[
+            ("accepted", 7, 3),
+            ("rejected", 0, 4),
+            ("accepted_estimated_tokens", 1050, 450),
+            ("settled_tokens", 980, 420),
+            ("settled_tool_calls", 25, 9),
+        ],
+    );
+    assert_eq!(
+        v["paths"]["layered_controls"]["rejections_by_reason"]["tool_call_limit"],
+        4
+    );
+}
+
+/// Agent loops that repeat a request or a tool call, replayed: loop detection stops both.
+#[test]
+fn agent_loops_are_stopped_by_loop_detection() {
+    let v = replay_json("fixtures/agent-repeats.toml");
+    assert_figures(
+        &v,
+        &[
+            ("accepted", 10, 5),
+            ("rejected", 0, 5),
+            ("accepted_estimated_tokens", 1500, 750),
+            ("settled_tokens", 1400, 700),
+        ],
+    );
+    assert_eq!(
+        v["paths"]["layered_controls"]["rejections_by_reason"]["loop_detected"],
+        5
+    );
 }

@@ -29,6 +29,8 @@ pub struct PathReport {
     pub accepted_estimated_tokens: u64,
     /// Sum of input + actual output over settled requests.
     pub settled_tokens: u64,
+    /// Sum of tool calls over settled requests.
+    pub settled_tool_calls: u64,
     /// Estimates of admitted requests still unsettled at the end of their case.
     pub reserved_outstanding_tokens: u64,
     /// Most requests in flight at once in any case.
@@ -355,6 +357,7 @@ impl<S: Store> CaseRun<'_, S> {
             .map_err(|e| self.store_error(e))?;
         if let Finish::Done { .. } = finish {
             self.path.settled_tokens += usage.total();
+            self.path.settled_tool_calls += usage.tool_calls;
             for (s, _) in &scopes {
                 if let Some(c) = self.committed.get_mut(s) {
                     c.0 = c.0 - estimate + usage.total();
@@ -391,7 +394,7 @@ pub fn table(report: &Report) -> String {
         "{:<30} {:>12} {:>18}",
         "figure", "unbounded", "layered_controls"
     );
-    let rows: [(&str, u64, u64); 8] = [
+    let rows: [(&str, u64, u64); 9] = [
         ("requests", u.requests, l.requests),
         ("accepted", u.accepted, l.accepted),
         ("rejected", u.rejected, l.rejected),
@@ -401,6 +404,7 @@ pub fn table(report: &Report) -> String {
             l.accepted_estimated_tokens,
         ),
         ("settled_tokens", u.settled_tokens, l.settled_tokens),
+        ("settled_tool_calls", u.settled_tool_calls, l.settled_tool_calls),
         (
             "reserved_outstanding_tokens",
             u.reserved_outstanding_tokens,
