@@ -404,7 +404,11 @@ pub fn table(report: &Report) -> String {
             l.accepted_estimated_tokens,
         ),
         ("settled_tokens", u.settled_tokens, l.settled_tokens),
-        ("settled_tool_calls", u.settled_tool_calls, l.settled_tool_calls),
+        (
+            "settled_tool_calls",
+            u.settled_tool_calls,
+            l.settled_tool_calls,
+        ),
         (
             "reserved_outstanding_tokens",
             u.reserved_outstanding_tokens,

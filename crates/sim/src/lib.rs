@@ -265,7 +265,11 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
     let usage = json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
         "prompt_tokens_details": {"cached_tokens": 0}});
     let calls = function_calls(&state, &req, Format::ChatCompletions);
-    let finish = if calls.is_empty() { "length" } else { "tool_calls" };
+    let finish = if calls.is_empty() {
+        "length"
+    } else {
+        "tool_calls"
+    };
     if req["stream"].as_bool() != Some(true) {
         // Tokens take time to produce whether streamed or not.
         tokio::time::sleep(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
@@ -273,12 +277,20 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
         let content = "tok ".repeat(usize::try_from(n).unwrap_or(0));
         let mut message = json!({"role": "assistant", "content": content.trim_end()});
         if !calls.is_empty() {
-            message["tool_calls"] = calls.iter().map(|(id, name, args)| json!({"id": id,
-                "type": "function", "function": {"name": name, "arguments": args}})).collect();
+            message["tool_calls"] = calls
+                .iter()
+                .map(|(id, name, args)| {
+                    json!({"id": id,
+                "type": "function", "function": {"name": name, "arguments": args}})
+                })
+                .collect();
         }
-        return Json(json!({"id": id, "object": "chat.completion", "created": 0, "model": model,
+        return Json(
+            json!({"id": id, "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": usage})).into_response();
+            "usage": usage}),
+        )
+        .into_response();
     }
     let include_usage = req["stream_options"]["include_usage"].as_bool() == Some(true);
     let delay = state.config.token_delay;
@@ -294,10 +306,22 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
     }
     // A call's first chunk names it; its arguments follow in the next.
     for (k, (call, name, args)) in calls.iter().enumerate() {
-        events.push(chunk(json!({"tool_calls": [{"index": k, "id": call, "type": "function",
-            "function": {"name": name, "arguments": ""}}]}), Value::Null).to_string());
-        events.push(chunk(json!({"tool_calls": [{"index": k,
-            "function": {"arguments": args}}]}), Value::Null).to_string());
+        events.push(
+            chunk(
+                json!({"tool_calls": [{"index": k, "id": call, "type": "function",
+            "function": {"name": name, "arguments": ""}}]}),
+                Value::Null,
+            )
+            .to_string(),
+        );
+        events.push(
+            chunk(
+                json!({"tool_calls": [{"index": k,
+            "function": {"arguments": args}}]}),
+                Value::Null,
+            )
+            .to_string(),
+        );
     }
     events.push(chunk(json!({}), json!(finish)).to_string());
     if include_usage {
@@ -404,9 +428,7 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
     } else {
         "end_turn"
     };
-    let tool_use = |(id, name, _): &(String, String, String), input: Value| {
-        json!({"type": "tool_use", "id": id, "name": name, "input": input})
-    };
+    let tool_use = |(id, name, _): &(String, String, String), input: Value| json!({"type": "tool_use", "id": id, "name": name, "input": input});
     let usage = cache_usage(&state, &req, prompt);
     let guard = InFlight::new(&state, &headers);
     tokio::time::sleep(state.config.latency).await;
@@ -416,7 +438,10 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
         let text = "tok ".repeat(usize::try_from(n).unwrap_or(0));
         let mut content = vec![json!({"type": "text", "text": text.trim_end()})];
         for c in &calls {
-            content.push(tool_use(c, serde_json::from_str(&c.2).unwrap_or(Value::Null)));
+            content.push(tool_use(
+                c,
+                serde_json::from_str(&c.2).unwrap_or(Value::Null),
+            ));
         }
         return Json(
             json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
@@ -452,11 +477,20 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
     ));
     for (k, c) in calls.iter().enumerate() {
         let index = k + 1;
-        events.push(("content_block_start", json!({"type": "content_block_start",
-            "index": index, "content_block": tool_use(c, json!({}))})));
-        events.push(("content_block_delta", json!({"type": "content_block_delta",
-            "index": index, "delta": {"type": "input_json_delta", "partial_json": c.2}})));
-        events.push(("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+        events.push((
+            "content_block_start",
+            json!({"type": "content_block_start",
+            "index": index, "content_block": tool_use(c, json!({}))}),
+        ));
+        events.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta",
+            "index": index, "delta": {"type": "input_json_delta", "partial_json": c.2}}),
+        ));
+        events.push((
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
     }
     events.push((
         "message_delta",
@@ -584,8 +618,10 @@ async fn responses(
         "total_tokens": prompt + n});
     let calls: Vec<Value> = function_calls(&state, &req, Format::Responses)
         .into_iter()
-        .map(|(call, name, args)| json!({"type": "function_call", "id": format!("fc_{call}"),
-            "call_id": call, "name": name, "arguments": args, "status": "completed"}))
+        .map(|(call, name, args)| {
+            json!({"type": "function_call", "id": format!("fc_{call}"),
+            "call_id": call, "name": name, "arguments": args, "status": "completed"})
+        })
         .collect();
     let status = if incomplete {
         "incomplete"
@@ -627,10 +663,14 @@ async fn responses(
         "item": message(&text, "completed")}),
     );
     for (k, c) in calls.iter().enumerate() {
-        events.push(json!({"type": "response.output_item.added", "output_index": k + 1,
-            "item": c}));
-        events.push(json!({"type": "response.output_item.done", "output_index": k + 1,
-            "item": c}));
+        events.push(
+            json!({"type": "response.output_item.added", "output_index": k + 1,
+            "item": c}),
+        );
+        events.push(
+            json!({"type": "response.output_item.done", "output_index": k + 1,
+            "item": c}),
+        );
     }
     let mut out = vec![message(&text, "completed")];
     out.extend(calls);
@@ -653,7 +693,9 @@ async fn responses(
 fn function_calls(state: &SimState, req: &Value, format: Format) -> Vec<(String, String, String)> {
     let tools = req["tools"].as_array().map(Vec::as_slice).unwrap_or(&[]);
     let name = tools.iter().find_map(|t| match format {
-        Format::ChatCompletions => (t["type"] == "function").then(|| t["function"]["name"].as_str())?,
+        Format::ChatCompletions => {
+            (t["type"] == "function").then(|| t["function"]["name"].as_str())?
+        }
         Format::Responses => (t["type"] == "function").then(|| t["name"].as_str())?,
         // A client tool has an input schema; the server tools Anthropic runs have none.
         _ => t.get("input_schema").and_then(|_| t["name"].as_str()),
@@ -666,7 +708,13 @@ fn function_calls(state: &SimState, req: &Value, format: Format) -> Vec<(String,
         s.function_calls += n;
     }
     (0..n)
-        .map(|k| (format!("call_sim_{k}"), name.to_owned(), format!("{{\"step\":{k}}}")))
+        .map(|k| {
+            (
+                format!("call_sim_{k}"),
+                name.to_owned(),
+                format!("{{\"step\":{k}}}"),
+            )
+        })
         .collect()
 }
 

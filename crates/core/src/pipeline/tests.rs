@@ -143,3 +143,54 @@ fn kill_targets_are_all_then_each_known_dimension_in_order() {
     assert_eq!(none.iter().collect::<Vec<_>>(), ["all"]);
     assert!(!none.is_empty() && KillTargets::default().is_empty());
 }
+
+#[test]
+fn agent_checks_come_last_in_their_lists() {
+    let p = policy(
+        "[[scopes]]\nname = \"ops\"\nkey = \"user\"\nbudget = { tokens = 1000, period = \"day\" }\n\
+         tool_calls = { limit = 5, period = \"1h\" }\nloops = { max_identical = 2, window = \"1m\" }\n\
+         [[scopes]]\nname = \"all\"\nkey = \"global\"\nbudget = { tokens = 9000, period = \"day\" }\n",
+    );
+    let f = RequestFacts {
+        fingerprint: Some(0xab),
+        tool_call_repeats: 3,
+        ..facts(10, Some(10))
+    };
+    let plan = plan(&p, &f).unwrap_or_else(|e| unreachable!("{e}"));
+    let units: Vec<_> = plan
+        .budget
+        .iter()
+        .map(|b| (b.scope.id(), b.unit, b.amount))
+        .collect();
+    assert_eq!(
+        units,
+        [
+            ("ops|tenant:t/user:u", Unit::Tokens, 20),
+            ("all|global", Unit::Tokens, 20),
+            ("ops|tenant:t/user:u?tool_calls", Unit::ToolCalls, 1),
+        ]
+    );
+    assert_eq!(plan.repeats.len(), 1);
+    assert_eq!(
+        plan.repeats[0].scope.id(),
+        "ops|tenant:t/user:u?repeat:00000000000000ab"
+    );
+    assert_eq!(plan.repeats[0].scope.key(), "tenant:t/user:u");
+    let Some(verdict) = plan.loop_verdict else {
+        unreachable!("a verdict")
+    };
+    assert_eq!(
+        (verdict.reason, verdict.requested),
+        (Reason::LoopDetected, 3)
+    );
+    // Without a fingerprint nothing is counted; within the limit no verdict.
+    let quiet = super::plan(
+        &p,
+        &RequestFacts {
+            tool_call_repeats: 2,
+            ..facts(10, Some(10))
+        },
+    )
+    .unwrap_or_else(|e| unreachable!("{e}"));
+    assert!(quiet.repeats.is_empty() && quiet.loop_verdict.is_none());
+}

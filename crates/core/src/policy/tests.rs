@@ -149,3 +149,42 @@ fn ip_prefixes_are_checked_and_default_to_a_v6_64() {
         .unwrap_or_else(|e| unreachable!("{e}"));
     assert_eq!(p.scopes[0].ip_prefix, IpPrefix { v4: 24, v6: 64 });
 }
+
+#[test]
+fn agent_controls_are_validated_with_their_paths() {
+    for (text, path) in [
+        (
+            "[[scopes]]\nkey = \"operation\"\ntool_calls = { limit = 0, period = \"1h\" }",
+            "policy.scopes[0].tool_calls.limit",
+        ),
+        (
+            "[[scopes]]\nkey = \"operation\"\ntool_calls = { limit = 3, period = \"fortnight\" }",
+            "policy.scopes[0].tool_calls.period",
+        ),
+        (
+            "[[scopes]]\nkey = \"operation\"\nloops = { max_identical = 0, window = \"1m\" }",
+            "policy.scopes[0].loops.max_identical",
+        ),
+        (
+            "[[scopes]]\nkey = \"operation\"\nloops = { max_identical = 2, window = \"0s\" }",
+            "policy.scopes[0].loops.window",
+        ),
+    ] {
+        assert_eq!(err(text).path, path, "{text}");
+    }
+    let p = Policy::from_toml(
+        "fail_open = [\"tool_call_limit\", \"loop_detected\"]\n[[scopes]]\nkey = \"operation\"\n\
+         tool_calls = { limit = 3, period = \"1h\" }\nloops = { max_identical = 2, window = \"1m\" }",
+    )
+    .unwrap_or_else(|e| unreachable!("{e}"));
+    let rule = &p.scopes[0];
+    assert_eq!(
+        rule.tool_calls.map(|t| (t.limit.get(), t.unit)),
+        Some((3, Unit::ToolCalls))
+    );
+    assert_eq!(
+        rule.loops
+            .map(|l| (l.max_identical.get(), l.window_ms.get())),
+        Some((2, 60_000))
+    );
+}

@@ -91,6 +91,11 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
             Err(StoreError::Unavailable(_)) if p.token_verdict.is_some() => {
                 Decision::Deny(p.token_verdict.clone().ok_or_else(respond::inconsistent)?)
             }
+            // So does a history that repeats a tool call: the stateful controls before it are
+            // the ones failing open.
+            Err(StoreError::Unavailable(_)) if p.fail_open && p.loop_verdict.is_some() => {
+                Decision::Deny(p.loop_verdict.clone().ok_or_else(respond::inconsistent)?)
+            }
             Err(StoreError::Unavailable(_)) if p.fail_open => {
                 crate::telemetry::fail_open();
                 Decision::Admit(Admitted {
