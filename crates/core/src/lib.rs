@@ -58,4 +58,4 @@ pub use memory::MemoryStore;
 pub use pipeline::{KillTargets, Plan, PlanError, RequestFacts, plan};
 pub use policy::{Policy, PolicyError, Unit};
 pub use scope::{Dimension, Identity, IpPrefix, ScopeKey};
-pub use store::{Ending, Finish, Renewal, ScopeUsage, Store, StoreError};
+pub use store::{Ending, Finish, KeyClaim, KeyUse, Renewal, ScopeUsage, Store, StoreError};

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 mod admit;
 mod containers;
+mod keys;
 mod tickets;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -92,6 +93,8 @@ struct State {
     /// Finished ids in the order they may be forgotten (times only grow: the clock is monotonic
     /// inside the store and the retention is fixed).
     forget: BlockQueue<(Millis, Id)>,
+    /// Idempotency keys.
+    keys: keys::Keys,
 }
 
 #[derive(Debug, Default)]
@@ -305,6 +308,8 @@ impl<C: Clock> MemoryStore<C> {
             budget_cells: st.live_scopes().map(|s| s.cells.len()).sum(),
             in_flight: st.tickets.len(),
             remembered: st.requests.len() - st.tickets.len(),
+            idempotency_keys: st.keys.footprint().0,
+            kept_response_bytes: st.keys.footprint().1,
         })
     }
 
@@ -329,6 +334,10 @@ pub struct Footprint {
     pub in_flight: usize,
     /// Finished request ids remembered for idempotency.
     pub remembered: usize,
+    /// Idempotency keys held (claimed or answered).
+    pub idempotency_keys: usize,
+    /// Bytes of the responses kept for them.
+    pub kept_response_bytes: usize,
 }
 
 /// The last [`PeriodCache::N`] periods found, each with the span its answer holds for.
@@ -605,6 +614,24 @@ impl<C: Clock> Store for MemoryStore<C> {
         reason: Option<&str>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(self.set_kill_sync(target, reason))
+    }
+    fn claim_key(
+        &self,
+        key: crate::store::KeyUse<'_>,
+    ) -> impl Future<Output = Result<crate::store::KeyClaim, StoreError>> + Send {
+        std::future::ready(self.lock().map(|(mut st, now)| st.keys.claim(key, now)))
+    }
+    fn end_claim(
+        &self,
+        key: &str,
+        request_id: &str,
+        response: Option<&[u8]>,
+        keep_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(
+            self.lock()
+                .map(|(mut st, now)| st.keys.end(key, request_id, response, keep_ms, now)),
+        )
     }
     fn kills(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
         std::future::ready(self.lock().map(|(st, _)| {

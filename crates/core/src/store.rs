@@ -68,6 +68,36 @@ pub enum Renewal {
     NotInFlight,
 }
 
+/// The answer to a claim of an idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyClaim {
+    /// The key is now this request's: go on, and end the claim when it is answered.
+    Claimed,
+    /// Another request holds the key with the same body and has not been answered yet.
+    InFlight,
+    /// The key was used with another body.
+    Conflict,
+    /// A request with the key and the same body was answered: its response, as kept.
+    Answered(Vec<u8>),
+    /// The store keeps as many keys as it may: the request cannot be made idempotent.
+    NoRoom,
+}
+
+/// An idempotency key to claim: whose it is, what it was sent with, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyUse<'a> {
+    /// The key, already scoped to its owner (the gateway prefixes the virtual key's id).
+    pub key: &'a str,
+    /// A digest of what was sent with it (path and body): the same key with another digest is
+    /// a conflict.
+    pub digest: &'a str,
+    /// The request claiming it: only it can end the claim.
+    pub request_id: &'a str,
+    /// How long an unanswered claim holds the key (an instance that dies mid-request lets go of
+    /// it then).
+    pub in_flight_ms: u64,
+}
+
 /// The usage of one scope in its current period, for the admin API and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScopeUsage {
@@ -122,6 +152,24 @@ pub trait Store: Send + Sync {
         scope_id: &str,
         period: Option<crate::ledger::Period>,
     ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send;
+
+    /// Claims an idempotency key for a request, or says who has it (see [`KeyClaim`]), in one
+    /// step: two instances never both claim one key.
+    fn claim_key(
+        &self,
+        key: KeyUse<'_>,
+    ) -> impl Future<Output = Result<KeyClaim, StoreError>> + Send;
+
+    /// Ends the claim of `request_id` on `key`: `Some(response)` keeps the response for `keep_ms`
+    /// to answer the key's later uses; `None` lets go of the key (the request was refused or
+    /// failed: the next use is a new request). A claim held by another request is left alone.
+    fn end_claim(
+        &self,
+        key: &str,
+        request_id: &str,
+        response: Option<&[u8]>,
+        keep_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// A shared store is a store: the embedded layer and the gateway hold one behind an `Arc`.
@@ -168,5 +216,22 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         period: Option<crate::ledger::Period>,
     ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
         (**self).usage(scope_id, period)
+    }
+
+    fn claim_key(
+        &self,
+        key: KeyUse<'_>,
+    ) -> impl Future<Output = Result<KeyClaim, StoreError>> + Send {
+        (**self).claim_key(key)
+    }
+
+    fn end_claim(
+        &self,
+        key: &str,
+        request_id: &str,
+        response: Option<&[u8]>,
+        keep_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).end_claim(key, request_id, response, keep_ms)
     }
 }

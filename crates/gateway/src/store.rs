@@ -69,4 +69,19 @@ impl Store for AnyStore {
     async fn kills(&self) -> Result<Vec<(String, String)>, StoreError> {
         both!(self, s => s.kills())
     }
+    async fn claim_key(
+        &self,
+        key: tollgate_core::KeyUse<'_>,
+    ) -> Result<tollgate_core::KeyClaim, StoreError> {
+        both!(self, s => s.claim_key(key))
+    }
+    async fn end_claim(
+        &self,
+        key: &str,
+        request_id: &str,
+        response: Option<&[u8]>,
+        keep_ms: u64,
+    ) -> Result<(), StoreError> {
+        both!(self, s => s.end_claim(key, request_id, response, keep_ms))
+    }
 }

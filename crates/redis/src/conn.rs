@@ -12,6 +12,7 @@ pub(crate) struct Scripts {
     pub(crate) renew: Script,
     pub(crate) usage: Script,
     pub(crate) sweep: Script,
+    pub(crate) keys: Script,
 }
 
 macro_rules! script {
@@ -31,6 +32,8 @@ pub(crate) fn scripts() -> &'static Scripts {
         renew: script!("lua/renew_v4.lua"),
         usage: script!("lua/usage_v2.lua"),
         sweep: script!("lua/sweep_v2.lua"),
+        // Touches one key and nothing of the ledger's.
+        keys: Script::new(include_str!("lua/keys_v1.lua")),
     })
 }
 

@@ -39,6 +39,7 @@ mod config;
 mod conn;
 mod decode;
 mod encode;
+mod keys;
 mod sharded;
 
 use sharded::Admissions;
@@ -63,6 +64,7 @@ pub use batch::batch_invocation;
 pub use config::RedisConfig;
 pub use decode::{ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, STORE_REASONS};
 pub use encode::{Invocation, admit_invocation};
+pub use keys::KEY_REPLIES;
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};
 use conn::{Conn, evalsha, no_answer, scripts, unavailable};
@@ -561,5 +563,22 @@ impl Store for RedisStore {
                 leases: n(2)?,
             })
         }
+    }
+
+    fn claim_key(
+        &self,
+        key: tollgate_core::KeyUse<'_>,
+    ) -> impl Future<Output = Result<tollgate_core::KeyClaim, StoreError>> + Send {
+        self.claim_key_in(key)
+    }
+
+    fn end_claim(
+        &self,
+        key: &str,
+        request_id: &str,
+        response: Option<&[u8]>,
+        keep_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.end_claim_in(key, request_id, response, keep_ms)
     }
 }

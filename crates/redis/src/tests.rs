@@ -170,6 +170,7 @@ fn script_replies_are_the_named_ones() {
         include_str!("lua/renew_v4.lua"),
         include_str!("lua/usage_v2.lua"),
         include_str!("lua/sweep_v2.lua"),
+        include_str!("lua/keys_v1.lua"),
     ];
     let mut kinds = std::collections::BTreeSet::new();
     let mut reasons = std::collections::BTreeSet::new();
@@ -191,6 +192,7 @@ fn script_replies_are_the_named_ones() {
         .chain(&FINISH_REPLIES)
         .chain(&RENEW_REPLIES)
         .chain(&OTHER_REPLIES)
+        .chain(&crate::KEY_REPLIES)
         .map(|k| (*k).to_owned())
         .collect();
     assert_eq!(kinds, named);

@@ -188,3 +188,88 @@ pub async fn a_history_of_repeated_tool_calls_is_a_loop<H: Harness>(h: &H) {
         Decision::Admit(_)
     ));
 }
+
+fn key_use<'a>(key: &'a str, digest: &'a str, request_id: &'a str) -> tollgate_core::KeyUse<'a> {
+    tollgate_core::KeyUse {
+        key,
+        digest,
+        request_id,
+        in_flight_ms: 60_000,
+    }
+}
+
+async fn claim<S: Store>(s: &S, k: tollgate_core::KeyUse<'_>) -> tollgate_core::KeyClaim {
+    s.claim_key(k)
+        .await
+        .unwrap_or_else(|e| panic!("claim: {e}"))
+}
+
+async fn end<S: Store>(s: &S, key: &str, id: &str, response: Option<&[u8]>) {
+    s.end_claim(key, id, response, 60_000)
+        .await
+        .unwrap_or_else(|e| panic!("end claim: {e}"));
+}
+
+/// An idempotency key is claimed once: the same body again is in flight, another body a
+/// conflict; once answered, its response is what a later use gets; only its claimant ends it,
+/// once; a claim let go of, or unanswered past its in-flight time, frees the key.
+pub async fn idempotency_keys_are_claimed_once<H: Harness>(h: &H) {
+    use tollgate_core::KeyClaim;
+    let (s, clock) = setup(h).await;
+    assert_eq!(
+        claim(&s, key_use("k1/a", "d1", "r1")).await,
+        KeyClaim::Claimed
+    );
+    assert_eq!(
+        claim(&s, key_use("k1/a", "d1", "r2")).await,
+        KeyClaim::InFlight
+    );
+    assert_eq!(
+        claim(&s, key_use("k1/a", "d2", "r3")).await,
+        KeyClaim::Conflict
+    );
+    // Another request cannot end it.
+    end(&s, "k1/a", "r2", Some(b"forged")).await;
+    assert_eq!(
+        claim(&s, key_use("k1/a", "d1", "r4")).await,
+        KeyClaim::InFlight
+    );
+    let answer = b"{\"ok\":true}\xff (any bytes)";
+    end(&s, "k1/a", "r1", Some(answer)).await;
+    assert_eq!(
+        claim(&s, key_use("k1/a", "d1", "r5")).await,
+        KeyClaim::Answered(answer.to_vec())
+    );
+    assert_eq!(
+        claim(&s, key_use("k1/a", "d2", "r6")).await,
+        KeyClaim::Conflict
+    );
+    // Ended once: a second end changes nothing.
+    end(&s, "k1/a", "r1", None).await;
+    assert_eq!(
+        claim(&s, key_use("k1/a", "d1", "r7")).await,
+        KeyClaim::Answered(answer.to_vec())
+    );
+    // Let go of (refused, failed): the next use is a new request.
+    assert_eq!(
+        claim(&s, key_use("k1/b", "d1", "r8")).await,
+        KeyClaim::Claimed
+    );
+    end(&s, "k1/b", "r8", None).await;
+    assert_eq!(
+        claim(&s, key_use("k1/b", "d9", "r9")).await,
+        KeyClaim::Claimed
+    );
+    // Unanswered past its in-flight time (an instance that died): free again.
+    let short = tollgate_core::KeyUse {
+        in_flight_ms: 200,
+        ..key_use("k1/c", "d1", "r10")
+    };
+    assert_eq!(claim(&s, short).await, KeyClaim::Claimed);
+    clock.advance(400);
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(
+        claim(&s, key_use("k1/c", "d1", "r11")).await,
+        KeyClaim::Claimed
+    );
+}
