@@ -1,5 +1,5 @@
 //! The official OpenAI and Anthropic Python SDKs end to end (`tests/sdk/sdk_e2e.py`,
-//! `tests/sdk/responses_e2e.py`, `tests/sdk/anthropic_e2e.py`) against the gateway and the simulator. `.ci/run` makes the venv
+//! `tests/sdk/responses_e2e.py`, `tests/sdk/anthropic_e2e.py`, `tests/sdk/idempotency_e2e.py`) against the gateway and the simulator. `.ci/run` makes the venv
 //! (`.venv`, `tests/sdk/requirements.txt`); elsewhere set `TOLLGATE_PYTHON` to a Python with
 //! `openai` and `anthropic` installed.
 
@@ -36,7 +36,13 @@ fn python() -> PathBuf {
 /// Runs `script` (in `tests/sdk/`) against a gateway whose one upstream, the simulator, serves
 /// `model`; three keys of three tenants: plain, 2 requests per 2 s, a 30-token daily budget.
 async fn run_sdk_script(script: &str, model: &str) {
-    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    run_sdk_script_with(script, model, SimConfig::default(), 3).await;
+}
+
+/// [`run_sdk_script`] with the simulator's configuration, expecting `checks` passed; returns
+/// the simulator, for what it saw.
+async fn run_sdk_script_with(script: &str, model: &str, sim: SimConfig, checks: u32) -> Sim {
+    let sim = Sim::start(sim).await.unwrap();
     let keys = [
         ("sk-plain", "plain"),
         ("sk-retry", "retry"),
@@ -81,7 +87,11 @@ async fn run_sdk_script(script: &str, model: &str) {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("3 passed, 0 failed"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{checks} passed, 0 failed")),
+        "{stdout}"
+    );
+    sim
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,6 +102,24 @@ async fn the_official_openai_sdk_works_through_the_gateway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_sdk_responses_api_works_through_the_gateway() {
     run_sdk_script("responses_e2e.py", "gpt-4o").await;
+}
+
+/// The OpenAI SDK retries a call with an `Idempotency-Key` through its client timeouts: the
+/// upstream gets it once, and its tenant is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_retries_an_idempotent_call_charged_once() {
+    let slow = SimConfig {
+        latency: std::time::Duration::from_secs(1),
+        ..SimConfig::default()
+    };
+    let sim = run_sdk_script_with("idempotency_e2e.py", "gpt-4o", slow, 7).await;
+    let stats = sim.stats();
+    assert_eq!(
+        stats.requests.values().sum::<u64>(),
+        1,
+        "the upstream got the call once"
+    );
+    assert_eq!(stats.completed, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

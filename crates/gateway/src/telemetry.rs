@@ -247,6 +247,12 @@ async fn refresh_budgets(gw: &crate::gateway::Gateway, cfg: &crate::config::Gate
     }
 }
 
+/// What a request's idempotency key did: `claimed`, `in_flight`, `conflict`, `replayed`,
+/// `no_room`, `store_error`, or what failed after (`keep_failed`, `release_failed`).
+pub fn idempotency(outcome: &'static str) {
+    counter!("tollgate_idempotency_total", "outcome" => outcome).increment(1);
+}
+
 /// A request admitted without the store because the policy lets its controls fail open.
 pub fn fail_open() {
     counter!("tollgate_fail_open_total").increment(1);

@@ -44,6 +44,17 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// `[idempotency]`, checked.
+#[derive(Debug, Clone, Copy)]
+pub struct IdempotencyConfig {
+    /// How long an answered request's response is kept.
+    pub keep: Duration,
+    /// How long an unanswered claim holds its key.
+    pub in_flight: Duration,
+    /// The largest response kept.
+    pub max_response_bytes: usize,
+}
+
 impl GatewayConfig {
     /// Parses, validates and resolves a TOML configuration.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
@@ -96,6 +107,8 @@ pub struct GatewayConfig {
     pub anthropic_betas: Vec<String>,
     /// The request header that names a request's agent operation.
     pub operation_header: axum::http::HeaderName,
+    /// Idempotency keys.
+    pub idempotency: IdempotencyConfig,
     /// Metrics.
     pub metrics: MetricsConfig,
     /// Kill switches of the file: (target, reason).

@@ -49,6 +49,9 @@ pub struct RawConfig {
     /// Agent operations.
     #[serde(default)]
     pub operations: RawOperations,
+    /// Requests made idempotent by an `Idempotency-Key` header.
+    #[serde(default)]
+    pub idempotency: RawIdempotency,
     /// The Prometheus metrics.
     #[serde(default)]
     pub metrics: RawMetrics,
@@ -82,6 +85,21 @@ pub struct RawAnthropic {
 pub struct RawOperations {
     /// The request header that names a request's operation (default `x-tollgate-operation`).
     pub header: Option<String>,
+}
+
+/// `[idempotency]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdempotency {
+    /// How long an answered request's response is kept for its key's later uses (default
+    /// `24h`, from 1 s to 7 days).
+    pub keep: Option<String>,
+    /// How long an unanswered claim holds its key (default `10m`, from 1 s to 1 day): an
+    /// instance that stops mid-request lets go of its keys then.
+    pub in_flight: Option<String>,
+    /// The largest response kept (default 1 MiB, at most 16 MiB): a larger answer's key keeps
+    /// only that it was answered.
+    pub max_response_bytes: Option<usize>,
 }
 
 /// `[metrics]`

@@ -10,10 +10,10 @@ use tollgate_core::{Policy, Reason, Unit};
 use tollgate_tokens::{Counting, Encoding};
 
 use super::{
-    AdminConfig, ConfigError, GatewayConfig, KeyConfig, MetricsConfig, QueueConfig, RawAdmin,
-    RawAnthropic, RawConfig, RawKey, RawKill, RawMetrics, RawOperations, RawQueue,
-    RawRemoteContent, RawResponses, RawServer, RawStore, RawUpstream, RawUpstreamTools,
-    StoreConfig, StreamBounds, err,
+    AdminConfig, ConfigError, GatewayConfig, IdempotencyConfig, KeyConfig, MetricsConfig,
+    QueueConfig, RawAdmin, RawAnthropic, RawConfig, RawIdempotency, RawKey, RawKill, RawMetrics,
+    RawOperations, RawQueue, RawRemoteContent, RawResponses, RawServer, RawStore, RawUpstream,
+    RawUpstreamTools, StoreConfig, StreamBounds, err,
 };
 use crate::upstream_tools::UpstreamTools;
 
@@ -85,6 +85,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         remote_tokens_per_item: remote_content(&raw.remote_content)?,
         anthropic_betas: raw.anthropic.betas,
         operation_header: operation_header(&raw.operations)?,
+        idempotency: idempotency(&raw.idempotency)?,
         metrics: metrics(&raw.metrics)?,
         kills: kills(&raw.kill)?,
         counter: tollgate_tokens::TokenCounter::default(),
@@ -478,7 +479,7 @@ fn validate_betas(raw: &RawAnthropic) -> Result<(), ConfigError> {
 }
 
 /// Headers the gateway reads for itself, which cannot also name an operation.
-const OWN_HEADERS: [&str; 8] = [
+const OWN_HEADERS: [&str; 9] = [
     "authorization",
     "x-api-key",
     "content-type",
@@ -487,7 +488,45 @@ const OWN_HEADERS: [&str; 8] = [
     "x-tollgate-user",
     "anthropic-version",
     "anthropic-beta",
+    "idempotency-key",
 ];
+
+fn idempotency(raw: &RawIdempotency) -> Result<IdempotencyConfig, ConfigError> {
+    let within = |d: Duration, field: &str, max: Duration, what: &str| {
+        if d < Duration::from_secs(1) || d > max {
+            return Err(err(field, format!("must be from 1s to {what}")));
+        }
+        Ok(d)
+    };
+    let keep = duration(&raw.keep, Duration::from_secs(86_400), "idempotency.keep")?;
+    let in_flight = duration(
+        &raw.in_flight,
+        Duration::from_secs(600),
+        "idempotency.in_flight",
+    )?;
+    let max_response_bytes = raw.max_response_bytes.unwrap_or(1 << 20);
+    if max_response_bytes > 16 << 20 {
+        return Err(err(
+            "idempotency.max_response_bytes",
+            "must be at most 16 MiB",
+        ));
+    }
+    Ok(IdempotencyConfig {
+        keep: within(
+            keep,
+            "idempotency.keep",
+            Duration::from_secs(7 * 86_400),
+            "7 days",
+        )?,
+        in_flight: within(
+            in_flight,
+            "idempotency.in_flight",
+            Duration::from_secs(86_400),
+            "1 day",
+        )?,
+        max_response_bytes,
+    })
+}
 
 fn operation_header(raw: &RawOperations) -> Result<HeaderName, ConfigError> {
     let name = raw.header.as_deref().unwrap_or("x-tollgate-operation");

@@ -154,7 +154,7 @@ fn configured_kill(p: &Plan, kills: &[(String, String)]) -> Option<Decision> {
 }
 
 /// A store failure that no policy answers for.
-fn store_error(e: StoreError) -> ApiError {
+pub(crate) fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::Unavailable(_) => respond::store_unavailable(),
         StoreError::StateLost => {

@@ -110,6 +110,7 @@ pub(crate) async fn prepare(
         granted: admitted.max_output_tokens,
         conversation: conversation_id(&json).map(str::to_owned),
         keep_context,
+        claim: None,
     };
     Ok(Forward {
         upstream,
@@ -166,7 +167,14 @@ pub(crate) async fn forward_and_settle(f: Forward) -> Result<Response, ApiError>
         return Ok(with_headers(status, headers, body));
     }
     let content_type = up.headers().get("content-type").cloned();
+    let claim = f.claim.take();
     let (bytes, headers) = meter::answer(f, up.into_body()).await?;
+    if let Some(c) = claim {
+        let kept = (bytes.len() <= c.max_bytes()).then_some(&bytes[..]);
+        let ct = content_type.as_ref().and_then(|v| v.to_str().ok());
+        c.answered(status.as_u16(), ct.unwrap_or("application/json"), kept)
+            .await;
+    }
     Ok(relay(status, content_type, bytes, headers))
 }
 

@@ -48,6 +48,8 @@ pub(crate) struct Answer {
     /// The request's conversation (Responses API), and how long its context is kept.
     pub conversation: Option<String>,
     pub keep_context: Option<Duration>,
+    /// The request's idempotency key, ended with its answer.
+    pub claim: Option<super::idempotent::Claim>,
 }
 
 /// A whole answer: read, its usage settled; the bytes to pass on and the response's headers.
@@ -148,6 +150,7 @@ pub(crate) fn stream(mut a: Answer, body: hyper::body::Incoming) -> Body {
         bounds: a.cfg.stream,
         started: now,
         last_event: now,
+        kept: a.claim.map(|c| (c, Some(Vec::new()))),
     };
     Body::from_stream(futures_util::stream::unfold(
         Some(metered),
@@ -173,6 +176,9 @@ pub(crate) struct MeteredStream {
     pub bounds: StreamBounds,
     pub started: Instant,
     pub last_event: Instant,
+    /// The request's idempotency key, and what was sent so far to keep for its replay (`None`
+    /// once past the bound).
+    pub kept: Option<(super::idempotent::Claim, Option<Vec<u8>>)>,
 }
 
 /// Why a stream was cut off.
@@ -244,6 +250,7 @@ impl MeteredStream {
                     if out.is_empty() {
                         continue;
                     }
+                    self.keep(&out);
                     return Some((Ok(out), Some(self)));
                 }
                 Some(Err(e)) => {
@@ -253,6 +260,17 @@ impl MeteredStream {
                     return Some((Err(std::io::Error::other(e)), None));
                 }
                 None => return self.end().await,
+            }
+        }
+    }
+
+    /// Adds what was sent to what is kept for a replay, within its bound.
+    fn keep(&mut self, sent: &[u8]) {
+        if let Some((claim, Some(buf))) = &mut self.kept {
+            if buf.len() + sent.len() > claim.max_bytes() {
+                self.kept = self.kept.take().map(|(c, _)| (c, None));
+            } else {
+                buf.extend_from_slice(sent);
             }
         }
     }
@@ -326,7 +344,14 @@ impl MeteredStream {
             )
             .await;
         }
+        self.keep(&rest);
+        let kept = self.kept.take();
         let _ = self.ticket.settle(usage).await;
+        if let Some((claim, kept)) = kept {
+            claim
+                .answered(200, "text/event-stream", kept.as_deref())
+                .await;
+        }
         if rest.is_empty() {
             return None;
         }

@@ -12,6 +12,7 @@
 pub(crate) mod admit;
 pub(crate) mod count;
 pub(crate) mod forward;
+pub(crate) mod idempotent;
 pub(crate) mod intake;
 mod loops;
 pub(crate) mod meter;
@@ -61,8 +62,16 @@ async fn steps(
     let cfg = gw.config();
     let intake = intake::intake(&cfg, dialect, req).await?;
     let counted = count::count(gw, &cfg, dialect, &intake, id).await?;
+    // Claimed before admission, so that a retry is never admitted again; let go of when the
+    // request is refused or fails on its way (the claim is dropped).
+    let path = dialect.path();
+    let claim = match idempotent::claim(&gw.store, &cfg.idempotency, path, &intake, id).await? {
+        idempotent::Keyed::Go(claim) => claim,
+        idempotent::Keyed::Replay(r) => return Ok(r),
+    };
     let admission = admit_counted(gw, &cfg, dialect, intake.key, &counted).await?;
-    let f = forward::prepare(gw, &cfg, dialect, &intake, counted, admission).await?;
+    let mut f = forward::prepare(gw, &cfg, dialect, &intake, counted, admission).await?;
+    f.answer.claim = claim;
     // From here the request runs in a task of its own, so that a client who leaves does not
     // cut it off half way: a non-streamed request goes on until the upstream answers (within
     // `upstream_timeout`) and settles its true usage, its lease held while the upstream may

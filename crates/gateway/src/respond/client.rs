@@ -160,3 +160,49 @@ pub fn operation_length(header: &str, len: usize, max: usize) -> ApiError {
         format!("{header} is {len} bytes long; 1 to {max} are accepted."),
     )
 }
+
+/// An `Idempotency-Key` that is not 1 to `max` bytes of visible ASCII.
+pub fn idempotency_key_invalid(max: usize) -> ApiError {
+    invalid_field(
+        "Idempotency-Key",
+        format!("The Idempotency-Key header must be 1 to {max} bytes of visible ASCII."),
+    )
+}
+
+/// A key whose first request, with the same body, is still being answered.
+pub fn idempotency_key_in_flight() -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::CONFLICT,
+        "invalid_request_error",
+        "idempotency_key_in_flight",
+        "A request with this Idempotency-Key and the same body is still being answered; \
+         retry to get its response. Nothing was admitted or charged for this one.",
+    );
+    super::put_retry_after(&mut e.headers, 1_000);
+    e
+}
+
+/// A key used before with another body (or on another endpoint).
+pub fn idempotency_key_reused() -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_request_error",
+        "idempotency_key_reused",
+        "This Idempotency-Key was used with another request body; use a new key for a new \
+         request.",
+    )
+    .param("Idempotency-Key")
+}
+
+/// A key whose request was answered, with a response too large to keep for replay.
+pub fn idempotent_response_not_kept() -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::CONFLICT,
+        "invalid_request_error",
+        "idempotent_response_not_kept",
+        "A request with this Idempotency-Key was answered, but its response was larger than \
+         the gateway keeps for replay; it is not sent again, so that it is not charged twice.",
+    );
+    super::put(&mut e.headers, "x-should-retry", "false");
+    e
+}

@@ -106,6 +106,12 @@ fn put(h: &mut HeaderMap, name: &'static str, value: impl ToString) {
     }
 }
 
+/// `retry-after` (whole seconds, at least one) and `retry-after-ms`.
+fn put_retry_after(h: &mut HeaderMap, ms: u64) {
+    put(h, "retry-after", ms.div_ceil(1000).max(1));
+    put(h, "retry-after-ms", ms.max(1));
+}
+
 /// Appends `n` in decimal with `itoa`: through `write!`, `core::fmt::write` was the largest part
 /// of these headers' cost in the gateway's profile.
 fn push_number(out: &mut String, n: u64) {
@@ -334,6 +340,33 @@ pub fn store_unavailable() -> ApiError {
     put(&mut e.headers, "retry-after", 1);
     put(&mut e.headers, "retry-after-ms", 1000);
     e
+}
+
+/// The store holds as many idempotency keys as it may: the request is not sent without one.
+pub fn idempotency_keys_full() -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "idempotency_keys_full",
+        "The gateway holds as many idempotency keys as it may; the request was not sent \
+         upstream. Retry later, or without an Idempotency-Key.",
+    );
+    put_retry_after(&mut e.headers, 1_000);
+    e
+}
+
+/// A kept response sent again for a later use of its idempotency key, marked as such. `None`
+/// when the kept status is not one.
+pub fn replayed(status: u16, content_type: &str, body: Vec<u8>) -> Option<Response> {
+    let status = StatusCode::from_u16(status).ok()?;
+    let mut r = Response::new(axum::body::Body::from(body));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(content_type) {
+        h.insert(axum::http::header::CONTENT_TYPE, v);
+    }
+    put(h, "x-tollgate-idempotent-replay", "true");
+    Some(r)
 }
 
 /// No API key, or one this gateway does not know: 401.
