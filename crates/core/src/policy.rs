@@ -99,6 +99,9 @@ pub struct ScopeRule {
     pub requests: Option<RateLimit>,
     /// Input-token limit.
     pub input_tokens: Option<NonZeroU64>,
+    /// Whether a request above `input_tokens` has its oldest turns dropped until it fits (the
+    /// gateway does it, before the plan; a request that still does not fit is refused).
+    pub trim_input: bool,
     /// Output-token cap.
     pub output_tokens: Option<OutputLimit>,
     /// Total-token limit.
@@ -414,10 +417,24 @@ fn validate_scope(
         }),
         None => None,
     };
-    let input_tokens = s
-        .input_tokens
-        .map(|v| positive(v, &format!("{path}.input_tokens")))
-        .transpose()?;
+    let (input_tokens, trim_input) = match s.input_tokens {
+        None => (None, false),
+        Some(RawInput::Max(v)) => (Some(positive(v, &format!("{path}.input_tokens"))?), false),
+        Some(RawInput::Rule(r)) => {
+            let max = positive(r.max, &format!("{path}.input_tokens.max"))?;
+            let trim = match r.mode.as_deref() {
+                None | Some("reject") => false,
+                Some("trim") => true,
+                Some(m) => {
+                    return Err(PolicyError::new(
+                        format!("{path}.input_tokens.mode"),
+                        format!("unknown mode {m:?}; expected \"reject\" or \"trim\""),
+                    ));
+                }
+            };
+            (Some(max), trim)
+        }
+    };
     let total_tokens = s
         .total_tokens
         .map(|v| positive(v, &format!("{path}.total_tokens")))
@@ -468,6 +485,7 @@ fn validate_scope(
         matches,
         requests,
         input_tokens,
+        trim_input,
         output_tokens,
         total_tokens,
         concurrency,

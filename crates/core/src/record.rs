@@ -63,6 +63,10 @@ pub struct DecisionRecord {
     /// release is retried until it lands or the ticket expires).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end_attempts: Option<u32>,
+    /// How many of the request's oldest turns the gateway dropped to fit an input limit in
+    /// `trim` mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trimmed_turns: Option<u64>,
 }
 
 impl DecisionRecord {
@@ -100,6 +104,7 @@ impl DecisionRecord {
             over_reservation: false,
             usage_invalid: false,
             end_attempts: None,
+            trimmed_turns: None,
         }
     }
 

@@ -160,6 +160,118 @@ async fn loops_are_refused(redis: bool) {
     assert_eq!(r.status, 200, "{:?}", r.body);
 }
 
+/// A history of `n` turns after a system prompt, each a long question and a short answer;
+/// the second turn's answer is a tool call and its result.
+fn history(n: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role": "system", "content": "Answer in one word."})];
+    for i in 0..n {
+        m.push(
+            json!({"role": "user", "content": format!("question {i}: {}", "words ".repeat(60))}),
+        );
+        if i == 1 {
+            m.push(
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                "type": "function", "function": {"name": "search", "arguments": "{}"}}]}),
+            );
+            m.push(json!({"role": "tool", "tool_call_id": "c1", "content": "found"}));
+        }
+        m.push(json!({"role": "assistant", "content": "ok"}));
+    }
+    m.pop();
+    m
+}
+
+fn input_of(messages: &[Value]) -> u64 {
+    let body = json!({"model": "gpt-4o", "max_tokens": 10, "messages": messages});
+    tollgate_tokens::TokenCounter::default()
+        .count(
+            tollgate_tokens::Format::ChatCompletions,
+            body.to_string().as_bytes(),
+            None,
+        )
+        .unwrap()
+        .input_tokens
+}
+
+/// Above a `trim`-mode input limit the oldest turns are dropped, the fewest that make the
+/// request fit: the system prompt stays, a tool call keeps its result, the client is told how
+/// many went. A last turn too large on its own is refused.
+async fn history_is_trimmed_by_rule(redis: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records.jsonl");
+    let policy = format!(
+        "[[scopes]]\nname = \"context\"\nkey = \"tenant\"\n\
+         input_tokens = {{ max = 300, mode = \"trim\" }}\n[records]\npath = \"{}\"\n",
+        records.display()
+    );
+    let env = env(redis, &policy, SimConfig::default()).await;
+    let messages = history(6);
+    assert!(input_of(&messages) > 300);
+    let body = json!({"model": "gpt-4o", "max_tokens": 10, "messages": messages});
+    let headers = [("authorization", format!("Bearer {KEY}"))];
+    let r = common::post(env.addr, "/v1/chat/completions", &headers, body.to_string()).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let dropped: usize = r
+        .header("x-tollgate-trimmed-turns")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let sent = env.sim.stats().last_body.unwrap();
+    let kept = sent["messages"].as_array().unwrap().clone();
+    assert_eq!(kept[0]["role"], "system");
+    assert_eq!(kept[1]["role"], "user", "a turn starts with its question");
+    assert_eq!(kept.last(), messages.last(), "the question asked stays");
+    let users = kept.iter().filter(|m| m["role"] == "user").count();
+    assert_eq!(users, 6 - dropped);
+    assert!(input_of(&kept) <= 300);
+    // The fewest: one turn fewer dropped would not fit.
+    let start = messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m["role"] == "user")
+        .nth(dropped - 1)
+        .map(|(i, _)| i)
+        .unwrap();
+    let mut one_less = vec![messages[0].clone()];
+    one_less.extend(messages[start..].iter().cloned());
+    assert!(
+        input_of(&one_less) > 300,
+        "dropped {dropped}, one fewer would fit"
+    );
+    // No tool result without its call.
+    let calls: Vec<&Value> = kept
+        .iter()
+        .filter_map(|m| m["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    for m in kept.iter().filter(|m| m["role"] == "tool") {
+        assert!(calls.iter().any(|c| c["id"] == m["tool_call_id"]));
+    }
+    // The decision record says so.
+    let mut said = false;
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(&records).unwrap_or_default();
+        said = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|r| r["trimmed_turns"] == dropped as u64 && r["decision"] == "admit");
+        if said {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(said, "the record names the dropped turns");
+    // A question too large to fit alone.
+    let huge = json!({"model": "gpt-4o", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "words ".repeat(400)}]});
+    let r = common::post(env.addr, "/v1/chat/completions", &headers, huge.to_string()).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "input_token_limit"));
+}
+
 mod both {
-    on_both_stores!(tool_calls_are_settled_from_every_format, loops_are_refused);
+    on_both_stores!(
+        tool_calls_are_settled_from_every_format,
+        loops_are_refused,
+        history_is_trimmed_by_rule
+    );
 }

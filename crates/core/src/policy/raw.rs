@@ -53,8 +53,8 @@ pub struct RawScope {
     pub match_: BTreeMap<String, String>,
     /// Requests per sliding window; every attempt counts.
     pub requests: Option<RawRequests>,
-    /// Maximum input tokens of one request.
-    pub input_tokens: Option<u64>,
+    /// Maximum input tokens of one request: a number, or `{ max, mode }`.
+    pub input_tokens: Option<RawInput>,
     /// Output-token cap of one request.
     pub output_tokens: Option<RawOutput>,
     /// Maximum input + max output tokens of one request.
@@ -90,6 +90,27 @@ pub struct RawRequests {
     pub limit: u64,
     /// Window length, e.g. `60s`, `1m`, `1h`.
     pub window: String,
+}
+
+/// `input_tokens = 8000` or `input_tokens = { max = 8000, mode = "trim" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawInput {
+    /// The limit; a request above it is refused.
+    Max(u64),
+    /// The limit and what happens above it.
+    Rule(RawInputRule),
+}
+
+/// `{ max = 8000, mode = "trim" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawInputRule {
+    /// The limit.
+    pub max: u64,
+    /// `reject` (default: a request above it is refused) or `trim` (its oldest turns are
+    /// dropped until it fits, and it is refused only if it still does not).
+    pub mode: Option<String>,
 }
 
 /// `output_tokens = { max = 1000, mode = "clamp", default = 512 }`

@@ -188,3 +188,22 @@ fn agent_controls_are_validated_with_their_paths() {
         Some((2, 60_000))
     );
 }
+
+#[test]
+fn input_limits_take_a_mode() {
+    let p = Policy::from_toml(
+        "[[scopes]]\nkey = \"user\"\ninput_tokens = { max = 500, mode = \"trim\" }\n\
+         [[scopes]]\nkey = \"tenant\"\ninput_tokens = 900\n",
+    )
+    .unwrap_or_else(|e| unreachable!("{e}"));
+    let limits: Vec<_> = p
+        .scopes
+        .iter()
+        .map(|r| (r.input_tokens.map(|m| m.get()), r.trim_input))
+        .collect();
+    assert_eq!(limits, [(Some(500), true), (Some(900), false)]);
+    let e = err("[[scopes]]\nkey = \"user\"\ninput_tokens = { max = 500, mode = \"chop\" }");
+    assert_eq!(e.path, "policy.scopes[0].input_tokens.mode");
+    let e = err("[[scopes]]\nkey = \"user\"\ninput_tokens = { max = 0, mode = \"trim\" }");
+    assert_eq!(e.path, "policy.scopes[0].input_tokens.max");
+}

@@ -97,6 +97,17 @@ impl Dialect for Messages {
             .count() as u64
     }
 
+    fn starts_turn(&self, item: &Value) -> bool {
+        // A user message carrying tool results answers the turn before: it stays with it.
+        let results = item["content"].as_array().into_iter().flatten();
+        item["role"] == "user" && !results.into_iter().any(|b| b["type"] == "tool_result")
+    }
+
+    fn pinned(&self, _item: &Value) -> bool {
+        // The system prompt is a field of its own.
+        false
+    }
+
     fn content_fields(&self) -> &'static [(&'static str, Volatile)] {
         &[
             ("model", Volatile::None),

@@ -23,6 +23,10 @@ impl Dialect for Completions {
         Ok(choice_count(json, "n")?.max(choice_count(json, "best_of")?))
     }
 
+    fn turn_list(&self) -> Option<&'static str> {
+        None
+    }
+
     fn content_fields(&self) -> &'static [(&'static str, super::Volatile)] {
         &[
             ("model", super::Volatile::None),

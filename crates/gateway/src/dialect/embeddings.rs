@@ -21,6 +21,10 @@ impl Dialect for Embeddings {
         false
     }
 
+    fn turn_list(&self) -> Option<&'static str> {
+        None
+    }
+
     fn content_fields(&self) -> &'static [(&'static str, super::Volatile)] {
         &[
             ("model", super::Volatile::None),

@@ -140,6 +140,21 @@ pub trait Dialect: Sync + Send + std::fmt::Debug {
         calls
     }
 
+    /// The body's list of turns that trimming drops from (`None`: this format has none).
+    fn turn_list(&self) -> Option<&'static str> {
+        Some("messages")
+    }
+
+    /// Whether an entry of the list starts a turn: a user's message.
+    fn starts_turn(&self, item: &Value) -> bool {
+        item["role"] == "user"
+    }
+
+    /// Whether an entry of the list is never dropped: the system prompt.
+    fn pinned(&self, item: &Value) -> bool {
+        matches!(item["role"].as_str(), Some("system" | "developer"))
+    }
+
     /// The text of a non-streamed answer, counted when no usage is reported.
     fn output_text(&self, answer: &Value) -> String {
         answer["choices"]

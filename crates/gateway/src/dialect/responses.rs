@@ -73,6 +73,16 @@ impl Dialect for Responses {
             .count() as u64
     }
 
+    fn turn_list(&self) -> Option<&'static str> {
+        Some("input")
+    }
+
+    fn starts_turn(&self, item: &Value) -> bool {
+        // A message item (typed or not) of the user; function calls, their outputs and
+        // reasoning belong to the turn they follow.
+        item["role"] == "user" && item.get("type").is_none_or(|t| t == "message")
+    }
+
     fn content_fields(&self) -> &'static [(&'static str, Volatile)] {
         &[
             ("model", Volatile::None),

@@ -31,6 +31,8 @@ pub(crate) struct Counted {
     /// Input the body does not hold, in order: the earlier context the upstream keeps, what the
     /// tools it runs may fetch, the files and documents named by URL or id.
     pub allowances: [u64; 3],
+    /// How many of its oldest turns were dropped to fit a rule's input limit (`trim` mode).
+    pub trimmed: Option<u64>,
 }
 
 /// Counts the request of `intake`, whose id is `id`.
@@ -80,8 +82,8 @@ pub(crate) async fn count(
     // What tools the upstream runs will fetch is input too; their calls are bounded in the body.
     let tool_input = crate::upstream_tools::bound(dialect.format(), &mut json, cfg.upstream_tools);
     // So is the content of files and documents named by URL or id.
-    let remote_input = u64::from(count.remote_items).saturating_mul(cfg.remote_tokens_per_item);
-    let input = count
+    let mut remote_input = u64::from(count.remote_items).saturating_mul(cfg.remote_tokens_per_item);
+    let mut input = count
         .input_tokens
         .saturating_add(kept_context)
         .saturating_add(tool_input)
@@ -90,6 +92,21 @@ pub(crate) async fn count(
     let mut identity = identity(key, &intake.ip, &count.model, user);
     if let Some(op) = operation(cfg, &intake.headers)? {
         identity = identity.with(Dimension::Operation, op);
+    }
+    let mut trimmed = None;
+    if let Some(target) = trim_target(&cfg.policy, key, &identity).filter(|t| input > *t) {
+        let extra = kept_context.saturating_add(tool_input);
+        let per_item = cfg.remote_tokens_per_item;
+        if let Some(t) = super::trim::fit(gw, dialect, &json, target, extra, per_item, limit) {
+            remote_input = u64::from(t.count.remote_items).saturating_mul(per_item);
+            input = t
+                .count
+                .input_tokens
+                .saturating_add(extra)
+                .saturating_add(remote_input);
+            json = t.json;
+            trimmed = Some(t.dropped);
+        }
     }
     // Several choices multiply the output: the cap and the estimate are for the whole request,
     // and each choice gets its share.
@@ -123,7 +140,32 @@ pub(crate) async fn count(
         choices,
         facts,
         allowances: [kept_context, tool_input, remote_input],
+        trimmed,
     })
+}
+
+/// The smallest input limit of the `trim`-mode rules the request falls under (none for a key
+/// exempt from input limits).
+fn trim_target(
+    policy: &tollgate_core::Policy,
+    key: &KeyConfig,
+    identity: &Identity,
+) -> Option<u64> {
+    if key.exempt.contains(&Reason::InputTokenLimit) {
+        return None;
+    }
+    policy
+        .scopes
+        .iter()
+        .filter(|r| r.trim_input)
+        .filter(|r| r.dims.iter().all(|d| identity.get(*d).is_some()))
+        .filter(|r| {
+            r.matches
+                .iter()
+                .all(|(d, v)| identity.get(*d) == Some(v.as_str()))
+        })
+        .filter_map(|r| r.input_tokens.map(|m| m.get()))
+        .min()
 }
 
 /// The identity admission sees: the key's tenant and id, the client's address, the model, and

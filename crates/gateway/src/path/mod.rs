@@ -17,6 +17,7 @@ pub(crate) mod intake;
 mod loops;
 pub(crate) mod meter;
 pub(crate) mod settle;
+mod trim;
 
 use std::time::Instant;
 
@@ -70,8 +71,12 @@ async fn steps(
         idempotent::Keyed::Replay(r) => return Ok(r),
     };
     let admission = admit_counted(gw, &cfg, dialect, intake.key, &counted).await?;
+    let trimmed = counted.trimmed;
     let mut f = forward::prepare(gw, &cfg, dialect, &intake, counted, admission).await?;
     f.answer.claim = claim;
+    if let Some(turns) = trimmed {
+        respond::trimmed(&mut f.answer.headers, turns);
+    }
     // From here the request runs in a task of its own, so that a client who leaves does not
     // cut it off half way: a non-streamed request goes on until the upstream answers (within
     // `upstream_timeout`) and settles its true usage, its lease held while the upstream may
@@ -121,6 +126,7 @@ async fn admit_counted(
     let record = |d: &Decision| {
         let mut r = DecisionRecord::new(now_ms, &p, d);
         r.decision_us = Some(decision_us);
+        r.trimmed_turns = counted.trimmed;
         r
     };
     let admitted = match decision {

@@ -355,6 +355,11 @@ pub fn idempotency_keys_full() -> ApiError {
     e
 }
 
+/// Says how many of the request's oldest turns were dropped to fit an input limit.
+pub fn trimmed(h: &mut HeaderMap, turns: u64) {
+    put(h, "x-tollgate-trimmed-turns", turns);
+}
+
 /// A kept response sent again for a later use of its idempotency key, marked as such. `None`
 /// when the kept status is not one.
 pub fn replayed(status: u16, content_type: &str, body: Vec<u8>) -> Option<Response> {
