@@ -75,6 +75,7 @@ fn day28_replay_reproduces_the_published_figures() {
         "reserved_outstanding_tokens",
         "settled_tokens",
         "settled_tool_calls",
+        "replayed",
     ];
     want.sort();
     assert_eq!(keys, want);
@@ -441,4 +442,24 @@ fn agent_loops_are_stopped_by_loop_detection() {
         v["paths"]["layered_controls"]["rejections_by_reason"]["loop_detected"],
         5
     );
+}
+
+/// A client that times out and retries with an idempotency key, replayed: charged once on the
+/// layered path, once per attempt without the gateway.
+#[test]
+fn retries_with_an_idempotency_key_are_charged_once() {
+    let v = replay_json("fixtures/agent-retries.toml");
+    assert_figures(
+        &v,
+        &[
+            ("accepted", 5, 2),
+            ("rejected", 0, 2),
+            ("replayed", 0, 1),
+            ("accepted_estimated_tokens", 750, 300),
+            ("settled_tokens", 700, 280),
+        ],
+    );
+    let by = &v["paths"]["layered_controls"]["rejections_by_reason"];
+    assert_eq!(by["idempotency_key_in_flight"], 1);
+    assert_eq!(by["idempotency_key_reused"], 1);
 }

@@ -31,6 +31,8 @@ pub struct PathReport {
     pub settled_tokens: u64,
     /// Sum of tool calls over settled requests.
     pub settled_tool_calls: u64,
+    /// Retries answered with their first request's kept answer (idempotency keys).
+    pub replayed: u64,
     /// Estimates of admitted requests still unsettled at the end of their case.
     pub reserved_outstanding_tokens: u64,
     /// Most requests in flight at once in any case.
@@ -172,11 +174,16 @@ async fn run_case<S: Store>(
         in_flight: HashMap::new(),
         committed: HashMap::new(),
         peak: 0,
+        claims: HashMap::new(),
     };
     for ev in &case.events {
         clock.set(start + ev.at_ms);
         match &ev.kind {
-            EventKind::Request { facts, expect } => run.request(facts, *expect).await?,
+            EventKind::Request {
+                facts,
+                expect,
+                idempotency,
+            } => run.request(facts, *expect, idempotency.as_ref()).await?,
             EventKind::Complete {
                 id,
                 output_tokens,
@@ -213,7 +220,12 @@ struct CaseRun<'a, S> {
     /// peak overrun).
     committed: HashMap<String, (u64, u64, u64)>,
     peak: u64,
+    /// The idempotency key each request claimed, by request id.
+    claims: HashMap<String, String>,
 }
+
+/// How long a replay's idempotency claims and answers are held: longer than any case.
+const KEY_HOLD_MS: u64 = 400 * 86_400_000;
 
 impl<S: Store> CaseRun<'_, S> {
     fn store_error(&self, source: crate::store::StoreError) -> ReplayError {
@@ -230,13 +242,21 @@ impl<S: Store> CaseRun<'_, S> {
         }
     }
 
-    /// A request: admitted or refused, its outcome compared with the prediction.
+    /// A request: admitted or refused (or, with an idempotency key on the layered path,
+    /// replayed), its outcome compared with the prediction.
     async fn request(
         &mut self,
         facts: &RequestFacts,
         expect: Option<Expect>,
+        idempotency: Option<&(String, String)>,
     ) -> Result<(), ReplayError> {
         self.path.requests += 1;
+        // Unbounded is the path without the gateway: every request is admitted, retries too.
+        if let Some((key, digest)) = idempotency.filter(|_| self.path_name != "unbounded") {
+            if let Some(settled) = self.claim(facts, key, digest, expect).await? {
+                return Ok(settled);
+            }
+        }
         let p = plan(self.policy, facts).map_err(|e| self.plan_error(e.to_string()))?;
         let decision = self
             .store
@@ -254,30 +274,83 @@ impl<S: Store> CaseRun<'_, S> {
                 return Err(self.plan_error(format!("the kill switch is on for {}", k.target)));
             }
         };
+        self.compare(facts, predicted, actual);
+        match decision {
+            Decision::Admit(a) => self.admitted(facts, a.max_output_tokens),
+            Decision::Killed(_) => {}
+            Decision::Deny(d) => {
+                self.rejected(d.reason.code());
+                // A refused request lets go of its key.
+                if let Some(key) = self.claims.remove(&facts.request_id) {
+                    self.store
+                        .end_claim(&key, &facts.request_id, None, KEY_HOLD_MS)
+                        .await
+                        .map_err(|e| self.store_error(e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims a request's idempotency key: `Some` when the key says it is not a new request
+    /// (replayed, or refused for its key), counted and compared here.
+    async fn claim(
+        &mut self,
+        facts: &RequestFacts,
+        key: &str,
+        digest: &str,
+        expect: Option<Expect>,
+    ) -> Result<Option<()>, ReplayError> {
+        let claim = crate::store::KeyUse {
+            key,
+            digest,
+            request_id: &facts.request_id,
+            in_flight_ms: KEY_HOLD_MS,
+        };
+        let actual = match self.store.claim_key(claim).await {
+            Ok(crate::store::KeyClaim::Claimed) => {
+                self.claims.insert(facts.request_id.clone(), key.to_owned());
+                return Ok(None);
+            }
+            Ok(crate::store::KeyClaim::Answered(_)) => Expect::Replayed,
+            Ok(crate::store::KeyClaim::InFlight) => Expect::KeyInFlight,
+            Ok(crate::store::KeyClaim::Conflict) => Expect::KeyReused,
+            Ok(crate::store::KeyClaim::NoRoom) => {
+                return Err(self.plan_error("the store has no room for keys".into()));
+            }
+            Err(e) => return Err(self.store_error(e)),
+        };
+        self.compare(facts, expect, actual);
+        if actual == Expect::Replayed {
+            self.path.replayed += 1;
+        } else {
+            self.rejected(actual.code());
+        }
+        Ok(Some(()))
+    }
+
+    /// Records a mismatch when the outcome is not the one predicted.
+    fn compare(&mut self, facts: &RequestFacts, predicted: Option<Expect>, actual: Expect) {
         if let Some(exp) = predicted.filter(|exp| *exp != actual) {
             self.report.predictions_matched = false;
             self.mismatches.push(Mismatch {
                 path: self.path_name,
                 case: self.case.name.clone(),
                 request: facts.request_id.clone(),
-                expected: outcome(exp),
-                actual: outcome(actual),
+                expected: exp.code().to_owned(),
+                actual: actual.code().to_owned(),
             });
         }
-        match decision {
-            Decision::Admit(a) => self.admitted(facts, a.max_output_tokens),
-            Decision::Killed(_) => {}
-            Decision::Deny(d) => {
-                self.path.rejected += 1;
-                self.report.rejected += 1;
-                *self
-                    .path
-                    .rejections_by_reason
-                    .entry(d.reason.code().to_owned())
-                    .or_default() += 1;
-            }
-        }
-        Ok(())
+    }
+
+    fn rejected(&mut self, code: &str) {
+        self.path.rejected += 1;
+        self.report.rejected += 1;
+        *self
+            .path
+            .rejections_by_reason
+            .entry(code.to_owned())
+            .or_default() += 1;
     }
 
     /// An admitted request: its estimate committed in the accounting policy's token budgets.
@@ -320,6 +393,13 @@ impl<S: Store> CaseRun<'_, S> {
         output_tokens: u64,
         tool_calls: u64,
     ) -> Result<(), ReplayError> {
+        // Answered: its key now gives this answer to a retry.
+        if let Some(key) = self.claims.remove(id) {
+            self.store
+                .end_claim(&key, id, Some(b"answered"), KEY_HOLD_MS)
+                .await
+                .map_err(|e| self.store_error(e))?;
+        }
         let Some(InFlight {
             estimate,
             input,
@@ -369,13 +449,6 @@ impl<S: Store> CaseRun<'_, S> {
     }
 }
 
-fn outcome(e: Expect) -> String {
-    match e {
-        Expect::Admit => "admit".into(),
-        Expect::Deny(r) => r.code().into(),
-    }
-}
-
 impl ManualClock {
     fn now_ms(&self) -> Millis {
         crate::clock::Clock::now(self)
@@ -394,7 +467,7 @@ pub fn table(report: &Report) -> String {
         "{:<30} {:>12} {:>18}",
         "figure", "unbounded", "layered_controls"
     );
-    let rows: [(&str, u64, u64); 9] = [
+    let rows: [(&str, u64, u64); 10] = [
         ("requests", u.requests, l.requests),
         ("accepted", u.accepted, l.accepted),
         ("rejected", u.rejected, l.rejected),
@@ -409,6 +482,7 @@ pub fn table(report: &Report) -> String {
             u.settled_tool_calls,
             l.settled_tool_calls,
         ),
+        ("replayed", u.replayed, l.replayed),
         (
             "reserved_outstanding_tokens",
             u.reserved_outstanding_tokens,
@@ -428,6 +502,12 @@ pub fn table(report: &Report) -> String {
     for r in Reason::ALL {
         let n = l.rejections_by_reason.get(r.code()).copied().unwrap_or(0);
         let _ = writeln!(s, "  {:<28} {n:>3}", r.code());
+    }
+    // Refusals for a request's idempotency key, which no control makes.
+    for (code, n) in &l.rejections_by_reason {
+        if Reason::from_code(code).is_none() {
+            let _ = writeln!(s, "  {code:<28} {n:>3}");
+        }
     }
     let _ = writeln!(
         s,

@@ -72,6 +72,9 @@ pub struct RawEvent {
     pub same_as: Option<String>,
     /// How often the most repeated tool call appears in a request's history (default 0).
     pub tool_call_repeats: Option<u64>,
+    /// A request's `Idempotency-Key` (honoured on the layered path: a retry of an answered
+    /// request is replayed, not admitted).
+    pub idempotency_key: Option<String>,
 }
 
 /// A validated fixture.
@@ -112,6 +115,8 @@ pub enum EventKind {
         facts: RequestFacts,
         /// The predicted layered outcome (`None`: admit expected? no prediction).
         expect: Option<Expect>,
+        /// Its idempotency key, and a digest of what it was sent with.
+        idempotency: Option<(String, String)>,
     },
     /// A request completes with this usage.
     Complete {
@@ -131,6 +136,37 @@ pub enum Expect {
     Admit,
     /// Denied for this reason.
     Deny(Reason),
+    /// A retry of an answered request, given its kept answer (`replayed`).
+    Replayed,
+    /// A retry while its first request is unanswered (`idempotency_key_in_flight`).
+    KeyInFlight,
+    /// Its key was used with another request (`idempotency_key_reused`).
+    KeyReused,
+}
+
+impl Expect {
+    /// Its code in fixtures and reports.
+    pub fn code(self) -> &'static str {
+        match self {
+            Expect::Admit => "admit",
+            Expect::Deny(r) => r.code(),
+            Expect::Replayed => "replayed",
+            Expect::KeyInFlight => "idempotency_key_in_flight",
+            Expect::KeyReused => "idempotency_key_reused",
+        }
+    }
+
+    fn parse(code: &str) -> Option<Self> {
+        [
+            Expect::Admit,
+            Expect::Replayed,
+            Expect::KeyInFlight,
+            Expect::KeyReused,
+        ]
+        .into_iter()
+        .find(|e| e.code() == code)
+        .or_else(|| Reason::from_code(code).map(Expect::Deny))
+    }
 }
 
 impl Fixture {
@@ -181,16 +217,16 @@ impl Fixture {
                         })?;
                         let expect = match e.expect.as_deref() {
                             None => None,
-                            Some("admit") => Some(Expect::Admit),
-                            Some(code) => {
-                                Some(Expect::Deny(Reason::from_code(code).ok_or_else(|| {
-                                    err(
-                                        format!("{epath}.expect"),
-                                        format!("unknown outcome {code:?}"),
-                                    )
-                                })?))
-                            }
+                            Some(code) => Some(Expect::parse(code).ok_or_else(|| {
+                                err(
+                                    format!("{epath}.expect"),
+                                    format!("unknown outcome {code:?}"),
+                                )
+                            })?),
                         };
+                        // What a key's request was sent with: its declared tokens and content.
+                        let digest = format!("{input}/{:?}/{:?}", e.max_output_tokens, e.same_as);
+                        let idempotency = e.idempotency_key.map(|k| (k, digest));
                         if known.insert(id.clone(), ()).is_some() {
                             return Err(err(
                                 format!("{epath}.request"),
@@ -221,6 +257,7 @@ impl Fixture {
                                 tool_call_repeats: e.tool_call_repeats.unwrap_or(0),
                             },
                             expect,
+                            idempotency,
                         }
                     }
                     (None, Some(id)) => {
