@@ -111,8 +111,8 @@ pub struct Event {
 pub enum EventKind {
     /// A request arrives.
     Request {
-        /// Its facts.
-        facts: RequestFacts,
+        /// Its facts (boxed: a request is several times a completion's size).
+        facts: Box<RequestFacts>,
         /// The predicted layered outcome (`None`: admit expected? no prediction).
         expect: Option<Expect>,
         /// Its idempotency key, and a digest of what it was sent with.
@@ -247,7 +247,7 @@ impl Fixture {
                             }
                         }
                         EventKind::Request {
-                            facts: RequestFacts {
+                            facts: Box::new(RequestFacts {
                                 request_id: id,
                                 identity,
                                 input_tokens: input,
@@ -255,7 +255,7 @@ impl Fixture {
                                 cache_write_tokens: 0,
                                 fingerprint: e.same_as.as_deref().map(label_hash),
                                 tool_call_repeats: e.tool_call_repeats.unwrap_or(0),
-                            },
+                            }),
                             expect,
                             idempotency,
                         }
