@@ -254,41 +254,19 @@ async fn instances_hold_the_limits_when_clients_leave() {
 async fn instances_hold_an_operations_limits() {
     const ROUNDS: u64 = 12;
     const AT_ONCE: u64 = 2;
-    let sim = Sim::start(SimConfig {
-        latency: Duration::from_millis(40),
-        output_tokens: 5,
-        ..SimConfig::default()
-    })
-    .await
-    .unwrap();
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gateway.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[store]\nurl = \"{}\"\nprefix = \"mi-op\"\ncall_timeout = \"2s\"\n\
-             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
-             [[keys]]\nhash = \"{}\"\ntenant = \"rounds\"\n\
-             [[keys]]\nhash = \"{}\"\ntenant = \"slots\"\n\
-             [[policy.scopes]]\nname = \"op-rounds\"\nkey = \"operation\"\n\
-             match = {{ tenant = \"rounds\" }}\n\
-             requests = {{ limit = {ROUNDS}, window = \"1h\" }}\n\
-             [[policy.scopes]]\nname = \"op-slots\"\nkey = \"operation\"\n\
-             match = {{ tenant = \"slots\" }}\n\
-             concurrency = {{ limit = {AT_ONCE}, lease_ttl = \"30s\" }}\n",
-            redis.url(),
-            sim.base_url(),
-            tollgate_gateway::hash_key("sk-rounds"),
-            tollgate_gateway::hash_key("sk-slots"),
-        ),
-    )
-    .unwrap();
-    let started: Vec<(Instance, String)> = (0..2).map(|_| start_instance(&config)).collect();
-    let urls: Arc<Vec<String>> = Arc::new(started.iter().map(|(_, u)| u.clone()).collect());
+    let scopes = format!(
+        "[[policy.scopes]]\nname = \"op-rounds\"\nkey = \"operation\"\n\
+         match = {{ tenant = \"rounds\" }}\n\
+         requests = {{ limit = {ROUNDS}, window = \"1h\" }}\n\
+         [[policy.scopes]]\nname = \"op-slots\"\nkey = \"operation\"\n\
+         match = {{ tenant = \"slots\" }}\n\
+         concurrency = {{ limit = {AT_ONCE}, lease_ttl = \"30s\" }}\n"
+    );
+    let pair = Pair::start(SimConfig::default(), "mi-op", ["rounds", "slots"], &scopes).await;
+    let (sim, urls) = (&pair.sim, &pair.urls);
 
     // Slots first: the upstream's peak is then this phase's alone.
-    let slots = race(&urls, "sk-slots", 64).await;
+    let slots = race(urls, "sk-slots", 64).await;
     let stats = sim.stats();
     let max_in_flight = stats.max_in_flight.values().copied().max().unwrap_or(0);
     assert!(
@@ -306,7 +284,7 @@ async fn instances_hold_an_operations_limits() {
         slots.conc
     );
 
-    let rounds = race(&urls, "sk-rounds", 64).await;
+    let rounds = race(urls, "sk-rounds", 64).await;
     eprintln!(
         "2 instances, one operation: with {AT_ONCE} slots {} of 64 served, the upstream saw at \
          most {max_in_flight} at once; with {ROUNDS} rounds {} of 64 served",
@@ -322,7 +300,53 @@ async fn instances_hold_an_operations_limits() {
         slots.ok + ROUNDS,
         "as the upstream counts"
     );
-    drop(started);
+}
+
+/// Two gateway instances on one Redis (prefix `prefix`) in front of one simulator (answering
+/// after 40 ms, 5 tokens, as `sim` says otherwise), with a key `sk-<tenant>` per tenant and
+/// these `[[policy.scopes]]`. They stop when it is dropped.
+struct Pair {
+    sim: Sim,
+    urls: Arc<Vec<String>>,
+    _started: Vec<(Instance, String)>,
+    _redis: RedisServer,
+    _dir: tempfile::TempDir,
+}
+
+impl Pair {
+    async fn start(sim: SimConfig, prefix: &str, tenants: [&str; 2], scopes: &str) -> Self {
+        let sim = Sim::start(SimConfig {
+            latency: Duration::from_millis(40),
+            output_tokens: 5,
+            ..sim
+        })
+        .await
+        .unwrap();
+        let redis = RedisServer::start();
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("gateway.toml");
+        let mut text = format!(
+            "[store]\nurl = \"{}\"\nprefix = \"{prefix}\"\ncall_timeout = \"2s\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n",
+            redis.url(),
+            sim.base_url(),
+        );
+        for t in tenants {
+            let hash = tollgate_gateway::hash_key(&format!("sk-{t}"));
+            text.push_str(&format!("[[keys]]\nhash = \"{hash}\"\ntenant = \"{t}\"\n"));
+        }
+        text.push_str(scopes);
+        std::fs::write(&config, text).unwrap();
+        let started: Vec<(Instance, String)> = (0..2).map(|_| start_instance(&config)).collect();
+        let urls = Arc::new(started.iter().map(|(_, u)| u.clone()).collect());
+        Self {
+            sim,
+            urls,
+            _started: started,
+            _redis: redis,
+            _dir: dir,
+        }
+    }
 }
 
 /// Two instances on one Redis, racing on one operation's tool calls (each answer makes one)
@@ -332,46 +356,27 @@ async fn instances_hold_an_operations_limits() {
 async fn instances_hold_an_operations_tool_calls_and_loops() {
     const CALLS: u64 = 6;
     const SAME: u64 = 4;
-    let sim = Sim::start(SimConfig {
-        latency: Duration::from_millis(40),
-        output_tokens: 5,
+    let scopes = format!(
+        "[[policy.scopes]]\nname = \"op-calls\"\nkey = \"operation\"\n\
+         match = {{ tenant = \"calls\" }}\n\
+         tool_calls = {{ limit = {CALLS}, period = \"1h\" }}\n\
+         [[policy.scopes]]\nname = \"op-loops\"\nkey = \"operation\"\n\
+         match = {{ tenant = \"loops\" }}\n\
+         loops = {{ max_identical = {SAME}, window = \"1h\" }}\n"
+    );
+    let calls_made = SimConfig {
         function_calls: 1,
         ..SimConfig::default()
-    })
-    .await
-    .unwrap();
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gateway.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[store]\nurl = \"{}\"\nprefix = \"mi-tc\"\ncall_timeout = \"2s\"\n\
-             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
-             [[keys]]\nhash = \"{}\"\ntenant = \"calls\"\n\
-             [[keys]]\nhash = \"{}\"\ntenant = \"loops\"\n\
-             [[policy.scopes]]\nname = \"op-calls\"\nkey = \"operation\"\n\
-             match = {{ tenant = \"calls\" }}\n\
-             tool_calls = {{ limit = {CALLS}, period = \"1h\" }}\n\
-             [[policy.scopes]]\nname = \"op-loops\"\nkey = \"operation\"\n\
-             match = {{ tenant = \"loops\" }}\n\
-             loops = {{ max_identical = {SAME}, window = \"1h\" }}\n",
-            redis.url(),
-            sim.base_url(),
-            tollgate_gateway::hash_key("sk-calls"),
-            tollgate_gateway::hash_key("sk-loops"),
-        ),
-    )
-    .unwrap();
-    let started: Vec<(Instance, String)> = (0..2).map(|_| start_instance(&config)).collect();
-    let urls: Arc<Vec<String>> = Arc::new(started.iter().map(|(_, u)| u.clone()).collect());
+    };
+    let pair = Pair::start(calls_made, "mi-tc", ["calls", "loops"], &scopes).await;
+    let (sim, urls) = (&pair.sim, &pair.urls);
     let with_tool = |i: usize| {
         json!({"model": "gpt-4o", "max_tokens": 10,
             "messages": [{"role": "user", "content": format!("round {i}")}],
             "tools": [{"type": "function", "function": {"name": "search",
                 "parameters": {"type": "object"}}}]})
     };
-    let calls = race_with(&urls, "sk-calls", 48, with_tool).await;
+    let calls = race_with(urls, "sk-calls", 48, with_tool).await;
     let made = sim.stats().function_calls;
     assert!(made <= CALLS, "the upstream made {made} calls");
     assert_eq!(made, calls.ok, "one call per served round");
@@ -381,7 +386,7 @@ async fn instances_hold_an_operations_tool_calls_and_loops() {
         json!({"model": "gpt-4o", "max_tokens": 10,
             "messages": [{"role": "user", "content": "the same step"}]})
     };
-    let loops = race_with(&urls, "sk-loops", 32, same).await;
+    let loops = race_with(urls, "sk-loops", 32, same).await;
     eprintln!(
         "2 instances, one operation: {} of 48 rounds served under {CALLS} tool calls ({made} \
          made); {} of 32 identical requests served under max_identical = {SAME}",
@@ -392,7 +397,6 @@ async fn instances_hold_an_operations_tool_calls_and_loops() {
         (SAME, 32 - SAME),
         "exactly max_identical served, whichever instance takes them"
     );
-    drop(started);
 }
 
 /// What a race of `n` rounds of one operation got: how many were served, and the refusals by

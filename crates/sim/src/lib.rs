@@ -635,9 +635,29 @@ async fn responses(
         out.extend(calls);
         return Json(response(status, Value::Array(out), usage)).into_response();
     }
+    let opening = response("in_progress", json!([]), Value::Null);
+    let mut out = vec![message(&text, "completed")];
+    out.extend(calls.iter().cloned());
+    let last = json!({"type": format!("response.{status}"),
+        "response": response(status, Value::Array(out), usage)});
+    let frames = responses_frames(n, &text, &message, &calls, opening, last);
+    event_stream(frames, state.config.token_delay, guard, (prompt, n))
+}
+
+/// The Responses API's events of a streamed answer: the response begun (`opening`), its text
+/// as `n` deltas of one message (made by `message`), its function calls, and `last`, the event
+/// with the whole response.
+fn responses_frames(
+    n: u64,
+    text: &str,
+    message: &dyn Fn(&str, &str) -> Value,
+    calls: &[Value],
+    opening: Value,
+    last: Value,
+) -> Vec<String> {
     let mut events: Vec<Value> = vec![
-        json!({"type": "response.created", "response": response("in_progress", json!([]), Value::Null)}),
-        json!({"type": "response.in_progress", "response": response("in_progress", json!([]), Value::Null)}),
+        json!({"type": "response.created", "response": opening}),
+        json!({"type": "response.in_progress", "response": opening}),
         json!({"type": "response.output_item.added", "output_index": 0,
             "item": {"type": "message", "id": "msg_sim", "status": "in_progress", "role": "assistant", "content": []}}),
         json!({"type": "response.content_part.added", "item_id": "msg_sim", "output_index": 0,
@@ -660,31 +680,22 @@ async fn responses(
     );
     events.push(
         json!({"type": "response.output_item.done", "output_index": 0,
-        "item": message(&text, "completed")}),
+        "item": message(text, "completed")}),
     );
     for (k, c) in calls.iter().enumerate() {
-        events.push(
-            json!({"type": "response.output_item.added", "output_index": k + 1,
-            "item": c}),
-        );
-        events.push(
-            json!({"type": "response.output_item.done", "output_index": k + 1,
-            "item": c}),
-        );
+        events
+            .push(json!({"type": "response.output_item.added", "output_index": k + 1, "item": c}));
+        events.push(json!({"type": "response.output_item.done", "output_index": k + 1, "item": c}));
     }
-    let mut out = vec![message(&text, "completed")];
-    out.extend(calls);
-    events.push(json!({"type": format!("response.{status}"),
-        "response": response(status, Value::Array(out), usage)}));
-    let frames = events
+    events.push(last);
+    events
         .iter_mut()
         .enumerate()
         .map(|(k, e)| {
             e["sequence_number"] = json!(k);
             format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap_or(""))
         })
-        .collect();
-    event_stream(frames, state.config.token_delay, guard, (prompt, n))
+        .collect()
 }
 
 /// The request's JSON and its prompt tokens, counted with the real tokenizer; or the 400 to send.
