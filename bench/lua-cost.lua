@@ -35,6 +35,7 @@ for i = 1, N do
   local u = i % U
   local A = {ids[i], '60000', '3600000', '0', count[nr], count[nl], count[nb],
     '0', '0', '0', '0', '0', '0', '0'}
+  if V5 then A[#A + 1] = '0'; A[#A + 1] = '0' end
   if nr > 0 then A[#A + 1] = rk[u]; A[#A + 1] = '1000000000'; A[#A + 1] = '60000' end
   if nl > 0 then A[#A + 1] = lk[u]; A[#A + 1] = '1000000' end
   if nb > 0 then
@@ -44,7 +45,7 @@ for i = 1, N do
   local r = admit_one(A, 1, now, {}, false)
   if r[1] ~= 'admit' then return r end
   if mode == 'p' and i > F then
-    r = finish_one({ids[i - F], '3600000', 'settled', '1', '100', '0', '50', '0', '0'}, 1, now)
+    r = finish_one({ids[i - F], '3600000', 'settled', '1', '100', '0', '50', '0', '0', '0'}, 1, now)
     if r[1] ~= 'done' then return r end
   end
 end

@@ -450,7 +450,10 @@ local function admit_one(A, a, now, kills, probe)
   -- Price and expired usage (A[a0 + 7 ...]) only go into the ticket: kept as the strings they
   -- came in, and read where they are (no table of their own).
   local a0 = a
-  local n_kill, n_repeat = num(A[a + 13]), num(A[a + 14])
+  local n_kill = num(A[a + 13])
+  -- Most admissions have no repeat scope: '0' is known without a conversion (see num).
+  local n_repeat = 0
+  if A[a + 14] ~= '0' then n_repeat = num(A[a + 14]) end
   local loop_deny = A[a + 15] == '1'
   a = a + 16
   -- The kill switch comes before anything is counted.
@@ -660,8 +663,11 @@ local function finish_one(A, a, now)
   end
   local out = {'done'}
   if A[a + 3] == '1' then
+    -- Most settlements make no tool call: '0' is known without a conversion (see num).
+    local calls = 0
+    if A[a + 9] ~= '0' then calls = 0 + A[a + 9] end
     end_ticket(id, v, now, out, 0 + A[a + 4], 0 + A[a + 5], 0 + A[a + 6], 0 + A[a + 7],
-      0 + A[a + 8], 0 + A[a + 9])
+      0 + A[a + 8], calls)
   else
     end_ticket(id, v, now, out)
   end
