@@ -58,12 +58,16 @@ fn main() {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        let (label, retention, long_ids, user_len) = configs[i];
-        measure(label, retention, long_ids, user_len);
+        match configs.get(i) {
+            Some(&(label, retention, long_ids, user_len)) => {
+                measure(label, retention, long_ids, user_len);
+            }
+            None => measure_keys(1024),
+        }
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    for i in 0..configs.len() {
+    for i in 0..=configs.len() {
         let out = std::process::Command::new(&exe)
             .env("FOOTPRINT_CONFIG", i.to_string())
             .output()
@@ -136,4 +140,58 @@ fn measure(label: &str, retention: u64, long_ids: bool, user_len: usize) {
         println!("  after the window, period and retention have passed: {fp:?}");
         drop(store);
     }
+}
+
+/// Idempotency keys: as many as the store holds (100,000), each claimed and answered with a
+/// response of `response_bytes`, as the gateway keeps them (a 40-byte scoped key, a 64-byte
+/// digest, its request id).
+fn measure_keys(response_bytes: usize) {
+    const N: usize = tollgate_core::memory::MAX_KEYS;
+    let clock = ManualClock::new(1_767_225_600_000);
+    let store = MemoryStore::with_clock(clock.clone());
+    let response = vec![b'x'; response_bytes];
+    let before = rss_bytes();
+    for i in 0..N {
+        let key = format!("k-{i:012}|order-{i:024}");
+        let id = format!("tg-0123456789ab-{i:x}");
+        let digest = format!("{i:064x}");
+        let claim = tollgate_core::KeyUse {
+            key: &key,
+            digest: &digest,
+            request_id: &id,
+            in_flight_ms: 600_000,
+        };
+        assert_eq!(
+            store.claim_key_sync(claim).unwrap(),
+            tollgate_core::KeyClaim::Claimed
+        );
+        store
+            .end_claim_sync(&key, &id, Some(&response), 86_400_000)
+            .unwrap();
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    let fp = store.footprint().unwrap();
+    println!(
+        "idempotency keys answered with {response_bytes}-byte responses: {} keys, {} bytes kept: {:.0} bytes per key ({:.0} beyond the response)",
+        fp.idempotency_keys,
+        fp.kept_response_bytes,
+        grown as f64 / N as f64,
+        grown as f64 / N as f64 - response_bytes as f64
+    );
+    clock.advance(86_400_001);
+    let claim = tollgate_core::KeyUse {
+        key: "after",
+        digest: "d",
+        request_id: "r",
+        in_flight_ms: 1,
+    };
+    store.claim_key_sync(claim).unwrap();
+    // Each call sweeps a few: a pass of calls empties the store once their time is up.
+    for _ in 0..N / 64 {
+        store.claim_key_sync(claim).unwrap();
+    }
+    println!(
+        "  after their keep time, swept by later calls: {} keys left",
+        store.footprint().unwrap().idempotency_keys
+    );
 }

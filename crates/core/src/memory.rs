@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 mod admit;
 mod containers;
 mod keys;
+pub use keys::{MAX_KEPT_BYTES, MAX_KEYS};
 mod tickets;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -297,6 +298,26 @@ impl<C: Clock> MemoryStore<C> {
             reserved: cell.reserved,
             leases,
         })
+    }
+
+    /// [`Store::claim_key`], synchronously.
+    pub fn claim_key_sync(
+        &self,
+        key: crate::store::KeyUse<'_>,
+    ) -> Result<crate::store::KeyClaim, StoreError> {
+        self.lock().map(|(mut st, now)| st.keys.claim(key, now))
+    }
+
+    /// [`Store::end_claim`], synchronously.
+    pub fn end_claim_sync(
+        &self,
+        key: &str,
+        request_id: &str,
+        response: Option<&[u8]>,
+        keep_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.lock()
+            .map(|(mut st, now)| st.keys.end(key, request_id, response, keep_ms, now))
     }
 
     /// How many scopes, tickets and remembered ids the store holds now (after sweeping).
@@ -619,7 +640,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         &self,
         key: crate::store::KeyUse<'_>,
     ) -> impl Future<Output = Result<crate::store::KeyClaim, StoreError>> + Send {
-        std::future::ready(self.lock().map(|(mut st, now)| st.keys.claim(key, now)))
+        std::future::ready(self.claim_key_sync(key))
     }
     fn end_claim(
         &self,
@@ -628,10 +649,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         response: Option<&[u8]>,
         keep_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(
-            self.lock()
-                .map(|(mut st, now)| st.keys.end(key, request_id, response, keep_ms, now)),
-        )
+        std::future::ready(self.end_claim_sync(key, request_id, response, keep_ms))
     }
     fn kills(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
         std::future::ready(self.lock().map(|(st, _)| {
