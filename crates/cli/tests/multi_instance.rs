@@ -399,6 +399,50 @@ async fn instances_hold_an_operations_tool_calls_and_loops() {
     );
 }
 
+/// Two instances on one Redis, sent one request with one `Idempotency-Key` sixteen times at
+/// once, alternately: the upstream gets it once; every other attempt is told it is in flight
+/// (409) or gets the kept answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_agree_on_an_idempotency_key() {
+    let pair = Pair::start(SimConfig::default(), "mi-ik", ["keys", "other"], "").await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let body = json!({"model": "gpt-4o", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "pay the invoice"}]});
+    let send = |i: usize| {
+        let (client, url, body) = (client.clone(), pair.urls[i % 2].clone(), body.to_string());
+        async move {
+            let req = Request::post(format!("{url}/v1/chat/completions"))
+                .header("authorization", "Bearer sk-keys")
+                .header("content-type", "application/json")
+                .header("idempotency-key", "invoice-7")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let r = client.request(req).await.unwrap();
+            let replayed = r.headers().contains_key("x-tollgate-idempotent-replay");
+            (r.status().as_u16(), replayed)
+        }
+    };
+    let tasks: Vec<_> = (0..16).map(|i| tokio::spawn(send(i))).collect();
+    let mut got = Vec::new();
+    for t in tasks {
+        got.push(t.await.unwrap());
+    }
+    let fresh = got.iter().filter(|g| **g == (200, false)).count();
+    let replayed = got.iter().filter(|g| **g == (200, true)).count();
+    let in_flight = got.iter().filter(|g| g.0 == 409).count();
+    assert_eq!(fresh, 1, "{got:?}");
+    assert_eq!(fresh + replayed + in_flight, 16, "{got:?}");
+    assert_eq!(pair.sim.stats().requests.values().sum::<u64>(), 1);
+    // Afterwards, from either instance: the kept answer.
+    for i in 0..2 {
+        assert_eq!(send(i).await, (200, true));
+    }
+    eprintln!(
+        "2 instances, one key sent 16 times at once: 1 served, {replayed} replayed, {in_flight} \
+         told it was in flight; the upstream saw 1"
+    );
+}
+
 /// What a race of `n` rounds of one operation got: how many were served, and the refusals by
 /// reason code.
 struct Raced {

@@ -77,7 +77,8 @@ pub enum KeyClaim {
     InFlight,
     /// The key was used with another body.
     Conflict,
-    /// A request with the key and the same body was answered: its response, as kept.
+    /// A request with the key and the same body was answered: its response, as kept (empty
+    /// when the store had no room left to keep it).
     Answered(Vec<u8>),
     /// The store keeps as many keys as it may: the request cannot be made idempotent.
     NoRoom,

@@ -26,11 +26,24 @@ struct Entry {
 }
 
 /// The keys, and their entries in order of expiry.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Keys {
     map: HashMap<Arc<str>, Entry>,
     by_expiry: BTreeSet<(Millis, Arc<str>)>,
     kept_bytes: usize,
+    /// [`MAX_KEPT_BYTES`] (smaller in tests).
+    max_kept: usize,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Self {
+            map: HashMap::new(),
+            by_expiry: BTreeSet::new(),
+            kept_bytes: 0,
+            max_kept: MAX_KEPT_BYTES,
+        }
+    }
 }
 
 impl Keys {
@@ -62,7 +75,9 @@ impl Keys {
         KeyClaim::Claimed
     }
 
-    /// [`crate::Store::end_claim`] at `now`. A response that does not fit lets go of the key.
+    /// [`crate::Store::end_claim`] at `now`. A response that does not fit in what is left of
+    /// [`MAX_KEPT_BYTES`] is kept empty: the key still says it was answered, so a retry is not
+    /// served (and charged) again.
     pub(super) fn end(
         &mut self,
         key: &str,
@@ -80,8 +95,9 @@ impl Keys {
         }
         let shared = shared.clone();
         self.by_expiry.remove(&(e.expires_at, shared.clone()));
-        let fits = response.filter(|r| self.kept_bytes.saturating_add(r.len()) <= MAX_KEPT_BYTES);
-        match fits {
+        let room = |r: &[u8]| self.kept_bytes.saturating_add(r.len()) <= self.max_kept;
+        let kept = response.map(|r| if room(r) { r } else { &[][..] });
+        match kept {
             Some(r) => {
                 let expires_at = now.saturating_add(keep_ms);
                 self.kept_bytes += r.len();
@@ -118,5 +134,43 @@ impl Keys {
     /// (keys held, bytes of kept responses).
     pub(super) fn footprint(&self) -> (usize, usize) {
         (self.map.len(), self.kept_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn use_of<'a>(key: &'a str, id: &'a str) -> KeyUse<'a> {
+        KeyUse {
+            key,
+            digest: "d",
+            request_id: id,
+            in_flight_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn a_response_past_the_room_left_is_kept_empty_and_still_answers() {
+        let mut k = Keys {
+            max_kept: 10,
+            ..Keys::default()
+        };
+        assert_eq!(k.claim(use_of("a", "r1"), 0), KeyClaim::Claimed);
+        k.end("a", "r1", Some(b"123456"), 5_000, 0);
+        assert_eq!(k.claim(use_of("b", "r2"), 0), KeyClaim::Claimed);
+        k.end("b", "r2", Some(b"123456"), 5_000, 0);
+        assert_eq!(
+            k.claim(use_of("a", "r3"), 1),
+            KeyClaim::Answered(b"123456".to_vec())
+        );
+        assert_eq!(
+            k.claim(use_of("b", "r4"), 1),
+            KeyClaim::Answered(Vec::new())
+        );
+        assert_eq!(k.footprint(), (2, 6));
+        // Their time up, both go, and their bytes with them.
+        assert_eq!(k.claim(use_of("c", "r5"), 5_001), KeyClaim::Claimed);
+        assert_eq!(k.footprint(), (1, 0));
     }
 }

@@ -95,6 +95,10 @@ pub(crate) async fn claim(
 
 /// The response kept in `bytes`.
 fn replay(bytes: Vec<u8>) -> Result<Response, ApiError> {
+    if bytes.is_empty() {
+        // Answered, but the store had no room to keep it.
+        return Err(respond::idempotent_response_not_kept());
+    }
     let cut = bytes
         .iter()
         .position(|b| *b == b'\n')
