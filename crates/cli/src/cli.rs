@@ -63,6 +63,8 @@ pub enum Command {
         #[arg(long)]
         tokenizer: Option<PathBuf>,
     },
+    /// Call a running gateway's admin API: status, usage, kill switches, reload.
+    Admin(AdminArgs),
     /// Validate a gateway configuration (what `serve --config` takes), a replay fixture or a
     /// policy file, without serving.
     Check {
@@ -70,6 +72,51 @@ pub enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+}
+
+/// `tollgate admin`.
+#[derive(Debug, clap::Args)]
+pub struct AdminArgs {
+    /// The admin listener, e.g. `http://127.0.0.1:8081`.
+    #[arg(long)]
+    pub url: String,
+    /// The environment variable that holds the admin token.
+    #[arg(long, default_value = "TOLLGATE_ADMIN_TOKEN")]
+    pub token_env: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+/// Admin subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// The policy in force, the store's state, kill switches, requests in flight.
+    Status,
+    /// A scope's usage: settled, reserved, leases, and its budget.
+    Usage {
+        /// The scope's storage id, `rule|key`, e.g. `tenant|tenant:acme`.
+        #[arg(long)]
+        scope: String,
+    },
+    /// Switch a target off on every instance sharing the store.
+    Kill {
+        /// `all`, `tenant:<id>`, `key:<id>`, `model:<name>` or `user:<id>`.
+        target: String,
+        /// Shown to the clients refused.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Switch a target on again.
+    Lift {
+        /// The target, as given to `kill`.
+        target: String,
+    },
+    /// Read the configuration file again (the old one stays if the new one is invalid).
+    Reload,
 }
 
 /// Replay output formats.

@@ -1,5 +1,6 @@
 //! The `tollgate` binary: a thin shell over the library crates.
 
+mod admin;
 mod cli;
 mod count;
 mod demo;
@@ -81,6 +82,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { config } => check(&config),
+        Command::Admin(args) => admin::run(args).await,
     }
 }
 

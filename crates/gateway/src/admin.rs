@@ -35,6 +35,7 @@ pub(crate) fn token_matches(given: &str, token: &str) -> bool {
 /// the admin listener keeps answering through a shutdown's drain, when `/readyz` says 503).
 pub fn router(gw: Shared, token: String) -> Router {
     Router::new()
+        .route("/admin/status", get(status))
         .route("/admin/kill", get(list_kills).post(set_kill))
         .route("/admin/kill/{target}", delete(clear_kill))
         .route("/admin/usage", get(usage))
@@ -60,6 +61,58 @@ pub fn router(gw: Shared, token: String) -> Router {
         .route("/healthz", get(crate::server::healthz))
         .route("/readyz", get(crate::server::readyz))
         .with_state(gw)
+}
+
+/// `GET /admin/status`: the policy in force (version, rules and their controls), whether the
+/// store answers, its kill switches, and the requests in flight on this instance.
+async fn status(State(gw): State<Shared>) -> Response {
+    let cfg = gw.config();
+    let rules: Vec<_> = cfg
+        .policy
+        .scopes
+        .iter()
+        .map(|r| {
+            let controls: Vec<&str> = [
+                (r.requests.is_some(), "requests"),
+                (r.input_tokens.is_some(), "input_tokens"),
+                (r.output_tokens.is_some(), "output_tokens"),
+                (r.total_tokens.is_some(), "total_tokens"),
+                (r.concurrency.is_some(), "concurrency"),
+                (r.budget.is_some(), "budget"),
+                (r.tool_calls.is_some(), "tool_calls"),
+                (r.loops.is_some(), "loops"),
+            ]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect();
+            let dims: Vec<&str> = r.dims.iter().map(|d| d.as_str()).collect();
+            let key = if dims.is_empty() {
+                "global".to_owned()
+            } else {
+                dims.join("/")
+            };
+            json!({"name": &*r.name, "key": key, "controls": controls})
+        })
+        .collect();
+    let reachable = gw.store.ping().await;
+    let (store, kills) = match (reachable, gw.store.kills().await) {
+        (Ok(()), Ok(k)) => ("ok", k),
+        (Err(tollgate_core::StoreError::StateLost), _)
+        | (_, Err(tollgate_core::StoreError::StateLost)) => ("lost", Vec::new()),
+        _ => ("unreachable", Vec::new()),
+    };
+    let kills: Vec<_> = kills
+        .into_iter()
+        .map(|(t, r)| json!({"target": t, "reason": r}))
+        .collect();
+    axum::Json(json!({
+        "policy_version": &*cfg.policy.version,
+        "store": store,
+        "in_flight": crate::path::settle::open_tickets(),
+        "kills": kills,
+        "rules": rules,
+    }))
+    .into_response()
 }
 
 async fn list_kills(State(gw): State<Shared>) -> Response {

@@ -1,0 +1,168 @@
+//! `tollgate admin`: the admin API from a shell. Each subcommand is one call; the answer is a
+//! table for people or, with `--format json`, the API's own JSON. Exit code 0 when the gateway
+//! answered 2xx, 1 when it answered an error (its message is printed), 2 when it could not be
+//! reached.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+use crate::cli::{AdminArgs, AdminCommand, Format};
+
+/// Runs one admin subcommand.
+pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
+    let token = std::env::var(&args.token_env)
+        .with_context(|| format!("the admin token: ${} is not set", args.token_env))?;
+    let base = args.url.trim_end_matches('/');
+    let (method, path, body) = match &args.command {
+        AdminCommand::Status => ("GET", "/admin/status".to_owned(), None),
+        AdminCommand::Usage { scope } => {
+            ("GET", format!("/admin/usage?scope={}", encode(scope)), None)
+        }
+        AdminCommand::Kill { target, reason } => (
+            "POST",
+            "/admin/kill".to_owned(),
+            Some(json!({"target": target, "reason": reason})),
+        ),
+        AdminCommand::Lift { target } => {
+            ("DELETE", format!("/admin/kill/{}", encode(target)), None)
+        }
+        AdminCommand::Reload => ("POST", "/admin/reload".to_owned(), None),
+    };
+    let (status, answer) = call(method, &format!("{base}{path}"), &token, body).await?;
+    let mut out = std::io::stdout();
+    if !(200..300).contains(&status) {
+        let message = answer["error"]["message"].as_str().unwrap_or("no message");
+        let code = answer["error"]["code"].as_str().unwrap_or("");
+        writeln!(std::io::stderr(), "error: {status} {code}: {message}")?;
+        return Ok(ExitCode::from(1));
+    }
+    match args.format {
+        Format::Json => writeln!(out, "{answer}")?,
+        Format::Table => write!(out, "{}", table(&args.command, &answer))?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One call of the admin API: its status and JSON body.
+async fn call(
+    method: &str,
+    url: &str,
+    token: &str,
+    body: Option<Value>,
+) -> anyhow::Result<(u16, Value)> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )))
+        .with_context(|| format!("the URL {url}"))?;
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(10), client.request(req))
+        .await
+        .context("the gateway did not answer within 10 s")?
+        .with_context(|| format!("could not reach {url}"))?;
+    let status = answer.status().as_u16();
+    let bytes = answer.into_body().collect().await?.to_bytes();
+    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if v.is_null() && (200..300).contains(&status) {
+        bail!("the gateway answered {status} without JSON");
+    }
+    Ok((status, v))
+}
+
+/// Percent-encodes what is not unreserved in a URL path or query part.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// The answer as a table for people.
+fn table(command: &AdminCommand, v: &Value) -> String {
+    let mut s = String::new();
+    let text = |v: &Value| match v {
+        Value::String(t) => t.clone(),
+        Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    };
+    match command {
+        AdminCommand::Status => {
+            for k in ["policy_version", "store", "in_flight"] {
+                let _ = writeln!(s, "{:<16} {}", k.replace('_', " "), text(&v[k]));
+            }
+            let _ = writeln!(s, "\n{:<24} {:<20} controls", "rule", "key");
+            for r in v["rules"].as_array().into_iter().flatten() {
+                let controls: Vec<String> = r["controls"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(text)
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    "{:<24} {:<20} {}",
+                    text(&r["name"]),
+                    text(&r["key"]),
+                    controls.join(", ")
+                );
+            }
+            let kills = v["kills"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+            let _ = writeln!(
+                s,
+                "\nkill switches: {}",
+                if kills.is_empty() { "none" } else { "" }
+            );
+            for k in kills {
+                let _ = writeln!(s, "  {:<30} {}", text(&k["target"]), text(&k["reason"]));
+            }
+        }
+        AdminCommand::Usage { .. } => {
+            for k in [
+                "scope",
+                "policy_version",
+                "settled",
+                "reserved",
+                "leases",
+                "concurrency_limit",
+            ] {
+                if !v[k].is_null() {
+                    let _ = writeln!(s, "{:<18} {}", k.replace('_', " "), text(&v[k]));
+                }
+            }
+            if let Some(b) = v["budget"].as_object() {
+                for (k, x) in b {
+                    let _ = writeln!(s, "budget {:<11} {}", k.replace('_', " "), text(x));
+                }
+            }
+        }
+        AdminCommand::Kill { .. } | AdminCommand::Lift { .. } => {
+            let state = if v["killed"] == true {
+                "switched off"
+            } else {
+                "switched on again"
+            };
+            let _ = writeln!(s, "{} {state}", text(&v["target"]));
+        }
+        AdminCommand::Reload => {
+            let _ = writeln!(s, "reloaded: policy version {}", text(&v["policy_version"]));
+        }
+    }
+    s
+}

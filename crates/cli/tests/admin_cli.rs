@@ -1,0 +1,115 @@
+//! `tollgate admin` against a running `tollgate serve`: status, usage, kill and lift, reload,
+//! as tables and as JSON; a wrong token and an unreachable gateway are clear errors.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::process::Command;
+
+use serde_json::Value;
+use tollgate_sim::{Sim, SimConfig};
+
+use common::start_instance;
+
+const TOKEN: &str = "admin-cli-token-0123456789";
+
+/// `tollgate admin --url URL ARGS` with `token` in `TOLLGATE_ADMIN_TOKEN`: (exit code, stdout,
+/// stderr).
+fn admin(url: &str, token: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["admin", "--url", url])
+        .args(args)
+        .env("TOLLGATE_ADMIN_TOKEN", token)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json_of(url: &str, args: &[&str]) -> Value {
+    let mut all = vec!["--format", "json"];
+    all.extend_from_slice(args);
+    let (code, out, err) = admin(url, TOKEN, &all);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_cli_reads_and_switches_a_running_gateway() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("gateway.toml");
+    let text = |version: &str| {
+        format!(
+            "[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = \"{}\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+             [policy]\nversion = \"{version}\"\n[[policy.scopes]]\nkey = \"tenant\"\n\
+             requests = {{ limit = 60, window = \"1m\" }}\n\
+             budget = {{ tokens = 5000, period = \"day\" }}\n",
+            token_file.display(),
+            sim.base_url(),
+            tollgate_gateway::hash_key("sk-acme"),
+        )
+    };
+    std::fs::write(&config, text("v1")).unwrap();
+    let _gateway = start_instance(&config);
+    let url = format!("http://127.0.0.1:{port}");
+
+    let status = json_of(&url, &["status"]);
+    assert_eq!(status["policy_version"], "v1");
+    assert_eq!(status["store"], "ok");
+    assert_eq!(status["rules"][0]["name"], "tenant");
+    assert_eq!(
+        status["rules"][0]["controls"],
+        serde_json::json!(["requests", "budget"])
+    );
+    let (code, table, _) = admin(&url, TOKEN, &["status"]);
+    assert_eq!(code, 0);
+    assert!(table.contains("policy version   v1"), "{table}");
+    assert!(table.contains("kill switches: none"), "{table}");
+
+    let usage = json_of(&url, &["usage", "--scope", "tenant|tenant:acme"]);
+    assert_eq!(usage["budget"]["limit"], 5000);
+    assert_eq!(usage["settled"], 0);
+
+    let (code, out, err) = admin(
+        &url,
+        TOKEN,
+        &["kill", "tenant:acme", "--reason", "incident 12"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "tenant:acme switched off");
+    let status = json_of(&url, &["status"]);
+    assert_eq!(status["kills"][0]["target"], "tenant:acme");
+    assert_eq!(status["kills"][0]["reason"], "incident 12");
+    let (code, out, _) = admin(&url, TOKEN, &["lift", "tenant:acme"]);
+    assert_eq!((code, out.trim()), (0, "tenant:acme switched on again"));
+    assert_eq!(json_of(&url, &["status"])["kills"], serde_json::json!([]));
+
+    std::fs::write(&config, text("v2")).unwrap();
+    let (code, out, _) = admin(&url, TOKEN, &["reload"]);
+    assert_eq!((code, out.trim()), (0, "reloaded: policy version v2"));
+
+    // Errors say what went wrong, with exit codes apart.
+    let (code, _, err) = admin(&url, "wrong-token-0123456789", &["status"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("401"), "{err}");
+    let (code, _, err) = admin(&url, TOKEN, &["kill", "everything", "--reason", "x"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("400"), "{err}");
+    let (code, _, err) = admin("http://127.0.0.1:1", TOKEN, &["status"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("could not reach"), "{err}");
+}
