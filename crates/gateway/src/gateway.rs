@@ -45,6 +45,7 @@ impl Gateway {
         // Load the vocabularies now, off the request path: the first request would otherwise
         // wait for them.
         std::thread::spawn(TokenCounter::warm_up);
+        crate::telemetry::policy_in_force(None, &config.policy.version);
         let nonce = {
             use std::hash::{BuildHasher, RandomState};
             RandomState::new().hash_one((std::process::id(), Instant::now())) & 0xffff_ffff_ffff
@@ -106,10 +107,11 @@ impl Gateway {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
         let new = Arc::new(GatewayConfig::from_toml(&text).map_err(|e| e.to_string())?);
-        match self.config.write() {
-            Ok(mut c) => *c = new.clone(),
-            Err(poisoned) => *poisoned.into_inner() = new.clone(),
-        }
+        let old = match self.config.write() {
+            Ok(mut c) => std::mem::replace(&mut *c, new.clone()),
+            Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), new.clone()),
+        };
+        crate::telemetry::policy_in_force(Some(&old.policy.version), &new.policy.version);
         Ok(new)
     }
 

@@ -253,6 +253,15 @@ pub fn idempotency(outcome: &'static str) {
     counter!("tollgate_idempotency_total", "outcome" => outcome).increment(1);
 }
 
+/// The policy version in force: `tollgate_policy_info{version}` is 1 for it and 0 for the one
+/// it replaced, so that alerts can name the version their refusals came under.
+pub fn policy_in_force(old: Option<&str>, new: &str) {
+    if let Some(old) = old.filter(|o| *o != new) {
+        gauge!("tollgate_policy_info", "version" => old.to_owned()).set(0.0);
+    }
+    gauge!("tollgate_policy_info", "version" => new.to_owned()).set(1.0);
+}
+
 /// A request admitted without the store because the policy lets its controls fail open.
 pub fn fail_open() {
     counter!("tollgate_fail_open_total").increment(1);
