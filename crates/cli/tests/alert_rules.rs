@@ -66,3 +66,23 @@ fn every_metric_an_alert_names_is_exported() {
         );
     }
 }
+
+/// The Grafana dashboard lists the rules' alerts and shows the policy version in force.
+#[test]
+fn the_dashboard_shows_the_alerts() {
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo("deploy/grafana-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let panels = dash["panels"].as_array().unwrap();
+    let list = panels.iter().find(|p| p["type"] == "alertlist").expect("an alert list");
+    let rules = std::fs::read_to_string(repo("deploy/prometheus-alerts.yml")).unwrap();
+    let filter = list["options"]["alertName"].as_str().unwrap();
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    assert!(alerts.len() >= 8);
+    assert!(alerts.iter().all(|a| a.contains(filter)), "{filter:?} lists {alerts:?}");
+    assert!(panels.iter().any(|p| p["targets"][0]["expr"] == "tollgate_policy_info == 1"));
+}
