@@ -75,7 +75,10 @@ fn the_dashboard_shows_the_alerts() {
     )
     .unwrap();
     let panels = dash["panels"].as_array().unwrap();
-    let list = panels.iter().find(|p| p["type"] == "alertlist").expect("an alert list");
+    let list = panels
+        .iter()
+        .find(|p| p["type"] == "alertlist")
+        .expect("an alert list");
     let rules = std::fs::read_to_string(repo("deploy/prometheus-alerts.yml")).unwrap();
     let filter = list["options"]["alertName"].as_str().unwrap();
     let alerts: Vec<&str> = rules
@@ -83,6 +86,13 @@ fn the_dashboard_shows_the_alerts() {
         .filter_map(|l| l.trim().strip_prefix("- alert: "))
         .collect();
     assert!(alerts.len() >= 8);
-    assert!(alerts.iter().all(|a| a.contains(filter)), "{filter:?} lists {alerts:?}");
-    assert!(panels.iter().any(|p| p["targets"][0]["expr"] == "tollgate_policy_info == 1"));
+    assert!(
+        alerts.iter().all(|a| a.contains(filter)),
+        "{filter:?} lists {alerts:?}"
+    );
+    assert!(
+        panels
+            .iter()
+            .any(|p| p["targets"][0]["expr"] == "tollgate_policy_info == 1")
+    );
 }
