@@ -47,5 +47,6 @@ pub mod upstream_tools;
 
 pub use config::{GatewayConfig, hash_key};
 pub use gateway::{Gateway, Shared};
+pub use path::fuzz_agents;
 pub use path::intake::{MAX_OPERATION_BYTES, MAX_USER_BYTES};
 pub use server::{router, serve, serve_with, start_store, start_store_with_warnings};

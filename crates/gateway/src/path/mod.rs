@@ -36,6 +36,31 @@ use crate::dialect::Dialect;
 use crate::gateway::{Gateway, Shared};
 use crate::respond::{self, ApiError};
 
+/// The property the `agents` fuzz target checks, shared with the test that replays its corpus:
+/// any client body, in every format, gives loop facts and turns without panicking; the
+/// fingerprint and repeat count do not change when the body is written again (key order,
+/// spacing); and the turns are disjoint ranges in order, within the list.
+#[doc(hidden)]
+#[allow(clippy::panic)] // a failed check must crash the fuzzer
+pub fn fuzz_agents(data: &[u8]) {
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    for dialect in crate::dialect::ALL {
+        let facts = loops::facts(dialect, &json);
+        let again: serde_json::Value = serde_json::to_vec(&json)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(serde_json::Value::Null);
+        assert_eq!(
+            facts,
+            loops::facts(dialect, &again),
+            "written again, it changed"
+        );
+        trim::check_turns(dialect, &json);
+    }
+}
+
 /// Serves one request of `dialect`'s API; errors take that API's format.
 pub async fn handle(
     State(gw): State<Shared>,

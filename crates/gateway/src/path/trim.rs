@@ -78,6 +78,23 @@ pub(crate) fn fit(
     Some(best)
 }
 
+/// Checks that the turns of `json`'s list are disjoint ranges in order, within the list (for the
+/// `agents` fuzz target).
+#[allow(clippy::panic)]
+pub(crate) fn check_turns(dialect: &dyn Dialect, json: &Value) {
+    let Some(items) = dialect.turn_list().and_then(|f| json.get(f)?.as_array()) else {
+        return;
+    };
+    let mut end = 0;
+    for r in turns(dialect, items) {
+        assert!(
+            r.start >= end && r.start < r.end && r.end <= items.len(),
+            "{r:?}"
+        );
+        end = r.end;
+    }
+}
+
 /// The turns of a list of messages or items, as index ranges, oldest first. Pinned items inside
 /// a range are kept whatever is dropped. What comes before the first turn (an assistant's
 /// greeting) is a turn of its own.
