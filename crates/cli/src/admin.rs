@@ -107,7 +107,7 @@ fn table(command: &AdminCommand, v: &Value) -> String {
             for k in ["policy_version", "store", "in_flight"] {
                 let _ = writeln!(s, "{:<16} {}", k.replace('_', " "), text(&v[k]));
             }
-            let _ = writeln!(s, "\n{:<24} {:<20} controls", "rule", "key");
+            let _ = writeln!(s, "\n{:<24} {:<20} {:<8} controls", "rule", "key", "mode");
             for r in v["rules"].as_array().into_iter().flatten() {
                 let controls: Vec<String> = r["controls"]
                     .as_array()
@@ -117,9 +117,10 @@ fn table(command: &AdminCommand, v: &Value) -> String {
                     .collect();
                 let _ = writeln!(
                     s,
-                    "{:<24} {:<20} {}",
+                    "{:<24} {:<20} {:<8} {}",
                     text(&r["name"]),
                     text(&r["key"]),
+                    text(&r["mode"]),
                     controls.join(", ")
                 );
             }

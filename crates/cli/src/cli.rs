@@ -65,6 +65,18 @@ pub enum Command {
     },
     /// Call a running gateway's admin API: status, usage, kill switches, reload.
     Admin(AdminArgs),
+    /// Replay recorded decision records under another policy and report what it would change.
+    Whatif {
+        /// The decision records (JSON lines, as `[records] path` writes them).
+        #[arg(long)]
+        records: PathBuf,
+        /// The policy to try: a policy file, or a gateway configuration with `[policy]`.
+        #[arg(long)]
+        policy: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
     /// Validate a gateway configuration (what `serve --config` takes), a replay fixture or a
     /// policy file, without serving.
     Check {

@@ -5,6 +5,7 @@ mod cli;
 mod count;
 mod demo;
 mod stress;
+mod whatif;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -83,6 +84,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Check { config } => check(&config),
         Command::Admin(args) => admin::run(args).await,
+        Command::Whatif {
+            records,
+            policy,
+            format,
+        } => whatif::run(&records, &policy, format).await,
     }
 }
 

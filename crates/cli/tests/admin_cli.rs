@@ -41,14 +41,8 @@ fn json_of(url: &str, args: &[&str]) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_cli_reads_and_switches_a_running_gateway() {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, TOKEN).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (dir, token_file) = common::admin_token_file(TOKEN);
+    let port = common::free_port();
     let config = dir.path().join("gateway.toml");
     let text = |version: &str| {
         format!(

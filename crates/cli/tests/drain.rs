@@ -44,14 +44,8 @@ async fn env(drain_timeout: &str, token_delay: Duration) -> Env {
     .await
     .unwrap();
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("admin-token");
-    std::fs::write(&token, "admin-token-0123456789").unwrap();
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (dir, token) = common::admin_token_file("admin-token-0123456789");
+    let admin_port = common::free_port();
     let config = dir.path().join("gateway.toml");
     std::fs::write(
         &config,

@@ -50,12 +50,13 @@ pub mod record;
 pub mod replay;
 pub mod scope;
 pub mod store;
+pub mod whatif;
 
 pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use decision::{Admitted, Decision, Deny, Quota, Reason};
 pub use ledger::{Period, Usage};
 pub use memory::MemoryStore;
-pub use pipeline::{KillTargets, Plan, PlanError, RequestFacts, plan};
+pub use pipeline::{KillTargets, Plan, PlanError, RequestFacts, plan, shadow_plan};
 pub use policy::{Policy, PolicyError, Unit};
 pub use scope::{Dimension, Identity, IpPrefix, ScopeKey};
 pub use store::{Ending, Finish, KeyClaim, KeyUse, Renewal, ScopeUsage, Store, StoreError};

@@ -211,9 +211,46 @@ pub enum PlanError {
     },
 }
 
-/// Builds the plan of one request under `policy`.
+/// Builds the plan of one request under `policy`'s enforced rules.
 pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
-    let scopes = matched_scopes(policy, facts);
+    let mut scopes = matched_scopes(policy, facts);
+    scopes.retain(|(i, _)| !policy.scopes[*i].shadow);
+    let granted = granted_cap(policy, &scopes, facts.max_output_tokens);
+    let mut p = build(policy, facts, &scopes, granted)?;
+    p.kill_targets = KillTargets::of(&facts.identity);
+    Ok(p)
+}
+
+/// The suffix of a shadow plan's request id.
+pub const SHADOW_ID_SUFFIX: &str = "~shadow";
+
+/// The plan of the request's shadow rules, as if they were enforced alongside the others (the
+/// output cap is granted under all of them), under its own request id (the request's with
+/// [`SHADOW_ID_SUFFIX`]); `None` when no shadow rule applies. Kill switches are the enforced
+/// plan's business: this one has none, and never fails open.
+pub fn shadow_plan(policy: &Policy, facts: &RequestFacts) -> Result<Option<Plan>, PlanError> {
+    let all = matched_scopes(policy, facts);
+    if !all.iter().any(|(i, _)| policy.scopes[*i].shadow) {
+        return Ok(None);
+    }
+    let granted = granted_cap(policy, &all, facts.max_output_tokens);
+    let shadow: Matched = all
+        .into_iter()
+        .filter(|(i, _)| policy.scopes[*i].shadow)
+        .collect();
+    let mut p = build(policy, facts, &shadow, granted)?;
+    p.request_id = format!("{}{SHADOW_ID_SUFFIX}", facts.request_id);
+    p.fail_open = false;
+    Ok(Some(p))
+}
+
+/// The plan of `facts` under the rules `scopes`, with output cap `granted`.
+fn build(
+    policy: &Policy,
+    facts: &RequestFacts,
+    scopes: &Matched,
+    granted: u64,
+) -> Result<Plan, PlanError> {
     let rule = |i: usize| &policy.scopes[i];
     let rate: Vec<RateCheck> = scopes
         .iter()
@@ -225,9 +262,8 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
             })
         })
         .collect();
-    let granted = granted_cap(policy, &scopes, facts.max_output_tokens);
     let input = facts.input_tokens;
-    let token_verdict = token_verdict(policy, &scopes, input, granted);
+    let token_verdict = token_verdict(policy, scopes, input, granted);
     let concurrency: Vec<ConcurrencyCheck> = scopes
         .iter()
         .filter_map(|(i, k)| {
@@ -252,8 +288,8 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
         cache_write_1h_tokens: facts.cache_write_tokens.min(input),
         tool_calls: 0,
     };
-    let budget = budgets(policy, &scopes, model, price, &estimate)?;
-    let (repeats, loop_verdict) = loops(policy, &scopes, facts);
+    let budget = budgets(policy, scopes, model, price, &estimate)?;
+    let (repeats, loop_verdict) = loops(policy, scopes, facts);
     let open = |r: Reason| policy.fail_open.contains(&r);
     let fail_open = (rate.is_empty() || open(Reason::RequestRateLimit))
         && (concurrency.is_empty() || open(Reason::ConcurrencyLimit))
@@ -261,7 +297,7 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
         && (repeats.is_empty() && loop_verdict.is_none() || open(Reason::LoopDetected));
     Ok(Plan {
         fail_open,
-        kill_targets: KillTargets::of(&facts.identity),
+        kill_targets: KillTargets::default(),
         request_id: facts.request_id.clone(),
         policy_version: policy.version.clone(),
         input_tokens: input,

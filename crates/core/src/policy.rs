@@ -116,6 +116,10 @@ pub struct ScopeRule {
     pub loops: Option<LoopLimit>,
     /// How client addresses are grouped into `ip` scopes.
     pub ip_prefix: IpPrefix,
+    /// A shadow rule: its controls are evaluated and its counters, leases and reservations
+    /// kept as if it were enforced, in a plan of its own ([`crate::shadow_plan`]), but it never
+    /// refuses; a refusal it would have made is recorded and counted.
+    pub shadow: bool,
     /// The one key of a rule with no dimensions (`name|global`), derived once here so that
     /// a plan shares it instead of building it per request.
     pub global_key: Option<ScopeKey>,
@@ -473,6 +477,23 @@ fn validate_scope(
         }),
         None => None,
     };
+    let shadow = match s.mode.as_deref() {
+        None | Some("enforce") => false,
+        Some("shadow") => true,
+        Some(m) => {
+            return Err(PolicyError::new(
+                format!("{path}.mode"),
+                format!("unknown mode {m:?}; expected \"enforce\" or \"shadow\""),
+            ));
+        }
+    };
+    // Trimming changes the request itself, which a rule that must not change answers cannot.
+    if shadow && trim_input {
+        return Err(PolicyError::new(
+            format!("{path}.input_tokens.mode"),
+            "a shadow rule cannot trim: trimming would change the request; use \"reject\" to see which requests it would refuse",
+        ));
+    }
     let global_key = dims
         .is_empty()
         .then(|| ScopeKey::derive(&name, &dims, &Identity::default()))
@@ -492,6 +513,7 @@ fn validate_scope(
         budget,
         tool_calls,
         loops,
+        shadow,
     })
 }
 

@@ -1,11 +1,13 @@
 //! Decision records: one JSON line per request. They hold ids, scopes, numbers and reason codes
 //! only; the type has no field that could carry prompt or completion text.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::clock::Millis;
 use crate::decision::Decision;
-use crate::pipeline::Plan;
+use crate::ledger::Usage;
+use crate::pipeline::{Plan, RequestFacts};
+use crate::scope::Identity;
 
 /// One request's decision and accounting.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -67,6 +69,121 @@ pub struct DecisionRecord {
     /// `trim` mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trimmed_turns: Option<u64>,
+    /// The refusal a shadow rule would have made (the request was decided without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowRefusal>,
+    /// What the request asked, so that `tollgate whatif` can plan it again under another
+    /// policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub facts: Option<RecordedFacts>,
+    /// The usage it ended with, as reported (bounded), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// A request's facts as a record keeps them: no text, and nothing a client chose in clear. The
+/// tenant, key id and model are the operator's names; the end user, the operation and the
+/// client's network are digests (equal values give equal digests, which is all a scope needs;
+/// a policy that `match`es one of them by value cannot be tried on them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedFacts {
+    /// Tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Key id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Digest of the end user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Digest of the client's network (an IPv4 address, an IPv6 /64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// Digest of the agent operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    /// The output cap the request asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    /// Input tokens it may write to a prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
+    /// Its loop fingerprint, in hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// Repeats of its history's most repeated tool call.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tool_call_repeats: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl RecordedFacts {
+    /// The record of `facts`; `digest` turns a client-chosen value (user, operation, network)
+    /// into the text kept.
+    pub fn of(facts: &RequestFacts, digest: impl Fn(&str) -> String) -> Self {
+        let id = &facts.identity;
+        Self {
+            tenant: id.tenant.clone(),
+            key: id.key.clone(),
+            model: id.model.clone(),
+            user: id.user.as_deref().map(&digest),
+            // The network the default `ip` scopes group by, so that addresses rotated inside
+            // one IPv6 /64 stay one value.
+            ip: id
+                .ip
+                .as_deref()
+                .map(|v| match v.parse::<std::net::IpAddr>() {
+                    Ok(a) => digest(&crate::scope::IpPrefix::default().network(a)),
+                    Err(_) => digest(v),
+                }),
+            operation: id.operation.as_deref().map(&digest),
+            max_output_tokens: facts.max_output_tokens,
+            cache_write_tokens: facts.cache_write_tokens,
+            fingerprint: facts.fingerprint.map(|f| format!("{f:016x}")),
+            tool_call_repeats: facts.tool_call_repeats,
+        }
+    }
+
+    /// The facts of request `request_id` with `input_tokens`, to plan again.
+    pub fn to_facts(&self, request_id: &str, input_tokens: u64) -> RequestFacts {
+        RequestFacts {
+            request_id: request_id.to_owned(),
+            identity: Identity {
+                tenant: self.tenant.clone(),
+                key: self.key.clone(),
+                user: self.user.clone(),
+                ip: self.ip.clone(),
+                model: self.model.clone(),
+                operation: self.operation.clone(),
+            },
+            input_tokens,
+            max_output_tokens: self.max_output_tokens,
+            cache_write_tokens: self.cache_write_tokens,
+            fingerprint: self
+                .fingerprint
+                .as_deref()
+                .and_then(|f| u64::from_str_radix(f, 16).ok()),
+            tool_call_repeats: self.tool_call_repeats,
+        }
+    }
+}
+
+/// A would-be refusal of a shadow rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ShadowRefusal {
+    /// The reason code it would have refused with.
+    pub reason: &'static str,
+    /// The shadow rule.
+    pub rule: String,
+    /// The scope.
+    pub scope: String,
 }
 
 impl DecisionRecord {
@@ -105,6 +222,9 @@ impl DecisionRecord {
             usage_invalid: false,
             end_attempts: None,
             trimmed_turns: None,
+            shadow: None,
+            facts: None,
+            usage: None,
         }
     }
 

@@ -57,3 +57,18 @@ impl RecordSink {
         self.dropped.load(Ordering::Relaxed)
     }
 }
+
+/// The text a record keeps of a value a client chose (end user, operation, network): the first
+/// 16 bytes of its SHA-256, in hex. Equal values give equal digests, so a scope keyed on them
+/// groups the same requests; the value itself is not kept.
+pub fn digest(value: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"tollgate-record\0");
+    h.update(value.as_bytes());
+    h.finalize()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

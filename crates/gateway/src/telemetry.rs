@@ -77,6 +77,75 @@ impl Drop for InFlightGuard {
 pub fn decision(code: &'static str, rule: &str) {
     counter!("tollgate_decisions_total", "decision" => code, "rule" => rule.to_owned())
         .increment(1);
+    if code != "admit" {
+        recent().note(code);
+    }
+}
+
+/// Minutes of refusals the status page shows.
+pub const RECENT_MINUTES: usize = 15;
+
+/// Refusals of this instance per minute, by reason, over the last [`RECENT_MINUTES`]: what the
+/// status page shows without a Prometheus. Admissions are not kept here, so the hot path of an
+/// admitted request takes no lock for it.
+#[derive(Debug, Default)]
+struct Recent {
+    /// (minute since the epoch, reason, count), oldest first.
+    cells: Mutex<std::collections::VecDeque<(u64, &'static str, u64)>>,
+}
+
+fn recent() -> &'static Recent {
+    static RECENT: OnceLock<Recent> = OnceLock::new();
+    RECENT.get_or_init(Recent::default)
+}
+
+fn minute_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 60)
+}
+
+impl Recent {
+    fn note(&self, code: &'static str) {
+        let now = minute_now();
+        let Ok(mut cells) = self.cells.lock() else {
+            return;
+        };
+        while cells
+            .front()
+            .is_some_and(|c| c.0 + RECENT_MINUTES as u64 <= now)
+        {
+            cells.pop_front();
+        }
+        match cells.iter_mut().rev().find(|c| c.0 == now && c.1 == code) {
+            Some(c) => c.2 += 1,
+            None => cells.push_back((now, code, 1)),
+        }
+    }
+}
+
+/// Refusals by reason over the last [`RECENT_MINUTES`]: for each reason, its counts per
+/// minute, oldest first (the last is the current minute).
+pub fn recent_refusals() -> BTreeMap<&'static str, [u64; RECENT_MINUTES]> {
+    let now = minute_now();
+    let mut out: BTreeMap<&'static str, [u64; RECENT_MINUTES]> = BTreeMap::new();
+    if let Ok(cells) = recent().cells.lock() {
+        for &(minute, code, n) in cells.iter() {
+            let ago = now.saturating_sub(minute) as usize;
+            if let Some(i) = (RECENT_MINUTES - 1).checked_sub(ago) {
+                if let Some(c) = out.entry(code).or_default().get_mut(i) {
+                    *c += n;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A shadow rule would have refused a request.
+pub fn shadow_refusal(code: &'static str, rule: &str) {
+    counter!("tollgate_shadow_refusals_total", "reason" => code, "rule" => rule.to_owned())
+        .increment(1);
 }
 
 /// A store call took `seconds`, or failed.
@@ -213,21 +282,31 @@ pub fn spawn_budget_refresh(gw: crate::gateway::Shared) {
     });
 }
 
-async fn refresh_budgets(gw: &crate::gateway::Gateway, cfg: &crate::config::GatewayConfig) {
-    use tollgate_core::{Identity, ScopeKey, Store};
-    let scopes: Vec<_> = cfg
-        .policy
+/// The operator's fixed scopes: those of global rules and of rules whose `match` names every
+/// dimension they are keyed on, one scope each, known without a request.
+pub(crate) fn fixed_scopes(
+    policy: &tollgate_core::Policy,
+) -> Vec<(&tollgate_core::policy::ScopeRule, tollgate_core::ScopeKey)> {
+    use tollgate_core::{Identity, ScopeKey};
+    policy
         .scopes
         .iter()
         .filter_map(|rule| {
-            let b = rule.budget?;
             let mut identity = Identity::default();
             for (d, v) in &rule.matches {
                 identity = identity.with(*d, v.clone());
             }
             let scope = ScopeKey::derive_in(&rule.name, &rule.dims, &identity, rule.ip_prefix)?;
-            Some((scope, b))
+            Some((rule, scope))
         })
+        .collect()
+}
+
+async fn refresh_budgets(gw: &crate::gateway::Gateway, cfg: &crate::config::GatewayConfig) {
+    use tollgate_core::Store;
+    let scopes: Vec<_> = fixed_scopes(&cfg.policy)
+        .into_iter()
+        .filter_map(|(rule, scope)| Some((scope, rule.budget?)))
         .collect();
     let reads = scopes
         .iter()

@@ -31,3 +31,20 @@ pub fn start_instance(config: &std::path::Path) -> (Instance, String) {
     assert!(url.starts_with("http://127.0.0.1:"), "{line}");
     (Instance(child), url)
 }
+
+/// A free loopback port, for a listener a configuration names.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A temporary directory holding the admin token `token` in a file: (the directory, the file).
+pub fn admin_token_file(token: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("admin-token");
+    std::fs::write(&file, token).unwrap();
+    (dir, file)
+}

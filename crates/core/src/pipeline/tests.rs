@@ -194,3 +194,46 @@ fn agent_checks_come_last_in_their_lists() {
     .unwrap_or_else(|e| unreachable!("{e}"));
     assert!(quiet.repeats.is_empty() && quiet.loop_verdict.is_none());
 }
+
+#[test]
+fn shadow_rules_are_planned_apart_and_never_enforced() {
+    let p = policy(
+        r#"
+        [[scopes]]
+        name = "enforced"
+        key = "tenant"
+        output_tokens = { max = 500, mode = "clamp" }
+        budget = { tokens = 10000, period = "day" }
+        [[scopes]]
+        name = "watch"
+        key = "user"
+        mode = "shadow"
+        output_tokens = { max = 100 }
+        requests = { limit = 1, window = "1m" }
+        budget = { tokens = 50, period = "day" }
+        "#,
+    );
+    let f = facts(40, Some(800));
+    let enforced = plan(&p, &f).unwrap_or_else(|e| unreachable!("{e}"));
+    assert!(enforced.rate.is_empty() && enforced.token_verdict.is_none());
+    assert_eq!(enforced.budget.len(), 1);
+    assert_eq!(enforced.max_output_tokens, 500, "only enforced rules grant");
+    assert_eq!(enforced.kill_targets.len(), 4);
+    let shadow = shadow_plan(&p, &f)
+        .unwrap_or_else(|e| unreachable!("{e}"))
+        .unwrap_or_else(|| unreachable!("a shadow rule applies"));
+    assert_eq!(shadow.request_id, "r~shadow");
+    assert_eq!(shadow.rate.len(), 1);
+    assert_eq!(shadow.budget.len(), 1);
+    assert_eq!(shadow.budget[0].scope.rule(), "watch");
+    assert_eq!(shadow.budget[0].amount, 540, "granted as under both rules");
+    assert_eq!(
+        shadow.token_verdict.map(|d| d.reason),
+        Some(Reason::OutputTokenLimit)
+    );
+    assert!(shadow.kill_targets.is_empty() && !shadow.fail_open);
+    // A request no shadow rule applies to has no shadow plan.
+    let mut anonymous = f.clone();
+    anonymous.identity = Identity::default().with(Dimension::Tenant, "t");
+    assert!(matches!(shadow_plan(&p, &anonymous), Ok(None)));
+}

@@ -70,6 +70,8 @@ pub struct RawScope {
     /// For a rule keyed on `ip`: how many leading bits of an address make one scope
     /// (default `{ v4 = 32, v6 = 64 }`).
     pub ip_prefix: Option<RawIpPrefix>,
+    /// `enforce` (the default) or `shadow`: evaluated, its state kept, never refusing.
+    pub mode: Option<String>,
 }
 
 /// `ip_prefix = { v4 = 24, v6 = 48 }`

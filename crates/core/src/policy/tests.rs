@@ -207,3 +207,19 @@ fn input_limits_take_a_mode() {
     let e = err("[[scopes]]\nkey = \"user\"\ninput_tokens = { max = 0, mode = \"trim\" }");
     assert_eq!(e.path, "policy.scopes[0].input_tokens.max");
 }
+
+#[test]
+fn rule_modes_are_enforce_or_shadow_and_a_shadow_rule_cannot_trim() {
+    let e = err("[[scopes]]\nkey = \"user\"\nmode = \"audit\"\n");
+    assert_eq!(e.path, "policy.scopes[0].mode");
+    let e = err(
+        "[[scopes]]\nkey = \"user\"\nmode = \"shadow\"\ninput_tokens = { max = 10, mode = \"trim\" }\n",
+    );
+    assert_eq!(e.path, "policy.scopes[0].input_tokens.mode");
+    let p = Policy::from_toml("[[scopes]]\nkey = \"user\"\nmode = \"shadow\"\n[[scopes]]\nkey = \"tenant\"\nmode = \"enforce\"\n")
+        .unwrap_or_else(|e| unreachable!("{e}"));
+    assert_eq!(
+        p.scopes.iter().map(|r| r.shadow).collect::<Vec<_>>(),
+        [true, false]
+    );
+}

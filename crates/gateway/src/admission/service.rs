@@ -107,12 +107,14 @@ where
                 queue: layer.queue.as_ref().map(|(q, c)| (&**q, *c)),
                 queue_key,
             };
-            let admitted = match controls.decide(&mut p).await {
-                Ok(Decision::Admit(a)) => a,
-                Ok(refused) => return Ok(respond::refusal(&refused).into_response()),
+            let shadow = crate::path::shadow_plan(&layer.policy, &p, &facts);
+            let (admitted, shadowed) = match controls.decide_shadowed(&mut p, shadow).await {
+                Ok((Decision::Admit(a), s)) => (a, s),
+                Ok((refused, _)) => return Ok(respond::refusal(&refused).into_response()),
                 Err(e) => return Ok(e.into_response()),
             };
-            let ticket = Ticket::admitted(layer.store.clone(), &p, &admitted);
+            let mut ticket = Ticket::admitted(layer.store.clone(), &p, &admitted);
+            ticket.shadow(shadowed.admitted());
             let handle = AdmissionHandle {
                 ticket: Arc::new(Mutex::new(Some(ticket))),
                 max_output_tokens: admitted.max_output_tokens,

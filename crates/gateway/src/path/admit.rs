@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate_core::decision::Killed;
-use tollgate_core::{Admitted, Decision, Plan, Reason, Store, StoreError};
+use tollgate_core::record::ShadowRefusal;
+use tollgate_core::{Admitted, Decision, Deny, Plan, Reason, Store, StoreError};
 
 use crate::config::QueueConfig;
 use crate::respond::{self, ApiError};
@@ -30,7 +31,90 @@ pub(crate) struct Controls<'a, S> {
     pub queue_key: &'a str,
 }
 
+/// What a request's shadow rules made of it.
+#[derive(Debug, Default)]
+pub(crate) enum Shadowed {
+    /// No shadow rule applies.
+    #[default]
+    None,
+    /// Admitted under the shadow rules: the shadow admission's id, which ends with the request.
+    Admitted(String),
+    /// A shadow rule would have refused.
+    Refused(Deny),
+    /// The store did not answer the shadow admission (the request was decided without it).
+    Failed,
+}
+
+impl Shadowed {
+    /// The would-be refusal, for the decision record.
+    pub fn refusal(&self) -> Option<ShadowRefusal> {
+        match self {
+            Shadowed::Refused(d) => Some(ShadowRefusal {
+                reason: d.reason.code(),
+                rule: d.scope.rule().to_owned(),
+                scope: d.scope.key().to_owned(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The shadow admission to end with the request, if any.
+    pub fn admitted(self) -> Option<String> {
+        match self {
+            Shadowed::Admitted(id) => Some(id),
+            _ => None,
+        }
+    }
+}
+
 impl<S: Store + Clone + 'static> Controls<'_, S> {
+    /// The decision on plan `p`, and, at the same time, what the shadow plan `shadow` would
+    /// have decided. The shadow admission never changes the decision; when the request is not
+    /// admitted, it is released at once (nothing ran), its attempts counted.
+    pub async fn decide_shadowed(
+        &self,
+        p: &mut Plan,
+        shadow: Option<Plan>,
+    ) -> Result<(Decision, Shadowed), ApiError> {
+        let Some(shadow) = shadow else {
+            return Ok((self.decide(p).await?, Shadowed::None));
+        };
+        // Joined, not one after the other: on Redis the two admissions travel in one batch.
+        let (decided, shadowed) = tokio::join!(self.decide(p), self.shadow(shadow));
+        let admitted = matches!(decided, Ok(Decision::Admit(_)));
+        let shadowed = match shadowed {
+            Shadowed::Admitted(id) if !admitted => {
+                crate::path::settle::release_unanswered(self.store, &id, UNANSWERED_RELEASE_WINDOW);
+                Shadowed::None
+            }
+            other => other,
+        };
+        Ok((decided?, shadowed))
+    }
+
+    /// One admission of a shadow plan, whose answer only counts.
+    async fn shadow(&self, mut s: Plan) -> Shadowed {
+        exempt(&mut s, self.exempt);
+        let t = Instant::now();
+        let r = {
+            let unanswered = Unanswered(Some((self.store, &s.request_id)));
+            let r = self.store.admit(&s).await;
+            if !matches!(r, Err(StoreError::Unavailable(_))) {
+                unanswered.answered();
+            }
+            r
+        };
+        crate::telemetry::store_call("admit", t.elapsed().as_secs_f64(), r.is_ok());
+        match r {
+            Ok(Decision::Admit(_)) => Shadowed::Admitted(s.request_id),
+            Ok(Decision::Deny(d)) => {
+                crate::telemetry::shadow_refusal(d.reason.code(), d.scope.rule());
+                Shadowed::Refused(d)
+            }
+            Ok(Decision::Killed(_)) | Err(_) => Shadowed::Failed,
+        }
+    }
+
     /// The decision on plan `p`; `Err` only for a store that failed in a way the policy does
     /// not answer for (see [`store_error`]).
     pub async fn decide(&self, p: &mut Plan) -> Result<Decision, ApiError> {

@@ -134,6 +134,7 @@ async fn admit_counted(
     counted: &Counted,
 ) -> Result<Admission, ApiError> {
     let mut p = plan(&cfg.policy, &counted.facts).map_err(respond::unpriced_model)?;
+    let shadow = shadow_plan(&cfg.policy, &p, &counted.facts);
     let controls = Controls {
         store: &gw.store,
         exempt: &key.exempt,
@@ -142,7 +143,7 @@ async fn admit_counted(
         queue_key: &key.key_id,
     };
     let decided = Instant::now();
-    let decision = controls.decide(&mut p).await?;
+    let (decision, shadowed) = controls.decide_shadowed(&mut p, shadow).await?;
     let decision_us = u64::try_from(decided.elapsed().as_micros()).unwrap_or(u64::MAX);
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -152,6 +153,11 @@ async fn admit_counted(
         let mut r = DecisionRecord::new(now_ms, &p, d);
         r.decision_us = Some(decision_us);
         r.trimmed_turns = counted.trimmed;
+        r.shadow = shadowed.refusal();
+        r.facts = Some(tollgate_core::record::RecordedFacts::of(
+            &counted.facts,
+            crate::records::digest,
+        ));
         r
     };
     let admitted = match decision {
@@ -167,11 +173,25 @@ async fn admit_counted(
     if let Some(sink) = &gw.records {
         ticket.record_to(record(&Decision::Admit(admitted.clone())), sink.clone());
     }
+    ticket.shadow(shadowed.admitted());
     Ok(Admission {
         plan: p,
         granted: admitted,
         ticket,
     })
+}
+
+/// The plan of the request's shadow rules, if any, living as long as the enforced plan `p`:
+/// the request's renewals, paced by its own lifetime, keep both, and the enforced plan's
+/// lifetime stays what the enforced rules say. A shadow plan that cannot be priced is skipped.
+pub(crate) fn shadow_plan(
+    policy: &tollgate_core::Policy,
+    p: &Plan,
+    facts: &tollgate_core::RequestFacts,
+) -> Option<Plan> {
+    let mut s = tollgate_core::shadow_plan(policy, facts).ok().flatten()?;
+    s.ttl_ms = p.ttl_ms;
+    Some(s)
 }
 
 /// The error of a refused request, with what its input count included and, for a money budget,

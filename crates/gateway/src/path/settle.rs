@@ -40,6 +40,8 @@ pub struct Ticket<S: Store + Clone + 'static = AnyStore> {
     detached: bool,
     /// Counts the ticket as open until its request has ended in the store.
     open: Option<Open>,
+    /// The request's admission under its shadow rules: renewed, settled and released with it.
+    shadow: Option<String>,
 }
 
 /// A request's decision record, completed and written when the ticket ends.
@@ -134,6 +136,36 @@ async fn end_with_retries<S: Store>(
     (last, attempts)
 }
 
+/// Ends a shadow admission like its request; an ending the store did not take is retried in
+/// the background, like any.
+async fn end_shadow<S: Store + Clone + 'static>(
+    store: &S,
+    id: Option<String>,
+    end: End,
+    within: Duration,
+) {
+    let Some(id) = id else { return };
+    let first = end.call(store, &id).await;
+    if !matches!(first, Err(StoreError::Unavailable(_))) {
+        return;
+    }
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        crate::telemetry::end_lost(end.op());
+        return;
+    };
+    if RETRYING.fetch_add(1, Ordering::SeqCst) >= MAX_RETRYING {
+        RETRYING.fetch_sub(1, Ordering::SeqCst);
+        crate::telemetry::end_lost(end.op());
+        return;
+    }
+    let (store, open) = (store.clone(), Open::new());
+    handle.spawn(async move {
+        let _ = end_with_retries(&store, &id, end, first, within).await;
+        RETRYING.fetch_sub(1, Ordering::SeqCst);
+        drop(open);
+    });
+}
+
 /// Releases, by id, a request whose admission the store may have applied although its answer
 /// never came (the call timed out): nothing was forwarded, so nothing is charged. Retried in
 /// the background like any ending; a release of an id the store never admitted is a no-op.
@@ -181,7 +213,13 @@ impl<S: Store + Clone + 'static> Ticket<S> {
             lifetime: Duration::from_secs(60),
             drop_grace: Duration::ZERO,
             detached: false,
+            shadow: None,
         }
+    }
+
+    /// Ends the shadow admission `id` with this ticket, the same way and with the same usage.
+    pub fn shadow(&mut self, id: Option<String>) {
+        self.shadow = id;
     }
 
     /// A ticket for a request admitted without the store (fail open): it counts and records
@@ -266,12 +304,15 @@ impl<S: Store + Clone + 'static> Ticket<S> {
 
     /// Renews the leases every `every` until the ticket ends.
     pub fn renew_every(&mut self, every: Duration) {
-        let (store, id) = (self.store.clone(), self.id.clone());
+        let (store, id, shadow) = (self.store.clone(), self.id.clone(), self.shadow.clone());
         self.renewer = Some(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.tick().await;
             loop {
                 tick.tick().await;
+                if let Some(s) = &shadow {
+                    let _ = store.renew(s).await;
+                }
                 if !matches!(store.renew(&id).await, Ok(Renewal::Renewed { .. }) | Err(_)) {
                     break;
                 }
@@ -312,11 +353,20 @@ impl<S: Store + Clone + 'static> Ticket<S> {
         }
         self.count_usage(usage.as_ref());
         self.in_flight = None;
+        if let Some(r) = self.record.as_mut() {
+            r.record.usage = usage;
+        }
+        let shadow = self.shadow.take();
         if self.detached {
+            end_shadow(&self.store, shadow, end, self.lifetime).await;
             self.write_record(ending, Some(&Ok(Finish::Unknown)), 1);
             return Ok(Finish::Unknown);
         }
-        let f = end.call(&self.store, &self.id).await;
+        // Joined: on Redis both endings travel in one batch.
+        let (f, ()) = tokio::join!(
+            end.call(&self.store, &self.id),
+            end_shadow(&self.store, shadow, end, self.lifetime)
+        );
         if !matches!(f, Err(StoreError::Unavailable(_))) {
             self.write_record(ending, Some(&f), 1);
             return f;
@@ -401,6 +451,9 @@ impl<S: Store + Clone + 'static> Drop for Ticket<S> {
         if self.ended {
             return;
         }
+        if let (Some(r), Some(u)) = (self.record.as_mut(), self.partial) {
+            r.record.usage = Some(u.bounded());
+        }
         self.write_record("abandoned", None, 1);
         self.count_usage(self.partial.as_ref());
         if self.detached {
@@ -414,6 +467,7 @@ impl<S: Store + Clone + 'static> Drop for Ticket<S> {
             self.lifetime,
             self.drop_grace,
         );
+        let shadow = self.shadow.take();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 if !grace.is_zero() {
@@ -422,6 +476,7 @@ impl<S: Store + Clone + 'static> Drop for Ticket<S> {
                 // Retried like any ending; if it never lands, the lease expires and the policy
                 // charges the reservation.
                 let end = End::Release(usage);
+                end_shadow(&store, shadow, end, lifetime).await;
                 let first = end.call(&store, &id).await;
                 let _ = end_with_retries(&store, &id, end, first, lifetime).await;
                 drop(open);

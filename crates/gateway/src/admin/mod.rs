@@ -1,6 +1,8 @@
 //! The admin API, on its own listener, behind a bearer token: the kill switch, usage per scope,
-//! and policy reload. Every instance sharing the store sees a kill switch at once (it is checked
-//! inside the atomic admission).
+//! and policy reload, and the operator's status page ([`page`]). Every instance sharing the
+//! store sees a kill switch at once (it is checked inside the atomic admission).
+
+mod page;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
@@ -34,7 +36,11 @@ pub(crate) fn token_matches(given: &str, token: &str) -> bool {
 /// sends it as `authorization`), except by `/healthz` and `/readyz` (probes carry no token, and
 /// the admin listener keeps answering through a shutdown's drain, when `/readyz` says 503).
 pub fn router(gw: Shared, token: String) -> Router {
+    let form = page::FormToken::of(&token);
     Router::new()
+        .route("/admin/ui", get(page::page))
+        .route("/admin/ui/kill", post(page::kill))
+        .route("/admin/ui/lift", post(page::lift))
         .route("/admin/status", get(status))
         .route("/admin/kill", get(list_kills).post(set_kill))
         .route("/admin/kill/{target}", delete(clear_kill))
@@ -43,17 +49,22 @@ pub fn router(gw: Shared, token: String) -> Router {
         .route("/admin/store/acknowledge-loss", post(acknowledge_loss))
         .route("/metrics", get(crate::telemetry::metrics))
         .layer(middleware::from_fn(
-            move |headers: HeaderMap, req, next: Next| {
-                let token = token.clone();
+            move |headers: HeaderMap, mut req: axum::extract::Request, next: Next| {
+                let (token, form) = (token.clone(), form.clone());
                 async move {
-                    let given = headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.strip_prefix("Bearer "));
-                    let ok = given.is_some_and(|g| token_matches(g, &token));
+                    let ok = given_token(&headers).is_some_and(|g| token_matches(&g, &token));
                     if !ok {
-                        return crate::respond::admin_unauthorized().into_response();
+                        let mut r = crate::respond::admin_unauthorized().into_response();
+                        // A browser asks for it: any user name, the token as the password.
+                        r.headers_mut().insert(
+                            axum::http::header::WWW_AUTHENTICATE,
+                            axum::http::HeaderValue::from_static(
+                                "Basic realm=\"Tollgate admin\", charset=\"UTF-8\"",
+                            ),
+                        );
+                        return r;
                     }
+                    req.extensions_mut().insert(form);
                     next.run(req).await
                 }
             },
@@ -63,16 +74,40 @@ pub fn router(gw: Shared, token: String) -> Router {
         .with_state(gw)
 }
 
-/// `GET /admin/status`: the policy in force (version, rules and their controls), whether the
-/// store answers, its kill switches, and the requests in flight on this instance.
-async fn status(State(gw): State<Shared>) -> Response {
-    let cfg = gw.config();
-    let rules: Vec<_> = cfg
-        .policy
+/// The token a request presents: `Authorization: Bearer TOKEN`, or `Basic` with the token as
+/// the password (the user name is not looked at).
+fn given_token(headers: &HeaderMap) -> Option<String> {
+    use base64::Engine;
+    let v = headers.get("authorization")?.to_str().ok()?;
+    if let Some(t) = v.strip_prefix("Bearer ") {
+        return Some(t.to_owned());
+    }
+    let b = v.strip_prefix("Basic ")?;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(b.trim())
+        .ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    text.split_once(':').map(|(_, pass)| pass.to_owned())
+}
+
+/// A rule as the status answers and the page list it.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct RuleRow {
+    name: String,
+    key: String,
+    mode: &'static str,
+    #[serde(skip)]
+    controls: String,
+    #[serde(rename = "controls")]
+    control_list: Vec<&'static str>,
+}
+
+pub(crate) fn rule_rows(policy: &tollgate_core::Policy) -> Vec<RuleRow> {
+    policy
         .scopes
         .iter()
         .map(|r| {
-            let controls: Vec<&str> = [
+            let control_list: Vec<&'static str> = [
                 (r.requests.is_some(), "requests"),
                 (r.input_tokens.is_some(), "input_tokens"),
                 (r.output_tokens.is_some(), "output_tokens"),
@@ -86,21 +121,38 @@ async fn status(State(gw): State<Shared>) -> Response {
             .filter_map(|(on, name)| on.then_some(name))
             .collect();
             let dims: Vec<&str> = r.dims.iter().map(|d| d.as_str()).collect();
-            let key = if dims.is_empty() {
-                "global".to_owned()
-            } else {
-                dims.join("/")
-            };
-            json!({"name": &*r.name, "key": key, "controls": controls})
+            RuleRow {
+                name: r.name.to_string(),
+                key: if dims.is_empty() {
+                    "global".to_owned()
+                } else {
+                    dims.join("/")
+                },
+                mode: if r.shadow { "shadow" } else { "enforce" },
+                controls: control_list.join(", "),
+                control_list,
+            }
         })
-        .collect();
+        .collect()
+}
+
+/// Whether the store answers (`ok`, `lost`, `unreachable`), and its kill switches.
+async fn store_state(gw: &Shared) -> (&'static str, Vec<(String, String)>) {
     let reachable = gw.store.ping().await;
-    let (store, kills) = match (reachable, gw.store.kills().await) {
+    match (reachable, gw.store.kills().await) {
         (Ok(()), Ok(k)) => ("ok", k),
         (Err(tollgate_core::StoreError::StateLost), _)
         | (_, Err(tollgate_core::StoreError::StateLost)) => ("lost", Vec::new()),
         _ => ("unreachable", Vec::new()),
-    };
+    }
+}
+
+/// `GET /admin/status`: the policy in force (version, rules and their controls), whether the
+/// store answers, its kill switches, and the requests in flight on this instance.
+async fn status(State(gw): State<Shared>) -> Response {
+    let cfg = gw.config();
+    let rules = rule_rows(&cfg.policy);
+    let (store, kills) = store_state(&gw).await;
     let kills: Vec<_> = kills
         .into_iter()
         .map(|(t, r)| json!({"target": t, "reason": r}))

@@ -1,0 +1,262 @@
+//! The operator's status page at `/admin/ui`, behind the admin token (as a bearer token, or as
+//! the password of HTTP Basic authentication, which a browser asks for): budgets as settled /
+//! reserved / limit bars, leases held, this instance's refusals by reason over recent minutes,
+//! kill switches with forms to set and lift them, and the rules in force. One HTML document, no
+//! script, no external assets; every value is escaped by the template.
+//!
+//! The forms carry a token derived from the admin token, so that another site cannot make a
+//! browser that holds the credentials post them (a cross-site request cannot read the page).
+
+use askama::Template;
+use axum::Form;
+use axum::extract::{Extension, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use serde::Deserialize;
+use tollgate_core::{Clock, ScopeUsage, Store, SystemClock};
+
+use crate::gateway::Shared;
+
+/// The forms' token: derived from the admin token, never the token itself.
+#[derive(Debug, Clone)]
+pub(crate) struct FormToken(pub String);
+
+impl FormToken {
+    pub(crate) fn of(admin_token: &str) -> Self {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(format!("tollgate-admin-form\0{admin_token}").as_bytes());
+        Self(d.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    fn matches(&self, given: &str) -> bool {
+        super::token_matches(given, &self.0)
+    }
+}
+
+#[derive(Debug)]
+struct BudgetRow {
+    scope: String,
+    unit: &'static str,
+    settled: u64,
+    reserved: u64,
+    limit: u64,
+    used_pct: u64,
+    reserved_pct: u64,
+    resets_in: String,
+}
+
+#[derive(Debug)]
+struct LeaseRow {
+    scope: String,
+    held: u64,
+    limit: u64,
+}
+
+#[derive(Debug)]
+struct RefusalRow {
+    reason: &'static str,
+    total: u64,
+    counts: Vec<u64>,
+}
+
+#[derive(Debug, Template)]
+#[template(path = "status.html")]
+struct StatusPage {
+    version: String,
+    store: &'static str,
+    in_flight: usize,
+    csrf: String,
+    budgets: Vec<BudgetRow>,
+    leases: Vec<LeaseRow>,
+    minutes: usize,
+    minute_labels: Vec<String>,
+    refusals: Vec<RefusalRow>,
+    kills: Vec<(String, String)>,
+    rules: Vec<super::RuleRow>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct PageQuery {
+    /// One more scope to show, `rule|key`.
+    scope: Option<String>,
+}
+
+/// `GET /admin/ui`.
+pub(crate) async fn page(
+    State(gw): State<Shared>,
+    Extension(form): Extension<FormToken>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let cfg = gw.config();
+    let (store, kills) = super::store_state(&gw).await;
+    let mut scopes: Vec<_> = crate::telemetry::fixed_scopes(&cfg.policy)
+        .into_iter()
+        .map(|(rule, key)| (rule, key.id().to_owned()))
+        .collect();
+    if let Some(extra) = q.scope.filter(|s| !s.is_empty()) {
+        let rule_name = extra.split('|').next().unwrap_or("");
+        match cfg.policy.scopes.iter().find(|r| &*r.name == rule_name) {
+            Some(rule) => scopes.push((rule, extra)),
+            None => return problem(StatusCode::NOT_FOUND, &format!("No rule {rule_name:?}.")),
+        }
+    }
+    let reads = scopes
+        .iter()
+        .map(|(rule, id)| gw.store.usage(id, rule.budget.map(|b| b.period)));
+    let usages = futures_util::future::join_all(reads).await;
+    let (mut budgets, mut leases) = (Vec::new(), Vec::new());
+    for ((rule, id), u) in scopes.iter().zip(usages) {
+        let u = u.unwrap_or(ScopeUsage::default());
+        if let Some(b) = rule.budget {
+            let (_, _, end) = b.period.at(SystemClock.now());
+            budgets.push(budget_row(id, b.unit.as_str(), b.limit.get(), u, end));
+        }
+        if let Some(c) = rule.concurrency {
+            leases.push(LeaseRow {
+                scope: id.clone(),
+                held: u.leases,
+                limit: c.limit.get(),
+            });
+        }
+    }
+    let page = StatusPage {
+        version: cfg.policy.version.to_string(),
+        store,
+        in_flight: crate::path::settle::open_tickets(),
+        csrf: form.0,
+        budgets,
+        leases,
+        minutes: crate::telemetry::RECENT_MINUTES,
+        minute_labels: (0..crate::telemetry::RECENT_MINUTES)
+            .rev()
+            .map(|ago| {
+                if ago == 0 {
+                    "now".into()
+                } else {
+                    format!("-{ago}m")
+                }
+            })
+            .collect(),
+        refusals: crate::telemetry::recent_refusals()
+            .into_iter()
+            .map(|(reason, counts)| RefusalRow {
+                reason,
+                total: counts.iter().sum(),
+                counts: counts.to_vec(),
+            })
+            .collect(),
+        kills,
+        rules: super::rule_rows(&cfg.policy),
+    };
+    match page.render() {
+        Ok(html) => html_response(StatusCode::OK, html),
+        Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+fn budget_row(id: &str, unit: &'static str, limit: u64, u: ScopeUsage, end: u64) -> BudgetRow {
+    let pct = |v: u64| (u128::from(v) * 100 / u128::from(limit.max(1))).min(100) as u64;
+    let used_pct = pct(u.settled);
+    let secs = end.saturating_sub(SystemClock.now()) / 1000;
+    BudgetRow {
+        scope: id.to_owned(),
+        unit,
+        settled: u.settled,
+        reserved: u.reserved,
+        limit,
+        used_pct,
+        reserved_pct: pct(u.reserved).min(100 - used_pct),
+        resets_in: format!("{}h {:02}m", secs / 3600, secs / 60 % 60),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct KillForm {
+    csrf: String,
+    target: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// `POST /admin/ui/kill` and `POST /admin/ui/lift`: a form of the page; back to it on success.
+pub(crate) async fn kill(
+    State(gw): State<Shared>,
+    Extension(form): Extension<FormToken>,
+    Form(f): Form<KillForm>,
+) -> Response {
+    act(&gw, &form, &f, true).await
+}
+
+/// See [`kill`].
+pub(crate) async fn lift(
+    State(gw): State<Shared>,
+    Extension(form): Extension<FormToken>,
+    Form(f): Form<KillForm>,
+) -> Response {
+    act(&gw, &form, &f, false).await
+}
+
+async fn act(gw: &Shared, form: &FormToken, f: &KillForm, kill: bool) -> Response {
+    if !form.matches(&f.csrf) {
+        return problem(
+            StatusCode::FORBIDDEN,
+            "The form's token is wrong: reload the page and try again.",
+        );
+    }
+    let target = f.target.trim();
+    if !super::valid_target(target) {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "Unknown target: use all, tenant:…, key:…, model:… or user:….",
+        );
+    }
+    let reason = f.reason.trim();
+    if kill && reason.is_empty() {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "Say why the target is switched off.",
+        );
+    }
+    match gw.store.set_kill(target, kill.then_some(reason)).await {
+        Ok(()) => Redirect::to("/admin/ui").into_response(),
+        Err(e) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("The store did not take it: {e}"),
+        ),
+    }
+}
+
+/// An error as a small HTML page, escaped like the page.
+fn problem(status: StatusCode, message: &str) -> Response {
+    #[derive(Template)]
+    #[template(
+        source = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Tollgate</title></head><body><p id=\"problem\">{{ message }}</p><p><a href=\"/admin/ui\">Back to the status page</a></p></body></html>",
+        ext = "html"
+    )]
+    struct Problem<'a> {
+        message: &'a str,
+    }
+    let html = Problem { message }
+        .render()
+        .unwrap_or_else(|_| String::from("error"));
+    html_response(status, html)
+}
+
+fn html_response(status: StatusCode, html: String) -> Response {
+    let mut r = (status, html).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    // Nothing loads from elsewhere, nothing runs, forms post only here, no framing.
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
+        ),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
