@@ -49,6 +49,22 @@ concurrency = { limit = 100000, lease_ttl = "1m" }
 budget = { tokens = 1000000000000, period = "day" }
 '
 
+# The six controls with alerts configured (thresholds on the budget, a webhook), and a shadow
+# rule trying a stricter rate and budget per key: what an operator runs while changing a
+# policy. The limits are never reached, so no alert is sent: the cost measured is that of
+# checking for them and of the shadow admission on every request.
+WITH_SHADOW=$(printf '%s\n' "$ALL_SIX" | sed 's/period = "day" }/period = "day", alert_at = [50, 80, 95] }/')'
+[[policy.scopes]]
+name = "per-key-trial"
+key = "key"
+mode = "shadow"
+requests = { limit = 50000000, window = "1m" }
+budget = { tokens = 500000000000, period = "day", alert_at = [80] }
+[alerts]
+[[alerts.webhooks]]
+url = "http://127.0.0.1:9/unused"
+'
+
 # gateway_config NAME PORT SIM_PORT STORE_TOML POLICY_TOML: writes $tmp/NAME.toml.
 gateway_config() {
   local hash; hash=$("$BIN/tollgate" hash-key sk-bench)

@@ -4,6 +4,8 @@
 #   bench/load.sh [DURATION_SECONDS=10] [CONNECTIONS=64] [ROUNDS=3]
 #   TOLLGATE_BENCH_OPERATION=1 bench/load.sh ...   (adds a fifth target: the memory store with
 #   a rule on the request's agent operation as well, each request naming one)
+#   TOLLGATE_BENCH_SHADOW=1 bench/load.sh ...      (adds the six controls with a shadow rule and
+#   alerts configured, on each store, each compared with the same store's run without them)
 #
 # Four targets, the same wrk settings: the upstream simulator directly; the gateway with no
 # scopes (parse, count, admit an empty plan, forward: "controls off"); the gateway with all six
@@ -51,6 +53,11 @@ if [ "${TOLLGATE_BENCH_OPERATION:-0}" = 1 ]; then
   OPS=$(gateway operation "" "$WITH_OPERATION")
   TARGETS+=("operation $OPS")
 fi
+if [ "${TOLLGATE_BENCH_SHADOW:-0}" = 1 ]; then
+  SHM=$(gateway shadow "" "$WITH_SHADOW")
+  SHR=$(gateway shadow-redis "$(redis_store_toml "$REDIS")" "$WITH_SHADOW")
+  TARGETS+=("shadow $SHM" "shadow-redis $SHR")
+fi
 
 # CPU time (user + system, in clock ticks) a process has used so far; 0 when there is none.
 ticks() { if [ -n "$1" ] && [ -r "/proc/$1/stat" ]; then awk '{print $14 + $15}' "/proc/$1/stat"; else echo 0; fi; }
@@ -61,7 +68,7 @@ run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per
   # CPU per request is steadier than req/s on a shared machine: it does not depend on how much
   # of the cores the other processes took during the run.
   local gw; gw=$(cat "$tmp/pid-$1" 2>/dev/null || true)
-  local rd=""; [ "$1" = redis ] && rd=$REDIS_PID
+  local rd=""; case "$1" in redis|shadow-redis) rd=$REDIS_PID ;; esac
   local g0 r0 g1 r1 m0 m1; g0=$(ticks "$gw"); r0=$(ticks "$rd"); m0=$(machine)
   local script=bench/post.lua; [ "$1" = operation ] && script=bench/post-operation.lua
   local out; out=$(wrk -t2 -c"$CONN" -d"${DUR}s" --latency -s "$script" "http://127.0.0.1:$2/v1/chat/completions" 2>&1)
@@ -104,7 +111,9 @@ def ms(v):  # wrk latency: 1.23ms, 456.78us, 1.02s
 rps = {t: {r: x for r, x, _, _ in v} for t, v in by.items()}
 names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-through)"),
          ("memory", "gateway, six controls, memory store"), ("redis", "gateway, six controls, Redis store"),
-         ("operation", "gateway, six controls and an operation rule, memory store")]
+         ("operation", "gateway, six controls and an operation rule, memory store"),
+         ("shadow", "gateway, six controls, a shadow rule and alerts, memory store"),
+         ("shadow-redis", "gateway, six controls, a shadow rule and alerts, Redis store")]
 names = [(t, label) for t, label in names if t in by]
 print("| target | req/s (median) | p50 | p99 | vs pass-through (median of rounds) | per round | gateway CPU per request | Redis CPU per request | machine idle |")
 print("|---|---|---|---|---|---|---|---|---|")
@@ -116,6 +125,11 @@ for t, label in names:
           f"{statistics.median(ratios):.2f}x | {' '.join(f'{x:.2f}' for x in ratios)} | "
           f"{statistics.median(g for g, _ in cpu[t]):.1f} µs | {statistics.median(r for _, r in cpu[t]):.1f} µs | "
           f"{100 * statistics.median(idle[t]):.0f}% |")
+for t, base in (("shadow", "memory"), ("shadow-redis", "redis")):
+    if t in rps:
+        ratios = [rps[t][r] / rps[base][r] for r in rps[t]]
+        print(f"\nshadow rule and alerts against the same run without them ({base}): "
+              f"{statistics.median(ratios):.3f}x (rounds {' '.join(f'{x:.3f}' for x in ratios)})")
 if "operation" in rps:
     ratios = [rps["operation"][r] / rps["memory"][r] for r in rps["operation"]]
     print(f"\nthe operation rule against the same run without it (memory store): "

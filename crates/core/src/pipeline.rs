@@ -67,6 +67,8 @@ pub struct BudgetCheck {
     pub period: Period,
     /// Amount to reserve: the estimate in `unit`.
     pub amount: u64,
+    /// Where alerts fire (the gateway's business: stores ignore it).
+    pub alert_at: crate::policy::AlertAt,
 }
 
 /// Everything a store needs to decide one request atomically.
@@ -442,6 +444,7 @@ fn budgets(
             unit: b.unit,
             period: b.period,
             amount,
+            alert_at: b.alert_at,
         });
     }
     // Tool calls after every budget, as their control comes after the budget's. Each round
@@ -455,6 +458,7 @@ fn budgets(
                 unit: Unit::ToolCalls,
                 period: t.period,
                 amount: 1,
+                alert_at: t.alert_at,
             });
         }
     }

@@ -213,6 +213,43 @@ pub struct BudgetLimit {
     pub unit: Unit,
     /// The period.
     pub period: Period,
+    /// Where alerts fire.
+    pub alert_at: AlertAt,
+}
+
+/// Per cents of a budget's limit (1 to 100) at which an alert fires, once per scope and period:
+/// a set, held in one word so that a budget stays `Copy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AlertAt(u128);
+
+impl AlertAt {
+    /// The set of `percents`, each from 1 to 100.
+    pub fn of(percents: &[u64]) -> Result<Self, String> {
+        let mut bits = 0u128;
+        for &p in percents {
+            if !(1..=100).contains(&p) {
+                return Err(format!("{p} is not a per cent from 1 to 100"));
+            }
+            bits |= 1 << (p - 1);
+        }
+        Ok(Self(bits))
+    }
+
+    /// Whether no alert is set.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The per cents, lowest first.
+    pub fn iter(self) -> impl Iterator<Item = u64> {
+        (1..=100u64).filter(move |p| self.0 & (1 << (p - 1)) != 0)
+    }
+
+    /// The per cents that `committed` of `limit` has reached.
+    pub fn reached(self, committed: u64, limit: u64) -> impl Iterator<Item = u64> {
+        self.iter()
+            .filter(move |p| u128::from(committed) * 100 >= u128::from(*p) * u128::from(limit))
+    }
 }
 
 /// Upper bounds that keep every product of the ledger arithmetic inside 2^53, so the Lua
@@ -467,6 +504,7 @@ fn validate_scope(
             unit: Unit::ToolCalls,
             period: Period::parse(&t.period)
                 .map_err(|m| PolicyError::new(format!("{path}.tool_calls.period"), m))?,
+            alert_at: AlertAt::default(),
         }),
         None => None,
     };
@@ -594,10 +632,13 @@ fn validate_budget(
     };
     let period =
         Period::parse(&b.period).map_err(|m| PolicyError::new(format!("{bpath}.period"), m))?;
+    let alert_at =
+        AlertAt::of(&b.alert_at).map_err(|m| PolicyError::new(format!("{bpath}.alert_at"), m))?;
     Ok(BudgetLimit {
         limit,
         unit,
         period,
+        alert_at,
     })
 }
 

@@ -37,6 +37,8 @@ pub struct Gateway {
     draining: std::sync::atomic::AtomicBool,
     /// Responses API: the context of each response served, for its follow-ups.
     contexts: Contexts,
+    /// Alerts and their webhooks (fixed at start-up, like the listeners).
+    pub alerts: crate::alerts::Alerts,
 }
 
 impl Gateway {
@@ -50,7 +52,9 @@ impl Gateway {
             use std::hash::{BuildHasher, RandomState};
             RandomState::new().hash_one((std::process::id(), Instant::now())) & 0xffff_ffff_ffff
         };
+        let alerts = crate::alerts::Alerts::new(&config.alerts);
         Self {
+            alerts,
             config: std::sync::RwLock::new(Arc::new(config)),
             config_path: None,
             store,

@@ -30,6 +30,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod alerts;
 pub mod config;
 pub mod conn;
 pub mod contexts;

@@ -216,6 +216,7 @@ pub async fn serve_gateway(
 ) -> std::io::Result<()> {
     let app = router(gw.clone());
     crate::telemetry::spawn_budget_refresh(gw.clone());
+    gw.alerts.spawn();
     let cfg = gw.config();
     if let Some(listen) = cfg.metrics.listen {
         let l = TcpListener::bind(listen).await?;

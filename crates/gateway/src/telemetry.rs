@@ -142,6 +142,26 @@ pub fn recent_refusals() -> BTreeMap<&'static str, [u64; RECENT_MINUTES]> {
     out
 }
 
+/// An alert fired (`event`: budget_threshold, budget_exhausted, kill_switch_set, …).
+pub fn alert(event: &str) {
+    counter!("tollgate_alerts_total", "event" => event.to_owned()).increment(1);
+}
+
+/// An alert was dropped: its queue was full.
+pub fn alert_dropped() {
+    counter!("tollgate_alerts_dropped_total").increment(1);
+}
+
+/// A threshold's claim was not answered by the store: asked again later.
+pub fn alert_undecided() {
+    counter!("tollgate_alerts_undecided_total").increment(1);
+}
+
+/// A webhook delivery: `delivered`, `retried` or `failed`.
+pub fn alert_delivery(outcome: &'static str) {
+    counter!("tollgate_alert_deliveries_total", "outcome" => outcome).increment(1);
+}
+
 /// A shadow rule would have refused a request.
 pub fn shadow_refusal(code: &'static str, rule: &str) {
     counter!("tollgate_shadow_refusals_total", "reason" => code, "rule" => rule.to_owned())

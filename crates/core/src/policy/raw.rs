@@ -147,6 +147,9 @@ pub struct RawBudget {
     pub micro_usd: Option<u64>,
     /// `day`, `month` (UTC calendar), or a fixed duration such as `1h`, `7d`.
     pub period: String,
+    /// Per cent of the limit at which an alert fires, once per scope and period.
+    #[serde(default)]
+    pub alert_at: Vec<u64>,
 }
 
 /// `tool_calls = { limit = 50, period = "1h" }`

@@ -223,3 +223,20 @@ fn rule_modes_are_enforce_or_shadow_and_a_shadow_rule_cannot_trim() {
         [true, false]
     );
 }
+
+#[test]
+fn alert_thresholds_are_per_cents_of_the_limit() {
+    let e = err(
+        "[[scopes]]\nkey = \"user\"\nbudget = { tokens = 10, period = \"day\", alert_at = [50, 101] }\n",
+    );
+    assert_eq!(e.path, "policy.scopes[0].budget.alert_at");
+    let p = Policy::from_toml(
+        "[[scopes]]\nkey = \"user\"\nbudget = { tokens = 1000, period = \"day\", alert_at = [80, 50, 100, 50] }\n",
+    )
+    .unwrap_or_else(|e| unreachable!("{e}"));
+    let a = p.scopes[0].budget.map(|b| b.alert_at).unwrap_or_default();
+    assert_eq!(a.iter().collect::<Vec<_>>(), [50, 80, 100]);
+    assert_eq!(a.reached(799, 1000).collect::<Vec<_>>(), [50]);
+    assert_eq!(a.reached(800, 1000).collect::<Vec<_>>(), [50, 80]);
+    assert_eq!(a.reached(u64::MAX, u64::MAX).count(), 3, "no overflow");
+}

@@ -174,6 +174,15 @@ async fn list_kills(State(gw): State<Shared>) -> Response {
     }
 }
 
+/// A kill switch set (with its reason) or lifted, told to the alerts by the instance that did
+/// it.
+pub(crate) fn kill_alert(gw: &Shared, target: &str, reason: Option<&str>) {
+    gw.alerts.emit(match reason {
+        Some(r) => json!({"event": "kill_switch_set", "target": target, "reason": r}),
+        None => json!({"event": "kill_switch_lifted", "target": target}),
+    });
+}
+
 #[derive(Deserialize)]
 struct KillRequest {
     target: String,
@@ -192,15 +201,21 @@ async fn set_kill(State(gw): State<Shared>, axum::Json(k): axum::Json<KillReques
         return crate::respond::invalid_kill_target().into_response();
     }
     match gw.store.set_kill(&k.target, Some(&k.reason)).await {
-        Ok(()) => axum::Json(json!({"target": k.target, "reason": k.reason, "killed": true}))
-            .into_response(),
+        Ok(()) => {
+            kill_alert(&gw, &k.target, Some(&k.reason));
+            axum::Json(json!({"target": k.target, "reason": k.reason, "killed": true}))
+                .into_response()
+        }
         Err(e) => store_failed(e),
     }
 }
 
 async fn clear_kill(State(gw): State<Shared>, Path(target): Path<String>) -> Response {
     match gw.store.set_kill(&target, None).await {
-        Ok(()) => axum::Json(json!({"target": target, "killed": false})).into_response(),
+        Ok(()) => {
+            kill_alert(&gw, &target, None);
+            axum::Json(json!({"target": target, "killed": false})).into_response()
+        }
         Err(e) => store_failed(e),
     }
 }

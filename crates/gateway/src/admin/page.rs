@@ -218,7 +218,10 @@ async fn act(gw: &Shared, form: &FormToken, f: &KillForm, kill: bool) -> Respons
         );
     }
     match gw.store.set_kill(target, kill.then_some(reason)).await {
-        Ok(()) => Redirect::to("/admin/ui").into_response(),
+        Ok(()) => {
+            super::kill_alert(gw, target, kill.then_some(reason));
+            Redirect::to("/admin/ui").into_response()
+        }
         Err(e) => problem(
             StatusCode::SERVICE_UNAVAILABLE,
             &format!("The store did not take it: {e}"),

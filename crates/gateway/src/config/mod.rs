@@ -68,6 +68,37 @@ impl GatewayConfig {
     }
 }
 
+/// Alerts and where they go.
+#[derive(Debug, Clone, Default)]
+pub struct AlertsConfig {
+    /// Events waiting for delivery at most.
+    pub queue: usize,
+    /// Attempts per delivery.
+    pub attempts: u32,
+    /// Where events go (resolved: URLs read, clients built).
+    pub webhooks: Vec<Webhook>,
+}
+
+/// A body format of a webhook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookFormat {
+    /// The event as a JSON object.
+    Json,
+    /// `{"text": …}`, as Slack's incoming webhooks (and Mattermost, Discord's `/slack`) take.
+    Slack,
+}
+
+/// A webhook.
+#[derive(Debug, Clone)]
+pub struct Webhook {
+    /// Where to post.
+    pub url: axum::http::Uri,
+    /// The body.
+    pub format: WebhookFormat,
+    /// Its client (Mozilla's roots).
+    pub client: crate::upstream::UpstreamClient,
+}
+
 /// Where and how often metrics are served.
 #[derive(Debug, Clone)]
 pub struct MetricsConfig {
@@ -113,6 +144,8 @@ pub struct GatewayConfig {
     pub metrics: MetricsConfig,
     /// Kill switches of the file: (target, reason).
     pub kills: Vec<(String, String)>,
+    /// Alerts.
+    pub alerts: AlertsConfig,
     /// Body read timeout.
     pub body_timeout: Duration,
     /// Upstream response-header timeout.

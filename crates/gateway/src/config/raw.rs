@@ -58,6 +58,35 @@ pub struct RawConfig {
     /// Kill switches that hold whatever the store holds.
     #[serde(default)]
     pub kill: Vec<RawKill>,
+    /// Alerts (budget thresholds, exhausted budgets, kill switches, store loss) to webhooks.
+    #[serde(default)]
+    pub alerts: RawAlerts,
+}
+
+/// `[alerts]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawAlerts {
+    /// Events waiting for delivery at most (default 1,000; past it new ones are dropped and
+    /// counted).
+    pub queue: Option<usize>,
+    /// Attempts per delivery (default 5, backing off from 0.5 s to 30 s).
+    pub attempts: Option<u32>,
+    /// Where events go.
+    #[serde(default)]
+    pub webhooks: Vec<RawWebhook>,
+}
+
+/// `[[alerts.webhooks]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWebhook {
+    /// The URL (`http://` or `https://`).
+    pub url: Option<String>,
+    /// An environment variable holding the URL instead (a Slack webhook URL is a secret).
+    pub url_env: Option<String>,
+    /// `json` (default: the event as an object) or `slack` (`{"text": …}`).
+    pub format: Option<String>,
 }
 
 /// `[remote_content]`: files and documents named by URL or file id, whose content the

@@ -18,7 +18,25 @@ pub(super) fn resolve(checked: Checked) -> Result<GatewayConfig, ConfigError> {
         upstreams,
         tokenizers,
         admin,
+        webhooks,
     } = checked;
+    for w in webhooks {
+        let url = match w.url {
+            Ok(u) => u,
+            Err(var) => {
+                let text = env(&var, &format!("{}.url_env", w.field))?;
+                super::validate::webhook_url(&text)
+                    .map_err(|e| err(format!("{}.url_env", w.field), e))?
+            }
+        };
+        let client = UpstreamClient::new(Route::default())
+            .map_err(|(name, e)| err(format!("{}.{name}", w.field), e))?;
+        config.alerts.webhooks.push(super::Webhook {
+            url,
+            format: w.format,
+            client,
+        });
+    }
     for u in upstreams {
         let client = UpstreamClient::new(Route {
             ca_file: u.ca_file.as_deref().map(std::path::Path::new),

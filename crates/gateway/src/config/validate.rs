@@ -25,6 +25,14 @@ pub(super) struct Checked {
     pub upstreams: Vec<UpstreamSpec>,
     pub tokenizers: Vec<(String, TokenizerSpec)>,
     pub admin: Option<AdminSpec>,
+    pub webhooks: Vec<WebhookSpec>,
+}
+
+/// A webhook, checked: its URL (or the variable holding it) and format.
+pub(super) struct WebhookSpec {
+    pub url: Result<axum::http::Uri, String>,
+    pub format: super::WebhookFormat,
+    pub field: String,
 }
 
 /// An upstream, checked.
@@ -88,6 +96,16 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         idempotency: idempotency(&raw.idempotency)?,
         metrics: metrics(&raw.metrics)?,
         kills: kills(&raw.kill)?,
+        alerts: super::AlertsConfig {
+            queue: bounded(raw.alerts.queue, 1000, 1..=100_000, "alerts.queue")?,
+            attempts: bounded(
+                raw.alerts.attempts.map(|a| a as usize),
+                5,
+                1..=20,
+                "alerts.attempts",
+            )? as u32,
+            webhooks: Vec::new(),
+        },
         counter: tollgate_tokens::TokenCounter::default(),
         unknown_context_tokens,
         context_ttl,
@@ -106,7 +124,59 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         upstreams,
         tokenizers: tokenizers(&raw.tokenizers)?,
         admin: raw.admin.as_ref().map(admin).transpose()?,
+        webhooks: webhooks(&raw.alerts.webhooks)?,
     })
+}
+
+fn bounded(
+    v: Option<usize>,
+    default: usize,
+    range: std::ops::RangeInclusive<usize>,
+    field: &str,
+) -> Result<usize, ConfigError> {
+    let v = v.unwrap_or(default);
+    if !range.contains(&v) {
+        return Err(err(
+            field,
+            format!("must be from {} to {}", range.start(), range.end()),
+        ));
+    }
+    Ok(v)
+}
+
+/// `[[alerts.webhooks]]`: a URL or the variable holding it (read when resolved), a format.
+fn webhooks(raw: &[super::raw::RawWebhook]) -> Result<Vec<WebhookSpec>, ConfigError> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let field = format!("alerts.webhooks[{i}]");
+            let format = match w.format.as_deref() {
+                None | Some("json") => super::WebhookFormat::Json,
+                Some("slack") => super::WebhookFormat::Slack,
+                Some(f) => {
+                    return Err(err(
+                        format!("{field}.format"),
+                        format!("unknown format {f:?}; expected \"json\" or \"slack\""),
+                    ));
+                }
+            };
+            let url = match (&w.url, &w.url_env) {
+                (Some(u), None) => Ok(webhook_url(u).map_err(|e| err(format!("{field}.url"), e))?),
+                (None, Some(var)) => Err(var.clone()),
+                _ => return Err(err(&field, "give exactly one of url or url_env")),
+            };
+            Ok(WebhookSpec { url, format, field })
+        })
+        .collect()
+}
+
+/// A webhook's URL: `http://` or `https://`, with a host.
+pub(super) fn webhook_url(u: &str) -> Result<axum::http::Uri, String> {
+    let uri: axum::http::Uri = u.parse().map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err("expected an http:// or https:// URL".into());
+    }
+    Ok(uri)
 }
 
 /// A duration written like `250ms` or `2m`, or `default`.

@@ -29,6 +29,8 @@ pub(crate) struct Controls<'a, S> {
     pub queue: Option<(&'a Queue, QueueConfig)>,
     /// Whose place in the queue a waiting request takes (its key).
     pub queue_key: &'a str,
+    /// Where budget thresholds, exhausted budgets and a store's loss are told.
+    pub alerts: Option<&'a crate::alerts::Alerts>,
 }
 
 /// What a request's shadow rules made of it.
@@ -77,7 +79,11 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         shadow: Option<Plan>,
     ) -> Result<(Decision, Shadowed), ApiError> {
         let Some(shadow) = shadow else {
-            return Ok((self.decide(p).await?, Shadowed::None));
+            let d = self.decide(p).await?;
+            if let Some(a) = self.alerts {
+                a.observe(self.store, p, &d);
+            }
+            return Ok((d, Shadowed::None));
         };
         // Joined, not one after the other: on Redis the two admissions travel in one batch.
         let (decided, shadowed) = tokio::join!(self.decide(p), self.shadow(shadow));
@@ -89,7 +95,11 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
             }
             other => other,
         };
-        Ok((decided?, shadowed))
+        let decided = decided?;
+        if let Some(a) = self.alerts {
+            a.observe(self.store, p, &decided);
+        }
+        Ok((decided, shadowed))
     }
 
     /// One admission of a shadow plan, whose answer only counts.
@@ -189,7 +199,12 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
                     fail_open: true,
                 })
             }
-            Err(e) => return Err(store_error(e)),
+            Err(e) => {
+                if let (StoreError::StateLost, Some(a)) = (&e, self.alerts) {
+                    a.store_lost();
+                }
+                return Err(store_error(e));
+            }
         };
         match &d {
             Decision::Admit(_) => crate::telemetry::decision("admit", ""),

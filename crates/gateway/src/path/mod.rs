@@ -141,6 +141,7 @@ async fn admit_counted(
         kills: &cfg.kills,
         queue: cfg.queue.map(|q| (&gw.queue, q)),
         queue_key: &key.key_id,
+        alerts: Some(&gw.alerts),
     };
     let decided = Instant::now();
     let (decision, shadowed) = controls.decide_shadowed(&mut p, shadow).await?;
