@@ -2,6 +2,9 @@
 //!
 //! [`RawPolicy`] mirrors the file; [`Policy::try_from`] checks every field and reports the first
 //! problem with its path, e.g. `policy.scopes[2].budget.period: unknown period "fortnight"`.
+//!
+//! Over 600 lines because each validated type sits next to the checks that establish its
+//! invariants; every function here is one field's or one section's.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU64;
@@ -515,23 +518,7 @@ fn validate_scope(
         }),
         None => None,
     };
-    let shadow = match s.mode.as_deref() {
-        None | Some("enforce") => false,
-        Some("shadow") => true,
-        Some(m) => {
-            return Err(PolicyError::new(
-                format!("{path}.mode"),
-                format!("unknown mode {m:?}; expected \"enforce\" or \"shadow\""),
-            ));
-        }
-    };
-    // Trimming changes the request itself, which a rule that must not change answers cannot.
-    if shadow && trim_input {
-        return Err(PolicyError::new(
-            format!("{path}.input_tokens.mode"),
-            "a shadow rule cannot trim: trimming would change the request; use \"reject\" to see which requests it would refuse",
-        ));
-    }
+    let shadow = shadow_mode(s.mode.as_deref(), trim_input, path)?;
     let global_key = dims
         .is_empty()
         .then(|| ScopeKey::derive(&name, &dims, &Identity::default()))
@@ -553,6 +540,28 @@ fn validate_scope(
         loops,
         shadow,
     })
+}
+
+/// `mode`: `enforce` (the default) or `shadow`; a shadow rule cannot trim.
+fn shadow_mode(mode: Option<&str>, trim_input: bool, path: &str) -> Result<bool, PolicyError> {
+    let shadow = match mode {
+        None | Some("enforce") => false,
+        Some("shadow") => true,
+        Some(m) => {
+            return Err(PolicyError::new(
+                format!("{path}.mode"),
+                format!("unknown mode {m:?}; expected \"enforce\" or \"shadow\""),
+            ));
+        }
+    };
+    // Trimming changes the request itself, which a rule that must not change answers cannot.
+    if shadow && trim_input {
+        return Err(PolicyError::new(
+            format!("{path}.input_tokens.mode"),
+            "a shadow rule cannot trim: trimming would change the request; use \"reject\" to see which requests it would refuse",
+        ));
+    }
+    Ok(shadow)
 }
 
 /// `key`: `global`, or dimensions joined by `/`, each once; sorted.

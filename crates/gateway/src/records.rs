@@ -59,16 +59,41 @@ impl RecordSink {
 }
 
 /// The text a record keeps of a value a client chose (end user, operation, network): the first
-/// 16 bytes of its SHA-256, in hex. Equal values give equal digests, so a scope keyed on them
-/// groups the same requests; the value itself is not kept.
-pub fn digest(value: &str) -> String {
+/// 16 bytes, in hex, of its HMAC-SHA-256 under `key` (`[records] digest_key_env`), or without
+/// a key of its SHA-256 behind a fixed prefix. Equal values give equal digests, so a scope keyed
+/// on them groups the same requests; the value itself is not kept, and with a key it cannot be
+/// found again by hashing likely values.
+pub fn digest(key: Option<&[u8]>, value: &str) -> String {
+    use hmac::{KeyInit, Mac};
     use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    h.update(b"tollgate-record\0");
-    h.update(value.as_bytes());
-    h.finalize()
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let bytes: Vec<u8> = match key.map(hmac::Hmac::<Sha256>::new_from_slice) {
+        Some(Ok(mut mac)) => {
+            mac.update(value.as_bytes());
+            mac.finalize().into_bytes().to_vec()
+        }
+        _ => {
+            let mut h = Sha256::new();
+            h.update(b"tollgate-record\0");
+            h.update(value.as_bytes());
+            h.finalize().to_vec()
+        }
+    };
+    bytes.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::digest;
+
+    #[test]
+    fn digests_are_stable_and_keyed() {
+        let plain = digest(None, "alice@example.com");
+        assert_eq!(plain.len(), 32);
+        assert_eq!(plain, digest(None, "alice@example.com"));
+        assert_ne!(plain, digest(None, "bob@example.com"));
+        let a = digest(Some(b"0123456789abcdef"), "alice@example.com");
+        assert_eq!(a, digest(Some(b"0123456789abcdef"), "alice@example.com"));
+        assert_ne!(a, plain, "a key changes the digest");
+        assert_ne!(a, digest(Some(b"another-key-0123"), "alice@example.com"));
+    }
 }

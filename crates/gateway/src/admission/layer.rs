@@ -19,6 +19,7 @@ pub struct AdmissionLayer<S = AnyStore> {
     pub(super) exempt: Arc<[Reason]>,
     pub(super) kills: Arc<[(String, String)]>,
     pub(super) queue: Option<(Arc<Queue>, QueueConfig)>,
+    pub(super) alerts: Option<crate::alerts::Alerts>,
 }
 
 impl<S: Clone> Clone for AdmissionLayer<S> {
@@ -31,6 +32,7 @@ impl<S: Clone> Clone for AdmissionLayer<S> {
             exempt: self.exempt.clone(),
             kills: self.kills.clone(),
             queue: self.queue.clone(),
+            alerts: self.alerts.clone(),
         }
     }
 }
@@ -65,6 +67,7 @@ impl<S: Store + Clone + 'static> AdmissionLayer<S> {
             exempt: Arc::from([]),
             kills: Arc::from([]),
             queue: None,
+            alerts: None,
         }
     }
 
@@ -95,6 +98,14 @@ impl<S: Store + Clone + 'static> AdmissionLayer<S> {
     #[must_use]
     pub fn queue(mut self, q: QueueConfig) -> Self {
         self.queue = Some((Arc::new(Queue::default()), q));
+        self
+    }
+
+    /// Tells budget thresholds (`alert_at`), exhausted budgets and a store's loss to `alerts`,
+    /// as the proxy does (start their delivery with [`crate::alerts::Alerts::spawn`]).
+    #[must_use]
+    pub fn alerts(mut self, alerts: crate::alerts::Alerts) -> Self {
+        self.alerts = Some(alerts);
         self
     }
 }

@@ -106,7 +106,7 @@ where
                 kills: &layer.kills,
                 queue: layer.queue.as_ref().map(|(q, c)| (&**q, *c)),
                 queue_key,
-                alerts: None,
+                alerts: layer.alerts.as_ref(),
             };
             let shadow = crate::path::shadow_plan(&layer.policy, &p, &facts);
             let (admitted, shadowed) = match controls.decide_shadowed(&mut p, shadow).await {

@@ -176,6 +176,8 @@ pub struct GatewayConfig {
     pub queue: Option<QueueConfig>,
     /// Decision records: `-` or a file path.
     pub records: Option<String>,
+    /// The key of the records' digests (resolved from `[records] digest_key_env`).
+    pub records_key: Option<std::sync::Arc<[u8]>>,
     /// The admin API.
     pub admin: Option<AdminConfig>,
     /// Token counting per model.

@@ -188,6 +188,10 @@ pub struct RawUpstreamTools {
 pub struct RawRecords {
     /// `-` for standard output, or a file to append to; absent: no records.
     pub path: Option<String>,
+    /// An environment variable holding a secret (at least 16 bytes) that keys the digests a
+    /// record keeps of client-chosen values (HMAC-SHA-256), so that they cannot be guessed
+    /// back from a list of likely values.
+    pub digest_key_env: Option<String>,
 }
 
 /// `[server]`

@@ -19,7 +19,18 @@ pub(super) fn resolve(checked: Checked) -> Result<GatewayConfig, ConfigError> {
         tokenizers,
         admin,
         webhooks,
+        records_key_env,
     } = checked;
+    if let Some(var) = records_key_env {
+        let key = env(&var, "records.digest_key_env")?;
+        if key.len() < 16 {
+            return Err(err(
+                "records.digest_key_env",
+                format!("{var} must hold at least 16 bytes"),
+            ));
+        }
+        config.records_key = Some(std::sync::Arc::from(key.into_bytes()));
+    }
     for w in webhooks {
         let url = match w.url {
             Ok(u) => u,
@@ -113,6 +124,14 @@ mod tests {
                     "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"{var}\"\n"
                 )),
                 "admin.token_env",
+            ),
+            (
+                text(&format!("[records]\ndigest_key_env = \"{var}\"\n")),
+                "records.digest_key_env",
+            ),
+            (
+                text(&format!("[[alerts.webhooks]]\nurl_env = \"{var}\"\n")),
+                "alerts.webhooks[0].url_env",
             ),
         ];
         for (toml_text, field) in cases {

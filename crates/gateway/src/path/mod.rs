@@ -157,7 +157,7 @@ async fn admit_counted(
         r.shadow = shadowed.refusal();
         r.facts = Some(tollgate_core::record::RecordedFacts::of(
             &counted.facts,
-            crate::records::digest,
+            |v| crate::records::digest(cfg.records_key.as_deref(), v),
         ));
         r
     };
