@@ -231,6 +231,10 @@ pub const SHADOW_ID_SUFFIX: &str = "~shadow";
 /// [`SHADOW_ID_SUFFIX`]); `None` when no shadow rule applies. Kill switches are the enforced
 /// plan's business: this one has none, and never fails open.
 pub fn shadow_plan(policy: &Policy, facts: &RequestFacts) -> Result<Option<Plan>, PlanError> {
+    // Called on every request: without shadow rules, no scope key is derived a second time.
+    if !policy.has_shadow {
+        return Ok(None);
+    }
     let all = matched_scopes(policy, facts);
     if !all.iter().any(|(i, _)| policy.scopes[*i].shadow) {
         return Ok(None);

@@ -58,6 +58,8 @@ pub struct PolicyInner {
     pub prices: BTreeMap<String, Price>,
     /// The rules, in order.
     pub scopes: Vec<ScopeRule>,
+    /// Whether any rule is a shadow rule: a request's shadow plan is not looked for otherwise.
+    pub has_shadow: bool,
 }
 
 impl std::ops::Deref for Policy {
@@ -351,6 +353,7 @@ impl Policy {
             expired_charge,
             fail_open,
             prices,
+            has_shadow: scopes.iter().any(|r| r.shadow),
             scopes,
         })))
     }
@@ -372,6 +375,7 @@ impl Policy {
                 fail_open: Vec::new(),
                 prices: BTreeMap::new(),
                 scopes: Vec::new(),
+                has_shadow: false,
             }))
         })
     }
