@@ -77,6 +77,31 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// Spend from the ledger (`[ledger]`), summed by tenant, key, model, user or day.
+    Spend {
+        /// The ledger's URL, `postgres://…`.
+        #[arg(
+            long,
+            conflicts_with = "ledger_env",
+            required_unless_present = "ledger_env"
+        )]
+        ledger: Option<String>,
+        /// The environment variable holding the ledger's URL, instead of `--ledger`.
+        #[arg(long)]
+        ledger_env: Option<String>,
+        /// What to group by.
+        #[arg(long, value_enum, default_value_t = SpendBy::Tenant)]
+        by: SpendBy,
+        /// From this UTC day or time, included (`2026-12-01`, `2026-12-01T08:00:00Z`).
+        #[arg(long)]
+        from: String,
+        /// To this UTC day or time, excluded.
+        #[arg(long)]
+        to: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+        format: ReportFormat,
+    },
     /// Validate a gateway configuration (what `serve --config` takes), a replay fixture or a
     /// policy file, without serving.
     Check {
@@ -138,6 +163,32 @@ pub enum Format {
     Table,
     /// JSON for machines.
     Json,
+}
+
+/// What `spend` groups by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SpendBy {
+    /// Tenant.
+    Tenant,
+    /// Virtual key.
+    Key,
+    /// Model.
+    Model,
+    /// End user (digests).
+    User,
+    /// UTC day.
+    Day,
+}
+
+/// Output formats of a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// A table for people.
+    Table,
+    /// JSON for machines.
+    Json,
+    /// CSV for spreadsheets.
+    Csv,
 }
 
 /// Request body formats.

@@ -4,6 +4,7 @@ mod admin;
 mod cli;
 mod count;
 mod demo;
+mod spend;
 mod stress;
 mod whatif;
 
@@ -89,6 +90,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             policy,
             format,
         } => whatif::run(&records, &policy, format).await,
+        Command::Spend {
+            ledger,
+            ledger_env,
+            by,
+            from,
+            to,
+            format,
+        } => spend::run(ledger, ledger_env, by, &from, &to, format).await,
     }
 }
 
@@ -121,7 +130,10 @@ async fn serve(
         writeln!(std::io::stderr(), "tollgate: warning: {w}")?;
     }
     let records = cfg.records.clone();
-    let mut gw = tollgate_gateway::Gateway::new(cfg, store);
+    let books = tollgate_gateway::open_books(&cfg)
+        .await
+        .context("opening the spend ledger ([ledger])")?;
+    let mut gw = tollgate_gateway::Gateway::new(cfg, store).with_books(books);
     if let Some(path) = config {
         gw = gw.with_config_path(path);
     }

@@ -39,6 +39,8 @@ pub struct Gateway {
     contexts: Contexts,
     /// Alerts and their webhooks (fixed at start-up, like the listeners).
     pub alerts: crate::alerts::Alerts,
+    /// The spend ledger, when one is configured (fixed at start-up).
+    pub books: Option<Arc<crate::books::Books>>,
 }
 
 impl Gateway {
@@ -54,6 +56,7 @@ impl Gateway {
         };
         let alerts = crate::alerts::Alerts::new(&config.alerts);
         Self {
+            books: None,
             alerts,
             config: std::sync::RwLock::new(Arc::new(config)),
             config_path: None,
@@ -66,6 +69,13 @@ impl Gateway {
             draining: std::sync::atomic::AtomicBool::new(false),
             contexts: Contexts::default(),
         }
+    }
+
+    /// Keeps the spend ledger `books` (see [`crate::server::open_books`]).
+    #[must_use]
+    pub fn with_books(mut self, books: Option<Arc<crate::books::Books>>) -> Self {
+        self.books = books;
+        self
     }
 
     /// Whether a shutdown has begun.

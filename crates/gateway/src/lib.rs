@@ -31,6 +31,7 @@
 pub mod admin;
 pub mod admission;
 pub mod alerts;
+pub mod books;
 pub mod config;
 pub mod conn;
 pub mod contexts;
@@ -50,4 +51,4 @@ pub use config::{GatewayConfig, hash_key};
 pub use gateway::{Gateway, Shared};
 pub use path::fuzz_agents;
 pub use path::intake::{MAX_OPERATION_BYTES, MAX_USER_BYTES};
-pub use server::{router, serve, serve_with, start_store, start_store_with_warnings};
+pub use server::{open_books, router, serve, serve_with, start_store, start_store_with_warnings};

@@ -42,8 +42,12 @@ pub async fn start_store_with_warnings(
             shards,
             retention,
             allow_eviction,
+            access,
         } => {
             let mut c = RedisConfig::new(url.as_str());
+            c.ca_pem = access.ca_pem.clone();
+            c.username = access.username.clone();
+            c.password = access.password.clone();
             c.prefix = prefix.clone();
             c.call_timeout = *call_timeout;
             c.cluster = cluster.clone();
@@ -57,6 +61,28 @@ pub async fn start_store_with_warnings(
         }
     };
     Ok((store, warnings))
+}
+
+/// Opens the spend ledger when one is configured: connects and brings its schema up to date.
+pub async fn open_books(
+    config: &GatewayConfig,
+) -> std::io::Result<Option<Arc<crate::books::Books>>> {
+    let Some(l) = &config.ledger else {
+        return Ok(None);
+    };
+    let url = l
+        .url
+        .clone()
+        .map_err(|var| std::io::Error::other(format!("ledger.url_env: {var} was not read")))?;
+    let mut s = tollgate_ledger::Settings::new(url);
+    s.buffer = l.buffer;
+    s.batch = l.batch;
+    s.flush_every = l.flush_every;
+    s.on_full = l.on_full;
+    let ledger = tollgate_ledger::Ledger::open(s)
+        .await
+        .map_err(std::io::Error::other)?;
+    Ok(Some(crate::books::Books::new(ledger, l.flush_every)))
 }
 
 /// Refuses a Redis that may evict keys (unless allowed), and warns of one that keeps nothing
@@ -217,6 +243,9 @@ pub async fn serve_gateway(
     let app = router(gw.clone());
     crate::telemetry::spawn_budget_refresh(gw.clone());
     gw.alerts.spawn();
+    if let Some(b) = &gw.books {
+        b.spawn_writer(gw.store.clone());
+    }
     let cfg = gw.config();
     if let Some(listen) = cfg.metrics.listen {
         let l = TcpListener::bind(listen).await?;
@@ -234,6 +263,15 @@ pub async fn serve_gateway(
     let deadline = tokio::time::Instant::now() + RELEASE_GRACE;
     while crate::store::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The endings of the drained requests, written before the process ends.
+    if let Some(b) = &gw.books {
+        if !b.ledger.flush(RELEASE_GRACE).await {
+            tracing::error!(
+                buffered = b.ledger.buffered(),
+                "the ledger could not write every ending before shutdown"
+            );
+        }
     }
     Ok(())
 }

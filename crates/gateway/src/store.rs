@@ -38,6 +38,21 @@ impl AnyStore {
         }
     }
 
+    /// Adds to a budget scope's settled amount in one period (see
+    /// [`RedisStore::add_settled`]); the memory store, which never forgets, has nothing to add.
+    pub async fn add_settled(
+        &self,
+        scope_id: &str,
+        field: &str,
+        expire_at_ms: u64,
+        amount: u64,
+    ) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(r) => r.add_settled(scope_id, field, expire_at_ms, amount).await,
+        }
+    }
+
     /// Whether the store answers (`/readyz`).
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {

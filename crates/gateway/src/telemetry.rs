@@ -264,6 +264,12 @@ pub fn store_state_lost() {
     counter!("tollgate_store_state_lost_total").increment(1);
 }
 
+/// Something the spend ledger did besides writing: `rebuilt`, `rebuild_failed`, `dropped`,
+/// `apply_failed`, `kill_not_written`, `refused` (an admission refused while its buffer is full).
+pub fn ledger_event(event: &'static str) {
+    counter!("tollgate_ledger_events_total", "event" => event).increment(1);
+}
+
 /// An operator acknowledged a loss of the store's state.
 pub fn store_loss_acknowledged() {
     counter!("tollgate_store_loss_acknowledged_total").increment(1);

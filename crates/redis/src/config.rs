@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// Connection settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisConfig {
     /// `redis://host:port/db`.
     pub url: String,
@@ -26,6 +26,48 @@ pub struct RedisConfig {
     pub max_batch: usize,
     /// Batch calls on their way at once; while they are, new work waits and joins the next one.
     pub batches_in_flight: usize,
+    /// For `rediss://` URLs: the CA certificates (PEM) the server's certificate must chain to,
+    /// instead of Mozilla's roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The ACL user, over the URL's.
+    pub username: Option<String>,
+    /// The password, over the URL's. Never shown by `Debug`.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &redacted(&self.url))
+            .field("prefix", &self.prefix)
+            .field(
+                "cluster",
+                &self
+                    .cluster
+                    .as_ref()
+                    .map(|n| n.iter().map(|u| redacted(u)).collect::<Vec<_>>()),
+            )
+            .field("shards", &self.shards)
+            .field("ca_pem", &self.ca_pem.is_some())
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "…"))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A Redis URL with its password (if any) replaced by `…`, to be shown or logged.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (auth, host) = match rest.rsplit_once('@') {
+        Some(parts) => parts,
+        None => return url.to_owned(),
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:…@{host}"),
+        None => format!("{scheme}://{auth}@{host}"),
+    }
 }
 
 impl RedisConfig {
@@ -41,6 +83,9 @@ impl RedisConfig {
             shards: 1,
             max_batch: 64,
             batches_in_flight: 2,
+            ca_pem: None,
+            username: None,
+            password: None,
         }
     }
 }

@@ -177,6 +177,9 @@ async fn list_kills(State(gw): State<Shared>) -> Response {
 /// A kill switch set (with its reason) or lifted, told to the alerts by the instance that did
 /// it.
 pub(crate) fn kill_alert(gw: &Shared, target: &str, reason: Option<&str>) {
+    if let Some(b) = &gw.books {
+        b.kill_changed(target, reason);
+    }
     gw.alerts.emit(match reason {
         Some(r) => json!({"event": "kill_switch_set", "target": target, "reason": r}),
         None => json!({"event": "kill_switch_lifted", "target": target}),

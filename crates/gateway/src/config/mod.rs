@@ -5,6 +5,7 @@
 
 mod raw;
 mod resolve;
+mod stores;
 mod validate;
 
 use std::collections::{BTreeMap, HashMap};
@@ -164,6 +165,8 @@ pub struct GatewayConfig {
     pub max_output_tokens: u64,
     /// Store.
     pub store: StoreConfig,
+    /// The spend ledger.
+    pub ledger: Option<LedgerConfig>,
     /// Upstreams.
     pub upstreams: Vec<Upstream>,
     /// Model → upstream index.
@@ -226,7 +229,57 @@ pub enum StoreConfig {
         retention: Duration,
         /// Whether a server that may evict keys is accepted.
         allow_eviction: bool,
+        /// TLS trust and credentials (resolved from `ca_file`, `username_env`, `password_env`).
+        access: RedisAccess,
     },
+}
+
+/// How a Redis is reached beyond its URL: a CA for `rediss://`, and an ACL user and password
+/// over the URL's. The password is never shown.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RedisAccess {
+    /// The CA certificates (PEM) the server's certificate must chain to.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The ACL user.
+    pub username: Option<String>,
+    /// The password.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for RedisAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisAccess")
+            .field("ca_pem", &self.ca_pem.is_some())
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "…"))
+            .finish()
+    }
+}
+
+/// `[ledger]`, checked.
+#[derive(Clone)]
+pub struct LedgerConfig {
+    /// The URL, or (until resolved) the variable holding it.
+    pub url: Result<String, String>,
+    /// Endings buffered at most.
+    pub buffer: usize,
+    /// Endings per transaction at most.
+    pub batch: usize,
+    /// How often the buffer is written.
+    pub flush_every: Duration,
+    /// What a full buffer does.
+    pub on_full: tollgate_ledger::OnFull,
+}
+
+impl std::fmt::Debug for LedgerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerConfig")
+            .field("buffer", &self.buffer)
+            .field("batch", &self.batch)
+            .field("flush_every", &self.flush_every)
+            .field("on_full", &self.on_full)
+            .finish_non_exhaustive()
+    }
 }
 
 /// An upstream.

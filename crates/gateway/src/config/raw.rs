@@ -31,6 +31,8 @@ pub struct RawConfig {
     pub records: RawRecords,
     /// The admin API.
     pub admin: Option<RawAdmin>,
+    /// The durable spend ledger.
+    pub ledger: Option<RawLedger>,
     /// OpenAI's Responses API.
     #[serde(default)]
     pub responses: RawResponses,
@@ -264,6 +266,31 @@ pub struct RawStore {
     /// evicted budget or window reopens what it held (default false: refuse to start).
     #[serde(default)]
     pub allow_eviction: bool,
+    /// For `rediss://`: a PEM file of the CA certificates the server's certificate must chain to
+    /// (default: Mozilla's roots, compiled in).
+    pub ca_file: Option<String>,
+    /// The environment variable holding the ACL user, over the URL's.
+    pub username_env: Option<String>,
+    /// The environment variable holding the password, over the URL's.
+    pub password_env: Option<String>,
+}
+
+/// `[ledger]`: the durable spend ledger in PostgreSQL.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawLedger {
+    /// `postgres://user:password@host:port/db`.
+    pub url: Option<String>,
+    /// The environment variable holding the URL, instead of `url`.
+    pub url_env: Option<String>,
+    /// Endings waiting to be written at most before new admissions are refused (default 100,000).
+    pub buffer: Option<usize>,
+    /// Endings written in one transaction at most (default 1,000).
+    pub batch: Option<usize>,
+    /// How often waiting endings are written (default 200 ms).
+    pub flush_every: Option<String>,
+    /// When the buffer is full: `refuse` new admissions (default) or `drop` endings (counted).
+    pub on_full: Option<String>,
 }
 
 /// `[[kill]]`: a kill switch of the configuration file, which no store loss lifts.

@@ -20,7 +20,9 @@ pub(super) fn resolve(checked: Checked) -> Result<GatewayConfig, ConfigError> {
         admin,
         webhooks,
         records_key_env,
+        store_access,
     } = checked;
+    resolve_store(&mut config, store_access)?;
     if let Some(var) = records_key_env {
         let key = env(&var, "records.digest_key_env")?;
         if key.len() < 16 {
@@ -89,6 +91,45 @@ pub(super) fn resolve(checked: Checked) -> Result<GatewayConfig, ConfigError> {
 }
 
 /// The value of environment variable `var`, which `field` names.
+/// The Redis's CA file and credentials, and the ledger's URL, read.
+fn resolve_store(
+    config: &mut GatewayConfig,
+    spec: super::stores::AccessSpec,
+) -> Result<(), ConfigError> {
+    if let super::StoreConfig::Redis { access, .. } = &mut config.store {
+        if let Some(path) = &spec.ca_file {
+            let pem =
+                std::fs::read(path).map_err(|e| err("store.ca_file", format!("{path}: {e}")))?;
+            if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+                return Err(err(
+                    "store.ca_file",
+                    format!("{path}: no PEM certificate in it"),
+                ));
+            }
+            access.ca_pem = Some(pem);
+        }
+        if let Some(var) = &spec.username_env {
+            access.username = Some(env(var, "store.username_env")?);
+        }
+        if let Some(var) = &spec.password_env {
+            access.password = Some(env(var, "store.password_env")?);
+        }
+    }
+    if let Some(l) = &mut config.ledger {
+        if let Err(var) = &l.url {
+            let url = env(var, "ledger.url_env")?;
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(err(
+                    "ledger.url_env",
+                    format!("{var} must hold a postgres://… URL"),
+                ));
+            }
+            l.url = Ok(url);
+        }
+    }
+    Ok(())
+}
+
 fn env(var: &str, field: &str) -> Result<String, ConfigError> {
     std::env::var(var).map_err(|_| err(field, format!("environment variable {var} is not set")))
 }

@@ -14,8 +14,8 @@ use tollgate_tokens::{Counting, Encoding};
 use super::{
     AdminConfig, ConfigError, GatewayConfig, IdempotencyConfig, KeyConfig, MetricsConfig,
     QueueConfig, RawAdmin, RawAnthropic, RawConfig, RawIdempotency, RawKey, RawKill, RawMetrics,
-    RawOperations, RawQueue, RawRemoteContent, RawResponses, RawServer, RawStore, RawUpstream,
-    RawUpstreamTools, StoreConfig, StreamBounds, err,
+    RawOperations, RawQueue, RawRemoteContent, RawResponses, RawServer, RawUpstream,
+    RawUpstreamTools, StreamBounds, err,
 };
 use crate::upstream_tools::UpstreamTools;
 
@@ -30,6 +30,8 @@ pub(super) struct Checked {
     pub webhooks: Vec<WebhookSpec>,
     /// `[records] digest_key_env`, read when resolved.
     pub records_key_env: Option<String>,
+    /// The Redis store's CA file and credentials, read when resolved.
+    pub store_access: super::stores::AccessSpec,
 }
 
 /// A webhook, checked: its URL (or the variable holding it) and format.
@@ -114,7 +116,8 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         unknown_context_tokens,
         context_ttl,
         upstream_tools: upstream_tools(&raw.upstream_tools)?,
-        store: store(&raw.store)?,
+        store: super::stores::store(&raw.store)?,
+        ledger: raw.ledger.as_ref().map(super::stores::ledger).transpose()?,
         upstreams: Vec::new(),
         models,
         keys,
@@ -131,6 +134,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         admin: raw.admin.as_ref().map(admin).transpose()?,
         webhooks: webhooks(&raw.alerts.webhooks)?,
         records_key_env: raw.records.digest_key_env.clone(),
+        store_access: super::stores::access(&raw.store)?,
     })
 }
 
@@ -300,52 +304,6 @@ fn connection_bounds(s: &RawServer) -> Result<ConnectionBounds, ConfigError> {
         stream,
         cancel_grace: duration(&s.cancel_grace, secs(2), "server.cancel_grace")?,
     })
-}
-
-fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
-    let shards = match raw.shards {
-        None => 1,
-        Some(n @ 1..=1024) => n,
-        Some(n) => {
-            return Err(err(
-                "store.shards",
-                format!("{n} shards: give 1 to 1024 (every instance the same number)"),
-            ));
-        }
-    };
-    let retention = duration(&raw.retention, Duration::from_secs(3600), "store.retention")?;
-    if retention < Duration::from_secs(1) {
-        return Err(err(
-            "store.retention",
-            "at least 1s: a settlement may arrive after the request's last byte",
-        ));
-    }
-    let prefix = raw.prefix.clone().unwrap_or_else(|| "tollgate".into());
-    let call_timeout = duration(
-        &raw.call_timeout,
-        Duration::from_millis(250),
-        "store.call_timeout",
-    )?;
-    let redis = |url: String, cluster| StoreConfig::Redis {
-        url,
-        prefix: prefix.clone(),
-        call_timeout,
-        cluster,
-        shards,
-        retention,
-        allow_eviction: raw.allow_eviction,
-    };
-    match raw.url.as_deref() {
-        None | Some("memory") if raw.cluster.is_some() => {
-            Ok(redis(String::new(), raw.cluster.clone()))
-        }
-        None | Some("memory") => Ok(StoreConfig::Memory { retention }),
-        Some(url) if url.starts_with("redis://") => Ok(redis(url.to_owned(), None)),
-        Some(other) => Err(err(
-            "store.url",
-            format!("expected \"memory\" or redis://…, got {other:?}"),
-        )),
-    }
 }
 
 /// The upstreams, and which serves each model.

@@ -134,6 +134,10 @@ async fn admit_counted(
     counted: &Counted,
 ) -> Result<Admission, ApiError> {
     let mut p = plan(&cfg.policy, &counted.facts).map_err(respond::unpriced_model)?;
+    if gw.books.as_ref().is_some_and(|b| !b.ledger.accepting()) {
+        crate::telemetry::ledger_event("refused");
+        return Err(respond::ledger_full());
+    }
     let shadow = shadow_plan(&cfg.policy, &p, &counted.facts);
     let controls = Controls {
         store: &gw.store,
@@ -144,21 +148,31 @@ async fn admit_counted(
         alerts: Some(&gw.alerts),
     };
     let decided = Instant::now();
-    let (decision, shadowed) = controls.decide_shadowed(&mut p, shadow).await?;
+    let (decision, shadowed) = match controls.decide_shadowed(&mut p, shadow).await {
+        Ok(d) => d,
+        Err(e) => {
+            if let (Some(b), "store_state_lost") = (&gw.books, e.code.as_str()) {
+                b.store_lost(&gw.store);
+            }
+            return Err(e);
+        }
+    };
     let decision_us = u64::try_from(decided.elapsed().as_micros()).unwrap_or(u64::MAX);
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
+    let facts = || {
+        tollgate_core::record::RecordedFacts::of(&counted.facts, |v| {
+            crate::records::digest(cfg.records_key.as_deref(), v)
+        })
+    };
     let record = |d: &Decision| {
         let mut r = DecisionRecord::new(now_ms, &p, d);
         r.decision_us = Some(decision_us);
         r.trimmed_turns = counted.trimmed;
         r.shadow = shadowed.refusal();
-        r.facts = Some(tollgate_core::record::RecordedFacts::of(
-            &counted.facts,
-            |v| crate::records::digest(cfg.records_key.as_deref(), v),
-        ));
+        r.facts = Some(facts());
         r
     };
     let admitted = match decision {
@@ -175,6 +189,11 @@ async fn admit_counted(
         ticket.record_to(record(&Decision::Admit(admitted.clone())), sink.clone());
     }
     ticket.shadow(shadowed.admitted());
+    if let Some(b) = &gw.books {
+        // The store's time of the admission, which its reservations' periods were taken at.
+        let at = admitted.expires_at.saturating_sub(p.ttl_ms);
+        ticket.book_to(b.booking(&p, facts(), if admitted.fail_open { now_ms } else { at }));
+    }
     Ok(Admission {
         plan: p,
         granted: admitted,

@@ -42,6 +42,8 @@ pub struct Ticket<S: Store + Clone + 'static = AnyStore> {
     open: Option<Open>,
     /// The request's admission under its shadow rules: renewed, settled and released with it.
     shadow: Option<String>,
+    /// Where its ending is written in the spend ledger, when one is kept.
+    booking: Option<Box<crate::books::Booking>>,
 }
 
 /// A request's decision record, completed and written when the ticket ends.
@@ -98,6 +100,13 @@ impl End {
         match self {
             End::Settle(_) => "settle",
             End::Release(_) => "release",
+        }
+    }
+
+    fn usage(self) -> Option<Usage> {
+        match self {
+            End::Settle(u) => Some(u),
+            End::Release(u) => u,
         }
     }
 
@@ -214,7 +223,13 @@ impl<S: Store + Clone + 'static> Ticket<S> {
             drop_grace: Duration::ZERO,
             detached: false,
             shadow: None,
+            booking: None,
         }
+    }
+
+    /// Writes the request's ending to the spend ledger too.
+    pub fn book_to(&mut self, booking: crate::books::Booking) {
+        self.booking = Some(Box::new(booking));
     }
 
     /// Ends the shadow admission `id` with this ticket, the same way and with the same usage.
@@ -341,10 +356,7 @@ impl<S: Store + Clone + 'static> Ticket<S> {
     async fn end(mut self, end: End, ending: &'static str) -> Result<Finish, StoreError> {
         self.ended = true;
         self.stop_renewing();
-        let usage = match end {
-            End::Settle(u) => Some(u),
-            End::Release(u) => u,
-        };
+        let usage = end.usage();
         if usage.is_some_and(|u| u.total() > self.estimate) {
             crate::telemetry::over_reservation();
             if let Some(r) = self.record.as_mut() {
@@ -360,6 +372,9 @@ impl<S: Store + Clone + 'static> Ticket<S> {
         if self.detached {
             end_shadow(&self.store, shadow, end, self.lifetime).await;
             self.write_record(ending, Some(&Ok(Finish::Unknown)), 1);
+            if let Some(b) = self.booking.take() {
+                b.book(&self.id, "fail_open", &Ok(Finish::Unknown), usage);
+            }
             return Ok(Finish::Unknown);
         }
         // Joined: on Redis both endings travel in one batch.
@@ -369,6 +384,9 @@ impl<S: Store + Clone + 'static> Ticket<S> {
         );
         if !matches!(f, Err(StoreError::Unavailable(_))) {
             self.write_record(ending, Some(&f), 1);
+            if let Some(b) = self.booking.take() {
+                b.book(&self.id, ending, &f, usage);
+            }
             return f;
         }
         self.retry_in_background(end, ending, f.clone());
@@ -400,8 +418,12 @@ impl<S: Store + Clone + 'static> Ticket<S> {
             self.lifetime,
         );
         let mut record = self.record.take();
+        let booking = self.booking.take();
         handle.spawn(async move {
             let (f, attempts) = end_with_retries(&store, &id, end, first, lifetime).await;
+            if let Some(b) = booking {
+                b.book(&id, ending, &f, end.usage());
+            }
             let ending = if f.is_ok() { ending } else { "lost" };
             write_record(&mut record, ending, Some(&f), attempts);
             RETRYING.fetch_sub(1, Ordering::SeqCst);
@@ -468,6 +490,7 @@ impl<S: Store + Clone + 'static> Drop for Ticket<S> {
             self.drop_grace,
         );
         let shadow = self.shadow.take();
+        let booking = self.booking.take();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 if !grace.is_zero() {
@@ -478,7 +501,10 @@ impl<S: Store + Clone + 'static> Drop for Ticket<S> {
                 let end = End::Release(usage);
                 end_shadow(&store, shadow, end, lifetime).await;
                 let first = end.call(&store, &id).await;
-                let _ = end_with_retries(&store, &id, end, first, lifetime).await;
+                let (f, _) = end_with_retries(&store, &id, end, first, lifetime).await;
+                if let Some(b) = booking {
+                    b.book(&id, "released", &f, usage);
+                }
                 drop(open);
             });
         }

@@ -511,6 +511,20 @@ pub fn store_state_lost() -> ApiError {
     e
 }
 
+/// The spend ledger's buffer is full (PostgreSQL slow or down, `[ledger] on_full = "refuse"`):
+/// 503, retryable; nothing was counted or sent upstream.
+pub fn ledger_full() -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "ledger_unavailable",
+        "The spend ledger cannot keep up, so no new request is admitted until it has written \
+         what it holds. The request was not counted or sent upstream; retry shortly.",
+    );
+    put(&mut e.headers, "retry-after", "1");
+    e
+}
+
 /// A request stopped by the kill switch: 503, with the operator's reason; not retryable until
 /// an operator lifts it.
 pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {

@@ -1,0 +1,197 @@
+//! The spend ledger and a store that forgets: two instances on one Redis write every ending to a
+//! PostgreSQL of the test's own; the Redis is flushed in the middle of the run; the books are
+//! rebuilt from the ledger before any budget check resumes, so no spent budget reopens and the
+//! kill switches come back.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[macro_use]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tollgate_core::{Period, Store};
+use tollgate_gateway::{Gateway, GatewayConfig};
+use tollgate_ledger::{Ledger, Settings};
+use tollgate_testkit::pg_server::PgServer;
+use tollgate_testkit::sim::SimConfig;
+
+const TOKEN: &str = "books-admin-token-0123456789";
+const DAY: u64 = 86_400_000;
+const SCOPE: &str = "tenant|tenant:acme";
+
+/// An instance of `text`, with an admin listener: (address, admin address).
+async fn instance(text: &str) -> (std::net::SocketAddr, String) {
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap().keep();
+    std::fs::write(dir.join("token"), TOKEN).unwrap();
+    let text = format!(
+        "[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"{}\"\n{text}",
+        dir.join("token").display()
+    );
+    let mut config = GatewayConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    config.upstreams[0].api_key = Some(common::SIM_KEY.into());
+    let store = tollgate_gateway::start_store(&config).await.unwrap();
+    let books = tollgate_gateway::open_books(&config).await.unwrap();
+    assert!(books.is_some());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(tollgate_gateway::serve_with(
+        Gateway::new(config, store).with_books(books),
+        listener,
+        std::future::pending(),
+    ));
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", admin_port))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (addr, format!("127.0.0.1:{admin_port}"))
+}
+
+async fn ask(addr: std::net::SocketAddr, key: &str) -> (u16, String) {
+    let body = json!({"model": "gpt-4o", "max_tokens": 20,
+        "messages": [{"role": "user", "content": "Hello there, how are you?"}]});
+    let r = common::post(
+        addr,
+        "/v1/chat/completions",
+        &[("authorization", format!("Bearer {key}"))],
+        body.to_string(),
+    )
+    .await;
+    let code = r.code();
+    (r.status, code)
+}
+
+async fn kill(admin: &str, target: &str) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let body = json!({"target": target, "reason": "held in the ledger"}).to_string();
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri(format!("http://{admin}/admin/kill"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    assert_eq!(client.request(req).await.unwrap().status(), 200);
+}
+
+/// Polls `f` until it holds, 10 s at most.
+async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f().await {
+        assert!(Instant::now() < deadline, "{what} within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_redis_gets_its_books_back_from_the_ledger() {
+    let pg = PgServer::start();
+    let (sim, redis, store_text) =
+        common::upstream_and_store(true, common::SIM_KEY, SimConfig::default(), "books").await;
+    let redis = redis.unwrap();
+    let keys: String = [
+        ("sk-acme", "acme"),
+        ("sk-beta", "beta"),
+        ("sk-gamma", "gamma"),
+    ]
+    .iter()
+    .map(|(k, t)| {
+        format!(
+            "[[keys]]\nhash = \"{}\"\ntenant = \"{t}\"\n",
+            tollgate_gateway::hash_key(k)
+        )
+    })
+    .collect();
+    let text = format!(
+        "{store_text}[ledger]\nurl = \"{}\"\nflush_every = \"20ms\"\n\
+         [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n{keys}\
+         [policy]\n[[policy.scopes]]\nname = \"tenant\"\nkey = \"tenant\"\n\
+         budget = {{ tokens = 300, period = \"day\" }}\n",
+        pg.url(),
+        sim.base_url(),
+    );
+    let (a, admin_a) = instance(&text).await;
+    let (b, _) = instance(&text).await;
+    let ledger = Ledger::open(Settings::new(pg.url())).await.unwrap();
+    let config = GatewayConfig::from_toml(&store_text).unwrap();
+    let store = tollgate_gateway::start_store(&config).await.unwrap();
+
+    // acme spends its budget on both instances; gamma is switched off.
+    let mut served = 0;
+    for i in 0..20 {
+        let (status, code) = ask(if i % 2 == 0 { a } else { b }, "sk-acme").await;
+        match status {
+            200 => served += 1,
+            429 => {
+                assert_eq!(code, "budget_limit");
+                break;
+            }
+            other => panic!("{other} {code}"),
+        }
+    }
+    assert!(served >= 3, "served {served}");
+    kill(&admin_a, "tenant:gamma").await;
+    assert_eq!(ask(b, "sk-gamma").await, (503, "kill_switch".into()));
+    let before = store.usage(SCOPE, Some(Period::Fixed(DAY))).await.unwrap();
+    assert_eq!(before.reserved, 0);
+    until("every ending in the ledger", async || {
+        ledger.counts().await.unwrap().0 == served
+    })
+    .await;
+    until("the kill switch in the ledger", async || {
+        !ledger.kills().await.unwrap().is_empty()
+    })
+    .await;
+
+    // The store forgets everything.
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "flushall"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+
+    // Never served again: refused while the books are rebuilt, then by the budget.
+    let mut seen = Vec::new();
+    until("the budget refusing again", async || {
+        let r = ask(if seen.len() % 2 == 0 { a } else { b }, "sk-acme").await;
+        assert_ne!(r.0, 200, "a spent budget reopened after {seen:?}");
+        seen.push(r.clone());
+        r == (429, "budget_limit".into())
+    })
+    .await;
+    assert!(
+        seen.iter()
+            .all(|r| r.1 == "store_state_lost" || r.1 == "budget_limit"),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen[0],
+        (503, "store_state_lost".into()),
+        "the loss was seen first"
+    );
+    assert_eq!(ask(a, "sk-gamma").await, (503, "kill_switch".into()));
+    // Budget checks resumed for everyone else.
+    assert_eq!(ask(b, "sk-beta").await.0, 200);
+
+    // The store's totals are the ledger's, and what they were before the loss.
+    let after = store.usage(SCOPE, Some(Period::Fixed(DAY))).await.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let totals = ledger.current_totals(now).await.unwrap();
+    let in_ledger = totals.iter().find(|t| t.scope == SCOPE).unwrap().amount;
+    assert_eq!(after.settled, before.settled);
+    assert_eq!(after.settled, u64::try_from(in_ledger).unwrap());
+}

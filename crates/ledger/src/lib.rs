@@ -1,0 +1,349 @@
+//! Tollgate's durable spend ledger in PostgreSQL.
+//!
+//! Every request's ending (settled, released, expired) is appended once, keyed by its request
+//! id, with what it charged to each budget scope and period. Endings wait in a bounded buffer and
+//! are written in batches by one task, off the request path; a batch that fails is put back and
+//! retried. The ledger answers what a store that forgot needs to rebuild its books (the settled
+//! totals of every current period, and the kill switches) and what finance asks (spend by
+//! tenant, key, model, user or day).
+
+mod conn;
+mod report;
+mod schema;
+mod writer;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::time::Duration;
+
+pub use report::{By, SpendRow};
+pub use writer::AfterWrite;
+
+use conn::Conn;
+
+/// The ledger failed: PostgreSQL could not be reached, or refused a statement.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("ledger: {0}")]
+pub struct LedgerError(pub String);
+
+impl From<tokio_postgres::Error> for LedgerError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        // `Display` of a database error is its severity and code only; the message says what.
+        match e.as_db_error() {
+            Some(db) => LedgerError(format!("{}: {}", db.code().code(), db.message())),
+            None => LedgerError(e.to_string()),
+        }
+    }
+}
+
+/// What one request charged to one budget scope in one period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    /// The scope's storage id (`rule|key`, or its tool-call child).
+    pub scope: String,
+    /// The period's label (`day`, `1h`, `month`…).
+    pub label: String,
+    /// The period's length in ms; 0 for calendar months.
+    pub period_ms: i64,
+    /// The period's number (as the stores count it).
+    pub period_id: i64,
+    /// When the period started and ends (ms since the epoch).
+    pub period_start_ms: i64,
+    /// When the period ends.
+    pub period_end_ms: i64,
+    /// `tokens`, `micro_usd` or `tool_calls`.
+    pub unit: &'static str,
+    /// The amount charged, in the unit.
+    pub amount: i64,
+}
+
+/// A request's ending.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Entry {
+    /// The request id (the ledger's key: a second ending of one id is ignored).
+    pub request_id: String,
+    /// `settled`, `released`, `expired`, or `unrecorded` (the store had forgotten the request:
+    /// the charges were worked out by the gateway and written to the store after the ledger).
+    pub ending: &'static str,
+    /// When it ended (ms since the epoch).
+    pub at_ms: i64,
+    /// The tenant, when the request had one.
+    pub tenant: Option<String>,
+    /// The virtual key's id.
+    pub key_id: Option<String>,
+    /// The model asked for.
+    pub model: Option<String>,
+    /// The end user, as a digest (never the value a client sent).
+    pub end_user: Option<String>,
+    /// Input tokens charged.
+    pub input_tokens: i64,
+    /// Of which cached.
+    pub cached_tokens: i64,
+    /// Output tokens charged.
+    pub output_tokens: i64,
+    /// Tool calls charged.
+    pub tool_calls: i64,
+    /// The cost in micro-USD, when the model has a price.
+    pub cost_micro_usd: Option<i64>,
+    /// What it charged, per budget scope.
+    pub charges: Vec<Charge>,
+    /// Whether the charges still have to be applied to the store once written (`unrecorded`).
+    pub apply_to_store: bool,
+}
+
+/// The settled total of one scope's period, as the ledger holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Total {
+    /// The scope's storage id.
+    pub scope: String,
+    /// The period's label.
+    pub label: String,
+    /// Its length in ms (0: calendar month).
+    pub period_ms: i64,
+    /// Its number.
+    pub period_id: i64,
+    /// When it ends.
+    pub period_end_ms: i64,
+    /// The unit.
+    pub unit: String,
+    /// The sum charged.
+    pub amount: i64,
+}
+
+/// What happens to an ending that finds the buffer full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFull {
+    /// New admissions are refused while the buffer is full, so that no ending is lost; the
+    /// endings of requests already admitted are still buffered (at most one each).
+    #[default]
+    Refuse,
+    /// The ending is dropped and counted (`tollgate_ledger_dropped_total`); admissions go on.
+    Drop,
+}
+
+/// How the ledger buffers and writes.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `postgres://…`.
+    pub url: String,
+    /// Endings buffered at most (see [`OnFull`]).
+    pub buffer: usize,
+    /// Endings per transaction at most.
+    pub batch: usize,
+    /// How often the buffer is written.
+    pub flush_every: Duration,
+    /// What a full buffer does.
+    pub on_full: OnFull,
+}
+
+impl Settings {
+    /// Defaults: 100,000 buffered, batches of 1,000, every 200 ms, refuse when full.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            buffer: 100_000,
+            batch: 1000,
+            flush_every: Duration::from_millis(200),
+            on_full: OnFull::Refuse,
+        }
+    }
+}
+
+/// The ledger: cheap to clone, one buffer and one connection shared.
+#[derive(Clone)]
+pub struct Ledger {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("buffered", &self.buffered())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    conn: Conn,
+    settings: Settings,
+    queue: std::sync::Mutex<VecDeque<Entry>>,
+    /// Entries taken from the queue by the writer and not yet written or put back.
+    writing: AtomicUsize,
+    wake: tokio::sync::Notify,
+    written: AtomicU64,
+}
+
+impl Ledger {
+    /// Connects and brings the schema up to date (each migration once, under an advisory lock,
+    /// so instances starting together do not race).
+    pub async fn open(settings: Settings) -> Result<Self, LedgerError> {
+        let conn = Conn::new(settings.url.clone());
+        schema::migrate(&*conn.get().await?).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                settings,
+                queue: std::sync::Mutex::default(),
+                writing: AtomicUsize::new(0),
+                wake: tokio::sync::Notify::new(),
+                written: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Endings waiting to be written (buffered or in a batch on its way).
+    pub fn buffered(&self) -> usize {
+        let queued = self.inner.queue.lock().map_or(0, |q| q.len());
+        queued + self.inner.writing.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Endings written since start-up by this process.
+    pub fn written(&self) -> u64 {
+        self.inner.written.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether new admissions may go on: false while the buffer is full under
+    /// [`OnFull::Refuse`].
+    pub fn accepting(&self) -> bool {
+        self.inner.settings.on_full == OnFull::Drop || self.buffered() < self.inner.settings.buffer
+    }
+
+    /// Buffers an ending; false when it was dropped (full buffer under [`OnFull::Drop`]).
+    pub fn append(&self, entry: Entry) -> bool {
+        let s = &self.inner.settings;
+        let len = {
+            let Ok(mut q) = self.inner.queue.lock() else {
+                return false;
+            };
+            if s.on_full == OnFull::Drop && q.len() >= s.buffer {
+                drop(q);
+                metrics::counter!("tollgate_ledger_dropped_total").increment(1);
+                return false;
+            }
+            q.push_back(entry);
+            q.len()
+        };
+        metrics::gauge!("tollgate_ledger_buffered").set(len as f64);
+        if len >= s.batch {
+            self.inner.wake.notify_one();
+        }
+        true
+    }
+
+    /// Writes what is buffered now and waits until it is written, for at most `within`; false
+    /// when something is still waiting then.
+    pub async fn flush(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.buffered() == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            self.inner.wake.notify_one();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The settled totals of every period that has not ended at `now_ms`, per scope.
+    pub async fn current_totals(&self, now_ms: i64) -> Result<Vec<Total>, LedgerError> {
+        let c = self.inner.conn.get().await?;
+        let rows = c
+            .query(
+                "SELECT scope, label, period_ms, period_id, max(period_end_ms), unit, \
+                 sum(amount)::int8 FROM tollgate_charges WHERE period_end_ms > $1 \
+                 GROUP BY scope, label, period_ms, period_id, unit ORDER BY scope, label",
+                &[&now_ms],
+            )
+            .await
+            .map_err(|e| self.inner.conn.failed(e))?;
+        rows.iter()
+            .map(|r| {
+                Ok(Total {
+                    scope: r.try_get(0)?,
+                    label: r.try_get(1)?,
+                    period_ms: r.try_get(2)?,
+                    period_id: r.try_get(3)?,
+                    period_end_ms: r.try_get(4)?,
+                    unit: r.try_get(5)?,
+                    amount: r.try_get(6)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The settled total of one scope's period (`label`, `period_id`), 0 when nothing was.
+    pub async fn total(
+        &self,
+        scope: &str,
+        label: &str,
+        period_id: i64,
+    ) -> Result<i64, LedgerError> {
+        let c = self.inner.conn.get().await?;
+        let row = c
+            .query_one(
+                "SELECT coalesce(sum(amount), 0)::int8 FROM tollgate_charges \
+                 WHERE scope = $1 AND label = $2 AND period_id = $3",
+                &[&scope, &label, &period_id],
+            )
+            .await
+            .map_err(|e| self.inner.conn.failed(e))?;
+        Ok(row.try_get(0)?)
+    }
+
+    /// Records a kill switch set (`Some(reason)`) or lifted (`None`).
+    pub async fn set_kill(
+        &self,
+        target: &str,
+        reason: Option<&str>,
+        at_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let c = self.inner.conn.get().await?;
+        let done = match reason {
+            Some(r) => {
+                c.execute(
+                    "INSERT INTO tollgate_kills (target, reason, at_ms) VALUES ($1, $2, $3) \
+                     ON CONFLICT (target) DO UPDATE SET reason = $2, at_ms = $3",
+                    &[&target, &r, &at_ms],
+                )
+                .await
+            }
+            None => {
+                c.execute("DELETE FROM tollgate_kills WHERE target = $1", &[&target])
+                    .await
+            }
+        };
+        done.map(|_| ()).map_err(|e| self.inner.conn.failed(e))
+    }
+
+    /// The kill switches set, with their reasons.
+    pub async fn kills(&self) -> Result<Vec<(String, String)>, LedgerError> {
+        let c = self.inner.conn.get().await?;
+        let rows = c
+            .query(
+                "SELECT target, reason FROM tollgate_kills ORDER BY target",
+                &[],
+            )
+            .await
+            .map_err(|e| self.inner.conn.failed(e))?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    /// How many endings and charges the ledger holds (tests and operators' checks).
+    pub async fn counts(&self) -> Result<(i64, i64), LedgerError> {
+        let c = self.inner.conn.get().await?;
+        let row = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM tollgate_endings), \
+                 (SELECT count(*) FROM tollgate_charges)",
+                &[],
+            )
+            .await
+            .map_err(|e| self.inner.conn.failed(e))?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+}

@@ -1,0 +1,161 @@
+//! The one task that writes the buffer: a batch per transaction, put back and retried (with
+//! backoff from 100 ms to 5 s) when PostgreSQL fails, so that nothing buffered is lost while the
+//! process lives.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::{Entry, Ledger, LedgerError};
+
+/// Called with the entries of a written batch that still have to reach the store
+/// ([`Entry::apply_to_store`]), once they are in the ledger.
+pub type AfterWrite =
+    std::sync::Arc<dyn Fn(Vec<Entry>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+impl Ledger {
+    /// Starts the writer in the current runtime.
+    pub fn spawn_writer(&self, after: Option<AfterWrite>) -> tokio::task::JoinHandle<()> {
+        let ledger = self.clone();
+        tokio::spawn(async move { ledger.write_forever(after).await })
+    }
+
+    async fn write_forever(self, after: Option<AfterWrite>) {
+        let every = self.inner.settings.flush_every;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let _ = tokio::time::timeout(every, self.inner.wake.notified()).await;
+            loop {
+                let batch = self.take();
+                if batch.is_empty() {
+                    break;
+                }
+                match self.write(&batch).await {
+                    Ok(()) => {
+                        backoff = Duration::from_millis(100);
+                        let n = batch.len();
+                        self.inner.written.fetch_add(n as u64, Ordering::SeqCst);
+                        metrics::counter!("tollgate_ledger_written_total").increment(n as u64);
+                        let replay: Vec<Entry> =
+                            batch.into_iter().filter(|e| e.apply_to_store).collect();
+                        if let (Some(f), false) = (&after, replay.is_empty()) {
+                            f(replay).await;
+                        }
+                        self.inner.writing.fetch_sub(n, Ordering::SeqCst);
+                    }
+                    Err(e) => {
+                        metrics::counter!("tollgate_ledger_write_failures_total").increment(1);
+                        tracing::warn!(error = %e, entries = batch.len(), "ledger write failed; retrying");
+                        self.put_back(batch);
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+            metrics::gauge!("tollgate_ledger_buffered").set(self.buffered() as f64);
+        }
+    }
+
+    /// Up to one batch from the front of the buffer, counted as being written.
+    fn take(&self) -> Vec<Entry> {
+        let Ok(mut q) = self.inner.queue.lock() else {
+            return Vec::new();
+        };
+        let n = q.len().min(self.inner.settings.batch);
+        self.inner.writing.fetch_add(n, Ordering::SeqCst);
+        q.drain(..n).collect()
+    }
+
+    /// A batch that failed goes back to the front, in its order.
+    fn put_back(&self, batch: Vec<Entry>) {
+        let n = batch.len();
+        if let Ok(mut q) = self.inner.queue.lock() {
+            for e in batch.into_iter().rev() {
+                q.push_front(e);
+            }
+        }
+        self.inner.writing.fetch_sub(n, Ordering::SeqCst);
+    }
+
+    async fn write(&self, batch: &[Entry]) -> Result<(), LedgerError> {
+        let c = self.inner.conn.get().await?;
+        c.batch_execute("BEGIN").await?;
+        match insert(&c, batch).await {
+            Ok(()) => Ok(c.batch_execute("COMMIT").await?),
+            Err(e) => {
+                let _ = c.batch_execute("ROLLBACK").await;
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// One statement per table for the whole batch (arrays unnested); an id already in the ledger
+/// is left as it is, with its charges.
+async fn insert(c: &Client, batch: &[Entry]) -> Result<(), tokio_postgres::Error> {
+    let col = |f: fn(&Entry) -> Option<String>| batch.iter().map(f).collect::<Vec<_>>();
+    let num = |f: fn(&Entry) -> i64| batch.iter().map(f).collect::<Vec<_>>();
+    let ids: Vec<&str> = batch.iter().map(|e| e.request_id.as_str()).collect();
+    let endings: Vec<&str> = batch.iter().map(|e| e.ending).collect();
+    let costs: Vec<Option<i64>> = batch.iter().map(|e| e.cost_micro_usd).collect();
+    let inserted = c
+        .query(
+            "INSERT INTO tollgate_endings (request_id, ending, at_ms, tenant, key_id, model, \
+             end_user, input_tokens, cached_tokens, output_tokens, tool_calls, cost_micro_usd) \
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], \
+             $6::text[], $7::text[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], \
+             $12::int8[]) ON CONFLICT (request_id) DO NOTHING RETURNING request_id",
+            &[
+                &ids,
+                &endings,
+                &num(|e| e.at_ms),
+                &col(|e| e.tenant.clone()),
+                &col(|e| e.key_id.clone()),
+                &col(|e| e.model.clone()),
+                &col(|e| e.end_user.clone()),
+                &num(|e| e.input_tokens),
+                &num(|e| e.cached_tokens),
+                &num(|e| e.output_tokens),
+                &num(|e| e.tool_calls),
+                &costs,
+            ],
+        )
+        .await?;
+    // Only the charges of endings new to the ledger: a repeated id charges nothing again.
+    let new: std::collections::HashSet<String> =
+        inserted.iter().filter_map(|r| r.try_get(0).ok()).collect();
+    let charges: Vec<(&str, &crate::Charge)> = batch
+        .iter()
+        .filter(|e| new.contains(&e.request_id))
+        .flat_map(|e| e.charges.iter().map(move |ch| (e.request_id.as_str(), ch)))
+        .collect();
+    if charges.is_empty() {
+        return Ok(());
+    }
+    let text =
+        |f: fn(&crate::Charge) -> &str| charges.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
+    let int = |f: fn(&crate::Charge) -> i64| charges.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
+    let ids: Vec<&str> = charges.iter().map(|(id, _)| *id).collect();
+    c.execute(
+        "INSERT INTO tollgate_charges (request_id, scope, label, period_ms, period_id, \
+         period_start_ms, period_end_ms, unit, amount) \
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], \
+         $6::int8[], $7::int8[], $8::text[], $9::int8[]) ON CONFLICT DO NOTHING",
+        &[
+            &ids,
+            &text(|c| &c.scope),
+            &text(|c| &c.label),
+            &int(|c| c.period_ms),
+            &int(|c| c.period_id),
+            &int(|c| c.period_start_ms),
+            &int(|c| c.period_end_ms),
+            &text(|c| c.unit),
+            &int(|c| c.amount),
+        ],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! The ledger against a PostgreSQL of the test's own.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use tollgate_ledger::{By, Charge, Entry, Ledger, Settings};
+use tollgate_testkit::pg_server::PgServer;
+
+const DAY: i64 = 86_400_000;
+const T0: i64 = 1_767_225_600_000;
+
+fn entry(id: &str, tenant: &str, tokens: i64, at: i64) -> Entry {
+    Entry {
+        request_id: id.into(),
+        ending: "settled",
+        at_ms: at,
+        tenant: Some(tenant.into()),
+        model: Some("gpt-4o-mini".into()),
+        input_tokens: tokens / 2,
+        output_tokens: tokens - tokens / 2,
+        cost_micro_usd: Some(tokens * 3),
+        charges: vec![Charge {
+            scope: format!("tenants|tenant:{tenant}"),
+            label: "day".into(),
+            period_ms: DAY,
+            period_id: at / DAY,
+            period_start_ms: at / DAY * DAY,
+            period_end_ms: (at / DAY + 1) * DAY,
+            unit: "tokens",
+            amount: tokens,
+        }],
+        ..Entry::default()
+    }
+}
+
+#[tokio::test]
+async fn endings_are_written_once_and_summed_per_period() {
+    let pg = PgServer::start();
+    let mut s = Settings::new(pg.url());
+    s.flush_every = Duration::from_millis(20);
+    // Opened twice: the second run of the migrations changes nothing.
+    let _ = Ledger::open(s.clone()).await.unwrap();
+    let ledger = Ledger::open(s).await.unwrap();
+    ledger.spawn_writer(None);
+    for (i, t) in [10, 20, 30].iter().enumerate() {
+        assert!(ledger.append(entry(&format!("r{i}"), "acme", *t, T0 + 1000)));
+    }
+    // A repeated ending of r0 with another amount, and yesterday's request.
+    assert!(ledger.append(entry("r0", "acme", 999, T0 + 2000)));
+    assert!(ledger.append(entry("old", "acme", 7, T0 - 1000)));
+    assert!(ledger.append(entry("b1", "beta", 5, T0 + 3000)));
+    assert!(ledger.flush(Duration::from_secs(10)).await);
+    assert_eq!(ledger.counts().await.unwrap(), (5, 5));
+    let totals = ledger.current_totals(T0 + 5000).await.unwrap();
+    let got: Vec<(String, i64)> = totals.iter().map(|t| (t.scope.clone(), t.amount)).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("tenants|tenant:acme".to_owned(), 60),
+            ("tenants|tenant:beta".to_owned(), 5)
+        ]
+    );
+    assert_eq!(
+        ledger
+            .total("tenants|tenant:acme", "day", (T0 - 1000) / DAY)
+            .await
+            .unwrap(),
+        7
+    );
+    let spend = ledger.spend(By::Tenant, T0, T0 + DAY).await.unwrap();
+    assert_eq!(spend.len(), 2);
+    assert_eq!(
+        (
+            spend[0].group.as_str(),
+            spend[0].requests,
+            spend[0].cost_micro_usd
+        ),
+        ("acme", 3, 180)
+    );
+    let days = ledger.spend(By::Day, T0 - DAY, T0 + DAY).await.unwrap();
+    let names: Vec<&str> = days.iter().map(|d| d.group.as_str()).collect();
+    assert_eq!(names, vec!["2026-01-01", "2025-12-31"]);
+
+    ledger
+        .set_kill("tenant:acme", Some("card declined"), T0)
+        .await
+        .unwrap();
+    ledger.set_kill("all", Some("incident"), T0).await.unwrap();
+    ledger.set_kill("all", None, T0).await.unwrap();
+    assert_eq!(
+        ledger.kills().await.unwrap(),
+        vec![("tenant:acme".to_owned(), "card declined".to_owned())]
+    );
+}
+
+/// PostgreSQL goes down with endings buffered: they stay buffered, the failed batches are put
+/// back and retried, and once it is back every one is written, once.
+#[tokio::test]
+async fn nothing_buffered_is_lost_while_postgres_is_down() {
+    let pg = PgServer::start();
+    let mut s = Settings::new(pg.url());
+    s.flush_every = Duration::from_millis(20);
+    s.batch = 7;
+    let ledger = Ledger::open(s).await.unwrap();
+    ledger.spawn_writer(None);
+    pg.stop();
+    for i in 0..50 {
+        ledger.append(entry(&format!("d{i}"), "acme", 1, T0));
+    }
+    assert!(
+        !ledger.flush(Duration::from_millis(500)).await,
+        "nothing can be written"
+    );
+    assert_eq!(ledger.buffered(), 50);
+    pg.restart();
+    assert!(ledger.flush(Duration::from_secs(20)).await);
+    assert_eq!(ledger.counts().await.unwrap(), (50, 50));
+    assert_eq!(ledger.written(), 50);
+}

@@ -1,0 +1,163 @@
+//! `rediss://`: a `redis-server` of the test's own serving TLS with a certificate the test
+//! makes, and an ACL user. The store admits over it with the CA given; without it (Mozilla's
+//! roots only) or with a wrong password it refuses to connect, so nothing is ever sent in the
+//! clear or to a server that was not verified.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use tollgate_core::{Decision, Store, pipeline::plan};
+use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_testkit::redis_server::RedisServer;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct TlsRedis {
+    _server: RedisServer,
+    tls_port: u16,
+    ca: Vec<u8>,
+    _dir: tempfile_dir::Dir,
+}
+
+mod tempfile_dir {
+    /// A directory removed when dropped.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn start() -> TlsRedis {
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-tls-redis-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (crt, key) = (dir.join("server.crt"), dir.join("server.key"));
+    std::fs::write(&crt, cert.pem()).unwrap();
+    std::fs::write(&key, signing_key.serialize_pem()).unwrap();
+    let tls_port = free_port();
+    let server = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        crt.to_str().unwrap(),
+        "--tls-key-file",
+        key.to_str().unwrap(),
+        "--tls-ca-cert-file",
+        crt.to_str().unwrap(),
+        "--tls-auth-clients",
+        "no",
+        "--user",
+        "gate",
+        "on",
+        ">s3cret-password",
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    TlsRedis {
+        _server: server,
+        tls_port,
+        ca: cert.pem().into_bytes(),
+        _dir: tempfile_dir::Dir(dir),
+    }
+}
+
+fn config(url: String, ca: Option<Vec<u8>>) -> RedisConfig {
+    let mut c = RedisConfig::new(url);
+    c.prefix = "tls".into();
+    c.call_timeout = Duration::from_secs(2);
+    c.ca_pem = ca;
+    c
+}
+
+async fn admits(store: &RedisStore, id: &str) -> Result<Decision, tollgate_core::StoreError> {
+    let policy = tollgate_testkit::policy(
+        "[[scopes]]\nkey = \"user\"\nbudget = { tokens = 1000, period = \"day\" }\n",
+    );
+    let p = plan(&policy, &tollgate_testkit::facts(id, "u1", 10, 10)).unwrap();
+    store.admit(&p).await
+}
+
+#[tokio::test]
+async fn a_verified_tls_connection_with_an_acl_user_admits() {
+    let r = start();
+    // The user and password from the URL.
+    let url = format!("rediss://gate:s3cret-password@127.0.0.1:{}/", r.tls_port);
+    let store = RedisStore::connect(config(url, Some(r.ca.clone())))
+        .await
+        .unwrap();
+    assert!(matches!(
+        admits(&store, "t1").await.unwrap(),
+        Decision::Admit(_)
+    ));
+    let policy = tollgate_testkit::policy(
+        "[[scopes]]\nkey = \"user\"\nbudget = { tokens = 1000, period = \"day\" }\n",
+    );
+    let p = plan(&policy, &tollgate_testkit::facts("t0", "u1", 10, 10)).unwrap();
+    let scope = p.budget[0].scope.id();
+    let day = Some(tollgate_core::Period::Fixed(86_400_000));
+    assert_eq!(store.usage(scope, day).await.unwrap().reserved, 20);
+
+    // The same from the configuration, over a URL without them.
+    let mut c = config(
+        format!("rediss://127.0.0.1:{}/", r.tls_port),
+        Some(r.ca.clone()),
+    );
+    c.username = Some("gate".into());
+    c.password = Some("s3cret-password".into());
+    let store = RedisStore::connect(c).await.unwrap();
+    assert!(matches!(
+        admits(&store, "t2").await.unwrap(),
+        Decision::Admit(_)
+    ));
+    // Nothing of the password in what the configuration shows.
+    let shown = format!(
+        "{:?}",
+        config(
+            format!("rediss://gate:s3cret-password@127.0.0.1:{}/", r.tls_port),
+            None
+        )
+    );
+    assert!(!shown.contains("s3cret"), "{shown}");
+}
+
+#[tokio::test]
+async fn an_unverified_server_or_a_wrong_password_is_refused() {
+    let r = start();
+    // Mozilla's roots do not vouch for the test's certificate.
+    let url = format!("rediss://gate:s3cret-password@127.0.0.1:{}/", r.tls_port);
+    let store = RedisStore::connect(config(url, None)).await.unwrap();
+    let e = admits(&store, "u1").await.unwrap_err();
+    assert!(
+        matches!(e, tollgate_core::StoreError::Unavailable(_)),
+        "{e:?}"
+    );
+    // A wrong password, over a verified connection.
+    let url = format!("rediss://gate:wrong@127.0.0.1:{}/", r.tls_port);
+    let store = RedisStore::connect(config(url, Some(r.ca.clone())))
+        .await
+        .unwrap();
+    let e = admits(&store, "u2").await.unwrap_err();
+    assert!(
+        matches!(e, tollgate_core::StoreError::Unavailable(_)),
+        "{e:?}"
+    );
+    assert!(
+        !e.to_string().contains("wrong"),
+        "the password is not in the error: {e}"
+    );
+}
