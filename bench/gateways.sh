@@ -24,6 +24,20 @@ start_upstreams() {
   wait_port "$REDIS"
 }
 
+# Starts a PostgreSQL on a free port in $tmp/pg (as `postgres` when run as root, which
+# PostgreSQL refuses to run as), with its default durability: sets PG_URL and PG_STOP.
+start_postgres() {
+  local port; port=$(free_port)
+  local dir="$tmp/pg" as=()
+  mkdir -p "$dir"
+  if [ "$(id -u)" = 0 ]; then chmod o+x "$tmp"; chown postgres "$dir"; as=(runuser -u postgres --); fi
+  "${as[@]}" initdb -D "$dir/data" -A trust -U tollgate >/dev/null
+  "${as[@]}" pg_ctl -D "$dir/data" -o "-p $port -k $dir -c listen_addresses=127.0.0.1" -l "$dir/log" -w start >/dev/null
+  PG_URL="postgres://tollgate@127.0.0.1:$port/postgres"
+  PG_PID=$(head -1 "$dir/data/postmaster.pid")
+  PG_STOP="${as[*]} pg_ctl -D $dir/data -m immediate -w stop"
+}
+
 # All six controls on one per-key scope, with limits the benchmark never reaches: every
 # control is checked and counted on every request, none refuses.
 ALL_SIX='

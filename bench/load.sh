@@ -6,6 +6,9 @@
 #   a rule on the request's agent operation as well, each request naming one)
 #   TOLLGATE_BENCH_SHADOW=1 bench/load.sh ...      (adds the six controls with a shadow rule and
 #   alerts configured, on each store, each compared with the same store's run without them)
+#   TOLLGATE_BENCH_LEDGER=1 bench/load.sh ...      (adds the six controls on Redis with the spend
+#   ledger on a PostgreSQL of its own, compared with the Redis run without it, and checks that
+#   the ledger holds one ending per request served)
 #
 # Four targets, the same wrk settings: the upstream simulator directly; the gateway with no
 # scopes (parse, count, admit an empty plan, forward: "controls off"); the gateway with all six
@@ -29,6 +32,7 @@ pids=()
 # Gateways start inside $(...) subshells, so their pids go to a file, not to the array.
 cleanup() {
   for p in "${pids[@]}" $(cat "$tmp/gateway-pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  [ -n "${PG_STOP:-}" ] && $PG_STOP >/dev/null 2>&1 || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -58,24 +62,41 @@ if [ "${TOLLGATE_BENCH_SHADOW:-0}" = 1 ]; then
   SHR=$(gateway shadow-redis "$(redis_store_toml "$REDIS")" "$WITH_SHADOW")
   TARGETS+=("shadow $SHM" "shadow-redis $SHR")
 fi
+if [ "${TOLLGATE_BENCH_LEDGER:-0}" = 1 ]; then
+  start_postgres
+  LGR=$(gateway ledger-redis "$(redis_store_toml "$REDIS")
+[ledger]
+url = \"$PG_URL\"" "$ALL_SIX")
+  TARGETS+=("ledger-redis $LGR")
+fi
 
 # CPU time (user + system, in clock ticks) a process has used so far; 0 when there is none.
 ticks() { if [ -n "$1" ] && [ -r "/proc/$1/stat" ]; then awk '{print $14 + $15}' "/proc/$1/stat"; else echo 0; fi; }
 HZ=$(getconf CLK_TCK)
 # The whole machine's (total, idle + iowait) clock ticks so far, from /proc/stat.
 machine() { awk '/^cpu / {print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat; }
+# The CPU ticks of the benchmark's PostgreSQL (the postmaster and its children) during the
+# ledger target; 0 for the others.
+pg_ticks() {
+  if [ "$1" != ledger-redis ]; then echo 0; return; fi
+  local s=0 p
+  for p in "$PG_PID" $(ps --ppid "$PG_PID" -o pid= 2>/dev/null); do s=$((s + $(ticks "$p"))); done
+  echo "$s"
+}
 run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per-request idle-share"
   # CPU per request is steadier than req/s on a shared machine: it does not depend on how much
   # of the cores the other processes took during the run.
   local gw; gw=$(cat "$tmp/pid-$1" 2>/dev/null || true)
-  local rd=""; case "$1" in redis|shadow-redis) rd=$REDIS_PID ;; esac
-  local g0 r0 g1 r1 m0 m1; g0=$(ticks "$gw"); r0=$(ticks "$rd"); m0=$(machine)
+  local rd=""; case "$1" in redis|shadow-redis|ledger-redis) rd=$REDIS_PID ;; esac
+  local g0 r0 g1 r1 m0 m1 q0 q1; g0=$(ticks "$gw"); r0=$(ticks "$rd"); m0=$(machine); q0=$(pg_ticks "$1")
   local script=bench/post.lua; [ "$1" = operation ] && script=bench/post-operation.lua
   local out; out=$(wrk -t2 -c"$CONN" -d"${DUR}s" --latency -s "$script" "http://127.0.0.1:$2/v1/chat/completions" 2>&1)
-  g1=$(ticks "$gw"); r1=$(ticks "$rd"); m1=$(machine)
+  g1=$(ticks "$gw"); r1=$(ticks "$rd"); m1=$(machine); q1=$(pg_ticks "$1")
   if echo "$out" | grep -q "Non-2xx"; then echo "$out" >&2; echo "non-2xx responses for $1" >&2; exit 1; fi
   local rps p50 p99 n
   n=$(echo "$out" | awk '/requests in/ {print $1}')
+  echo "$1 $n" >> "$tmp/served"
+  [ "$1" = ledger-redis ] && echo "$(python3 -c "print(round(($q1 - $q0) * 1000000 / $HZ / $n, 1))")" >> "$tmp/pg-cpu"
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   p50=$(echo "$out" | awk '$1=="50%" {print $2}')
   p99=$(echo "$out" | awk '$1=="99%" {print $2}')
@@ -113,7 +134,8 @@ names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-t
          ("memory", "gateway, six controls, memory store"), ("redis", "gateway, six controls, Redis store"),
          ("operation", "gateway, six controls and an operation rule, memory store"),
          ("shadow", "gateway, six controls, a shadow rule and alerts, memory store"),
-         ("shadow-redis", "gateway, six controls, a shadow rule and alerts, Redis store")]
+         ("shadow-redis", "gateway, six controls, a shadow rule and alerts, Redis store"),
+         ("ledger-redis", "gateway, six controls, Redis store, spend ledger in PostgreSQL")]
 names = [(t, label) for t, label in names if t in by]
 print("| target | req/s (median) | p50 | p99 | vs pass-through (median of rounds) | per round | gateway CPU per request | Redis CPU per request | machine idle |")
 print("|---|---|---|---|---|---|---|---|---|")
@@ -125,13 +147,23 @@ for t, label in names:
           f"{statistics.median(ratios):.2f}x | {' '.join(f'{x:.2f}' for x in ratios)} | "
           f"{statistics.median(g for g, _ in cpu[t]):.1f} µs | {statistics.median(r for _, r in cpu[t]):.1f} µs | "
           f"{100 * statistics.median(idle[t]):.0f}% |")
-for t, base in (("shadow", "memory"), ("shadow-redis", "redis")):
+for t, base, what in (("shadow", "memory", "shadow rule and alerts"),
+                      ("shadow-redis", "redis", "shadow rule and alerts"),
+                      ("ledger-redis", "redis", "spend ledger")):
     if t in rps:
         ratios = [rps[t][r] / rps[base][r] for r in rps[t]]
-        print(f"\nshadow rule and alerts against the same run without them ({base}): "
+        print(f"\n{what} against the same run without it ({base}): "
               f"{statistics.median(ratios):.3f}x (rounds {' '.join(f'{x:.3f}' for x in ratios)})")
 if "operation" in rps:
     ratios = [rps["operation"][r] / rps["memory"][r] for r in rps["operation"]]
     print(f"\nthe operation rule against the same run without it (memory store): "
           f"{statistics.median(ratios):.3f}x (rounds {' '.join(f'{x:.3f}' for x in ratios)})")
 PY
+if [ "${TOLLGATE_BENCH_LEDGER:-0}" = 1 ]; then
+  # wrk counts what it sent in the duration; a request cut off at the end may still settle.
+  served=$(awk '$1=="ledger-redis" {s+=$2} END {print s}' "$tmp/served")
+  sleep 2
+  rows=$(psql "$PG_URL" -tAc "select count(*) from tollgate_endings")
+  echo
+  echo "ledger: $rows endings written for $served requests wrk counted as completed; PostgreSQL CPU per request (rounds): $(tr '\n' ' ' < "$tmp/pg-cpu")µs"
+fi

@@ -23,8 +23,16 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
     let base = args.url.trim_end_matches('/');
     let (method, path, body) = match &args.command {
         AdminCommand::Status => ("GET", "/admin/status".to_owned(), None),
-        AdminCommand::Usage { scope } => {
-            ("GET", format!("/admin/usage?scope={}", encode(scope)), None)
+        AdminCommand::Usage { scope, at } => {
+            let at = at
+                .as_ref()
+                .map(|a| format!("&at={}", encode(a)))
+                .unwrap_or_default();
+            (
+                "GET",
+                format!("/admin/usage?scope={}{at}", encode(scope)),
+                None,
+            )
         }
         AdminCommand::Kill { target, reason } => (
             "POST",
@@ -137,6 +145,7 @@ fn table(command: &AdminCommand, v: &Value) -> String {
         AdminCommand::Usage { .. } => {
             for k in [
                 "scope",
+                "source",
                 "policy_version",
                 "settled",
                 "reserved",

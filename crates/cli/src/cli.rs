@@ -138,6 +138,10 @@ pub enum AdminCommand {
         /// The scope's storage id, `rule|key`, e.g. `tenant|tenant:acme`.
         #[arg(long)]
         scope: String,
+        /// A UTC day or time in the period to show, answered from the spend ledger
+        /// (`2026-11-30`); default the current period, from the store.
+        #[arg(long)]
+        at: Option<String>,
     },
     /// Switch a target off on every instance sharing the store.
     Kill {

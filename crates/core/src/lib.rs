@@ -59,4 +59,6 @@ pub use memory::MemoryStore;
 pub use pipeline::{KillTargets, Plan, PlanError, RequestFacts, plan, shadow_plan};
 pub use policy::{Policy, PolicyError, Unit};
 pub use scope::{Dimension, Identity, IpPrefix, ScopeKey};
-pub use store::{Ending, Finish, KeyClaim, KeyUse, Renewal, ScopeUsage, Store, StoreError};
+pub use store::{
+    Ending, Expiry, ExpiryCharge, Finish, KeyClaim, KeyUse, Renewal, ScopeUsage, Store, StoreError,
+};

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 mod admit;
 mod containers;
+mod expiries;
 mod keys;
 pub use keys::{MAX_KEPT_BYTES, MAX_KEYS};
 mod tickets;
@@ -96,6 +97,8 @@ struct State {
     forget: BlockQueue<(Millis, Id)>,
     /// Idempotency keys.
     keys: keys::Keys,
+    /// Expiries kept for a spend ledger, when asked for.
+    expiries: expiries::Expiries,
 }
 
 #[derive(Debug, Default)]
@@ -193,6 +196,30 @@ impl<C: Clock> MemoryStore<C> {
     pub fn retention_ms(mut self, ms: u64) -> Self {
         self.retention_ms = ms;
         self
+    }
+
+    /// Keeps up to `max` expiries for [`MemoryStore::expiries`] (a spend ledger drains them);
+    /// past it the oldest are dropped and counted. Off (0) by default.
+    #[must_use]
+    pub fn keep_expiries(self, max: usize) -> Self {
+        if let Ok(mut st) = self.state.lock() {
+            st.expiries = expiries::Expiries::new(max);
+        }
+        self
+    }
+
+    /// Up to `max` expiries kept, oldest first, each with its tag for
+    /// [`MemoryStore::ack_expiries`]; they stay until acknowledged.
+    pub fn expiries(&self, max: usize) -> Result<Vec<(u64, crate::Expiry)>, StoreError> {
+        let (st, _) = self.lock()?;
+        Ok(st.expiries.peek(max))
+    }
+
+    /// Forgets the expiries up to and including `tag` (written to the ledger).
+    pub fn ack_expiries(&self, tag: u64) -> Result<(), StoreError> {
+        let (mut st, _) = self.lock()?;
+        st.expiries.ack(tag);
+        Ok(())
     }
 
     /// Sets the most finished request ids remembered at once (oldest forgotten first).
@@ -484,7 +511,8 @@ impl State {
     fn sweep(&mut self, now: Millis, retention: u64, max_remembered: usize, complete: bool) {
         while let Some((slot, id, t)) = self.tickets.due(now) {
             let id = id.clone();
-            end_ticket(&mut self.slots, t, None);
+            let charged = end_ticket(&mut self.slots, t, None);
+            self.expiries.record(&id, now, t, &charged, &self.slots);
             self.tickets.remove(slot);
             // Every ticket is an in-flight request's; checked all the same.
             if let Some(r) = self.requests.get_mut(&id) {

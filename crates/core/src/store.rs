@@ -56,6 +56,33 @@ pub enum Finish {
     Unknown,
 }
 
+/// A request the store expired (its ticket's time came with no ending), with what it was
+/// charged: what a spend ledger needs of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expiry {
+    /// The request.
+    pub request_id: String,
+    /// The store's time of the expiry.
+    pub at: Millis,
+    /// Per budget scope, in the ticket's order.
+    pub charges: Vec<ExpiryCharge>,
+}
+
+/// One budget scope's charge of an [`Expiry`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiryCharge {
+    /// The scope's storage id.
+    pub scope: String,
+    /// Its period.
+    pub period: crate::ledger::Period,
+    /// The period's id (the period the reservation was made in).
+    pub period_id: u64,
+    /// The unit.
+    pub unit: crate::policy::Unit,
+    /// The amount charged.
+    pub amount: u64,
+}
+
 /// The result of `renew`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {

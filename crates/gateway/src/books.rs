@@ -19,8 +19,7 @@ use std::time::Duration;
 
 use tollgate_core::ledger::Period;
 use tollgate_core::policy::Price;
-use tollgate_core::record::RecordedFacts;
-use tollgate_core::{Finish, KeyClaim, KeyUse, Plan, Store, StoreError, Unit, Usage};
+use tollgate_core::{Expiry, Finish, KeyClaim, KeyUse, Plan, Store, StoreError, Unit, Usage};
 use tollgate_ledger::{Charge, Entry, Ledger};
 
 use crate::store::AnyStore;
@@ -34,12 +33,25 @@ pub struct Books {
     flush_every: Duration,
 }
 
+/// Whose request it is, as the ledger keeps it (the end user as a digest).
+#[derive(Debug, Default)]
+pub struct Who {
+    /// Tenant.
+    pub tenant: Option<String>,
+    /// Virtual key id.
+    pub key: Option<String>,
+    /// Model.
+    pub model: Option<String>,
+    /// Digest of the end user.
+    pub user: Option<String>,
+}
+
 /// What a ticket needs to write its ending to the ledger.
 #[derive(Debug)]
 pub struct Booking {
     books: Arc<Books>,
     cells: Vec<(String, Period, Unit)>,
-    facts: RecordedFacts,
+    facts: Who,
     price: Option<Price>,
     /// The store's time of the admission: the periods it reserved in.
     admitted_ms: u64,
@@ -58,6 +70,7 @@ impl Books {
     /// Starts the ledger's writer: endings of requests the store had forgotten are charged to
     /// the store once they are in the ledger.
     pub fn spawn_writer(self: &Arc<Self>, store: AnyStore) {
+        let store_for_expiries = store.clone();
         let after: tollgate_ledger::AfterWrite = Arc::new(move |entries| {
             let store = store.clone();
             Box::pin(async move {
@@ -81,10 +94,43 @@ impl Books {
             })
         });
         self.ledger.spawn_writer(Some(after));
+        let books = self.clone();
+        tokio::spawn(async move { books.drain_expiries(store_for_expiries).await });
+    }
+
+    /// Writes the store's expiries to the ledger, then forgets them there, every flush interval
+    /// (200 ms at least). A failed write leaves them in the store for the next round.
+    async fn drain_expiries(&self, store: AnyStore) {
+        let mut asked = false;
+        loop {
+            tokio::time::sleep(self.flush_every.max(Duration::from_millis(200))).await;
+            if !asked {
+                asked = store.keep_expiries().await.is_ok();
+            }
+            let Ok(list) = store.expiries(500).await else {
+                continue;
+            };
+            if list.is_empty() {
+                continue;
+            }
+            let entries: Vec<Entry> = list.iter().map(|(_, e)| expired(e)).collect();
+            match self.ledger.write_now(&entries).await {
+                Ok(()) => {
+                    let tags = list.into_iter().map(|(t, _)| t).collect();
+                    if store.ack_expiries(tags).await.is_err() {
+                        crate::telemetry::ledger_event("expiries_not_forgotten");
+                    }
+                }
+                Err(e) => {
+                    crate::telemetry::ledger_event("expiries_not_written");
+                    tracing::warn!(error = %e, "expiries not written to the ledger; retrying");
+                }
+            }
+        }
     }
 
     /// The booking of a request admitted on `p` at the store's time `admitted_ms`.
-    pub fn booking(self: &Arc<Self>, p: &Plan, facts: RecordedFacts, admitted_ms: u64) -> Booking {
+    pub fn booking(self: &Arc<Self>, p: &Plan, facts: Who, admitted_ms: u64) -> Booking {
         Booking {
             books: self.clone(),
             cells: p
@@ -190,6 +236,7 @@ impl Books {
                 .await
                 .map_err(|e| e.to_string())?;
         }
+        store.keep_expiries().await.map_err(|e| e.to_string())?;
         store.acknowledge_loss().await.map_err(|e| e.to_string())?;
         tracing::warn!(
             scopes = first.len(),
@@ -254,7 +301,7 @@ impl Booking {
             .iter()
             .zip(amounts)
             .map(|((scope, period, unit), amount)| {
-                charge(scope, *period, *unit, amount, self.admitted_ms)
+                charge(scope, *period, period.at(self.admitted_ms).0, *unit, amount)
             })
             .collect();
         let u = usage.unwrap_or_default();
@@ -290,8 +337,8 @@ impl Books {
     }
 }
 
-fn charge(scope: &str, period: Period, unit: Unit, amount: u64, at: u64) -> Charge {
-    let (id, start, end) = period.at(at);
+fn charge(scope: &str, period: Period, id: u64, unit: Unit, amount: u64) -> Charge {
+    let (start, end) = bounds(period, id);
     let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     Charge {
         scope: scope.to_owned(),
@@ -312,6 +359,38 @@ fn period_of_total(period_ms: i64) -> Period {
     match u64::try_from(period_ms) {
         Ok(len) if len > 0 => Period::Fixed(len),
         _ => Period::CalendarMonth,
+    }
+}
+
+/// The start and end of period `id`.
+fn bounds(period: Period, id: u64) -> (u64, u64) {
+    match period {
+        Period::Fixed(len) => (
+            id.saturating_mul(len),
+            id.saturating_add(1).saturating_mul(len),
+        ),
+        Period::CalendarMonth => {
+            let day = |y: u64, m: u64| tollgate_core::ledger::days_from_civil(y, m, 1) * 86_400_000;
+            let (y, m) = (id / 12, id % 12 + 1);
+            let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+            (day(y, m), day(ny, nm))
+        }
+    }
+}
+
+/// The ledger's entry of a request the store expired.
+fn expired(e: &Expiry) -> Entry {
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    Entry {
+        request_id: e.request_id.clone(),
+        ending: "expired",
+        at_ms: n(e.at),
+        charges: e
+            .charges
+            .iter()
+            .map(|c| charge(&c.scope, c.period, c.period_id, c.unit, c.amount))
+            .collect(),
+        ..Entry::default()
     }
 }
 

@@ -32,7 +32,9 @@ pub async fn start_store_with_warnings(
     let store = match &config.store {
         StoreConfig::Memory { retention } => AnyStore::Memory(Arc::new(
             MemoryStore::new()
-                .retention_ms(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX)),
+                .retention_ms(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX))
+                // A spend ledger writes them (and forgets them here) as they come.
+                .keep_expiries(if config.ledger.is_some() { 100_000 } else { 0 }),
         )),
         StoreConfig::Redis {
             url,

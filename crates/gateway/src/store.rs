@@ -4,11 +4,20 @@ use std::sync::Arc;
 
 use tollgate_core::pipeline::Plan;
 use tollgate_core::{
-    Decision, Finish, MemoryStore, Period, Renewal, ScopeUsage, Store, StoreError, Usage,
+    Decision, Expiry, Finish, MemoryStore, Period, Renewal, ScopeUsage, Store, StoreError, Usage,
 };
 use tollgate_redis::RedisStore;
 
 pub use crate::path::settle::{Recording, Ticket, open_tickets};
+
+/// Where an expiry is kept, to forget it once written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExpiryTag {
+    /// The memory store's sequence number.
+    Memory(u64),
+    /// A Redis shard's stream entry.
+    Redis(tollgate_redis::ExpiryTag),
+}
 
 /// Memory or Redis.
 #[derive(Debug, Clone)]
@@ -50,6 +59,57 @@ impl AnyStore {
         match self {
             AnyStore::Memory(_) => Ok(()),
             AnyStore::Redis(r) => r.add_settled(scope_id, field, expire_at_ms, amount).await,
+        }
+    }
+
+    /// Asks the store to keep its expiries for [`AnyStore::expiries`] (a spend ledger's).
+    pub async fn keep_expiries(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(r) => r.keep_expiries().await,
+        }
+    }
+
+    /// Expiries kept and not yet acknowledged, oldest first, with their tags.
+    pub async fn expiries(&self, max: usize) -> Result<Vec<(ExpiryTag, Expiry)>, StoreError> {
+        match self {
+            AnyStore::Memory(m) => Ok(m
+                .expiries(max)?
+                .into_iter()
+                .map(|(t, e)| (ExpiryTag::Memory(t), e))
+                .collect()),
+            AnyStore::Redis(r) => Ok(r
+                .expiries(max)
+                .await?
+                .into_iter()
+                .map(|(t, e)| (ExpiryTag::Redis(t), e))
+                .collect()),
+        }
+    }
+
+    /// Forgets expiries written to the ledger.
+    pub async fn ack_expiries(&self, tags: Vec<ExpiryTag>) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(m) => {
+                let last = tags.iter().filter_map(|t| match t {
+                    ExpiryTag::Memory(n) => Some(*n),
+                    ExpiryTag::Redis(_) => None,
+                });
+                match last.max() {
+                    Some(n) => m.ack_expiries(n),
+                    None => Ok(()),
+                }
+            }
+            AnyStore::Redis(r) => {
+                let tags: Vec<_> = tags
+                    .into_iter()
+                    .filter_map(|t| match t {
+                        ExpiryTag::Redis(t) => Some(t),
+                        ExpiryTag::Memory(_) => None,
+                    })
+                    .collect();
+                r.ack_expiries(&tags).await
+            }
         }
     }
 

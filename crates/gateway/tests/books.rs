@@ -71,6 +71,27 @@ async fn ask(addr: std::net::SocketAddr, key: &str) -> (u16, String) {
     (r.status, code)
 }
 
+async fn usage_at(admin: &str, at: &str) -> serde_json::Value {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let req = hyper::Request::builder()
+        .uri(format!(
+            "http://{admin}/admin/usage?scope=tenant%7Ctenant%3Aacme&at={at}"
+        ))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let r = client.request(req).await.unwrap();
+    let status = r.status();
+    let body = http_body_util::BodyExt::collect(r.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
 async fn kill(admin: &str, target: &str) {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Full<bytes::Bytes>>();
@@ -194,4 +215,57 @@ async fn a_flushed_redis_gets_its_books_back_from_the_ledger() {
     let in_ledger = totals.iter().find(|t| t.scope == SCOPE).unwrap().amount;
     assert_eq!(after.settled, before.settled);
     assert_eq!(after.settled, u64::try_from(in_ledger).unwrap());
+    // The admin API answers a period from the ledger: today's is the same, yesterday's empty.
+    let day = |ms: i64| {
+        humantime::format_rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(ms as u64))
+            .to_string()
+    };
+    let today = usage_at(&admin_a, &day(now)).await;
+    assert_eq!(
+        (today["source"].as_str(), today["settled"].as_i64()),
+        (Some("ledger"), Some(in_ledger))
+    );
+    let yesterday = usage_at(&admin_a, &day(now - DAY as i64)[..10]).await;
+    assert_eq!(yesterday["settled"], 0);
+
+    // A request no instance ends (as when its instance dies): the store expires it, charging
+    // its reservation, and the expiry reaches the ledger.
+    let cfg = GatewayConfig::from_toml(&text).unwrap();
+    let facts = tollgate_core::RequestFacts {
+        request_id: "orphan-1".into(),
+        identity: tollgate_core::Identity::default().with(tollgate_core::Dimension::Tenant, "beta"),
+        input_tokens: 10,
+        max_output_tokens: Some(20),
+        ..Default::default()
+    };
+    let mut p = tollgate_core::plan(&cfg.policy, &facts).unwrap();
+    p.ttl_ms = 50;
+    assert!(matches!(
+        store.admit(&p).await.unwrap(),
+        tollgate_core::Decision::Admit(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Any call sweeps.
+    assert_eq!(ask(a, "sk-beta").await.0, 200);
+    let beta = "tenant|tenant:beta";
+    until("the expiry in the ledger", async || {
+        let held = store.usage(beta, Some(Period::Fixed(DAY))).await.unwrap();
+        let totals = ledger.current_totals(now).await.unwrap();
+        let kept = totals
+            .iter()
+            .find(|t| t.scope == beta)
+            .map_or(0, |t| t.amount);
+        held.reserved == 0 && u64::try_from(kept).unwrap() == held.settled
+    })
+    .await;
+    let spent = ledger
+        .spend(tollgate_ledger::By::Tenant, now - 60_000, now + 60_000)
+        .await
+        .unwrap();
+    let untagged = spent.iter().find(|r| r.group == "-").map(|r| r.requests);
+    assert_eq!(
+        untagged,
+        Some(1),
+        "the expiry is an ending without a tenant: {spent:?}"
+    );
 }

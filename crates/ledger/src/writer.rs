@@ -59,6 +59,16 @@ impl Ledger {
         }
     }
 
+    /// Writes `entries` now, in one transaction, past the buffer (what the caller must not lose
+    /// until it is written, such as expiries it deletes from the store afterwards).
+    pub async fn write_now(&self, entries: &[Entry]) -> Result<(), LedgerError> {
+        self.write(entries).await?;
+        let n = entries.len() as u64;
+        self.inner.written.fetch_add(n, Ordering::SeqCst);
+        metrics::counter!("tollgate_ledger_written_total").increment(n);
+        Ok(())
+    }
+
     /// Up to one batch from the front of the buffer, counted as being written.
     fn take(&self) -> Vec<Entry> {
         let Ok(mut q) = self.inner.queue.lock() else {
@@ -101,35 +111,32 @@ async fn insert(c: &Client, batch: &[Entry]) -> Result<(), tokio_postgres::Error
     let ids: Vec<&str> = batch.iter().map(|e| e.request_id.as_str()).collect();
     let endings: Vec<&str> = batch.iter().map(|e| e.ending).collect();
     let costs: Vec<Option<i64>> = batch.iter().map(|e| e.cost_micro_usd).collect();
-    let inserted = c
-        .query(
-            "INSERT INTO tollgate_endings (request_id, ending, at_ms, tenant, key_id, model, \
+    c.execute(
+        "INSERT INTO tollgate_endings (request_id, ending, at_ms, tenant, key_id, model, \
              end_user, input_tokens, cached_tokens, output_tokens, tool_calls, cost_micro_usd) \
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], \
              $6::text[], $7::text[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], \
-             $12::int8[]) ON CONFLICT (request_id) DO NOTHING RETURNING request_id",
-            &[
-                &ids,
-                &endings,
-                &num(|e| e.at_ms),
-                &col(|e| e.tenant.clone()),
-                &col(|e| e.key_id.clone()),
-                &col(|e| e.model.clone()),
-                &col(|e| e.end_user.clone()),
-                &num(|e| e.input_tokens),
-                &num(|e| e.cached_tokens),
-                &num(|e| e.output_tokens),
-                &num(|e| e.tool_calls),
-                &costs,
-            ],
-        )
-        .await?;
-    // Only the charges of endings new to the ledger: a repeated id charges nothing again.
-    let new: std::collections::HashSet<String> =
-        inserted.iter().filter_map(|r| r.try_get(0).ok()).collect();
+             $12::int8[]) ON CONFLICT (request_id) DO NOTHING",
+        &[
+            &ids,
+            &endings,
+            &num(|e| e.at_ms),
+            &col(|e| e.tenant.clone()),
+            &col(|e| e.key_id.clone()),
+            &col(|e| e.model.clone()),
+            &col(|e| e.end_user.clone()),
+            &num(|e| e.input_tokens),
+            &num(|e| e.cached_tokens),
+            &num(|e| e.output_tokens),
+            &num(|e| e.tool_calls),
+            &costs,
+        ],
+    )
+    .await?;
+    // A repeated id's charges are its first ending's (the stores end a request once; an expiry
+    // read by two instances is the same twice): the key leaves them as they are.
     let charges: Vec<(&str, &crate::Charge)> = batch
         .iter()
-        .filter(|e| new.contains(&e.request_id))
         .flat_map(|e| e.charges.iter().map(move |ch| (e.request_id.as_str(), ch)))
         .collect();
     if charges.is_empty() {

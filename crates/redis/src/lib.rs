@@ -39,6 +39,7 @@ mod config;
 mod conn;
 mod decode;
 mod encode;
+mod expiries;
 mod keys;
 mod sharded;
 
@@ -64,6 +65,7 @@ pub use batch::batch_invocation;
 pub use config::{RedisConfig, redacted};
 pub use decode::{ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, STORE_REASONS};
 pub use encode::{Invocation, admit_invocation};
+pub use expiries::ExpiryTag;
 pub use keys::KEY_REPLIES;
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};

@@ -72,3 +72,58 @@ fn period_cache_answers_as_period_at() {
         now += 17_000 + (step % 7) * 1_234_567;
     }
 }
+
+/// Expiries kept for a ledger: an expired request's charges per budget, with scope and
+/// period; settled requests are not among them; acknowledged ones are forgotten; none are kept
+/// unless asked for.
+#[test]
+fn expiries_are_kept_for_a_ledger_when_asked() {
+    use crate::{Dimension, Identity, ManualClock, Policy, RequestFacts, plan};
+    let policy = Policy::from_toml(
+        r#"
+        [[scopes]]
+        key = "user"
+        concurrency = { limit = 5, lease_ttl = "1s" }
+        budget = { tokens = 1000, period = "day" }
+        "#,
+    )
+    .unwrap();
+    let clock = ManualClock::new(1_767_225_600_000);
+    let admit = |store: &MemoryStore<ManualClock>, id: &str| {
+        let facts = RequestFacts {
+            request_id: id.into(),
+            identity: Identity::default().with(Dimension::User, "u"),
+            input_tokens: 10,
+            max_output_tokens: Some(20),
+            ..RequestFacts::default()
+        };
+        store.admit_sync(&plan(&policy, &facts).unwrap()).unwrap();
+    };
+    let off = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::with_clock(clock.clone()).keep_expiries(10);
+    for s in [&off, &store] {
+        admit(s, "gone");
+        admit(s, "done");
+        s.settle_sync("done", Usage::default()).unwrap();
+    }
+    clock.advance(1500);
+    off.sweep_all().unwrap();
+    store.sweep_all().unwrap();
+    assert!(off.expiries(10).unwrap().is_empty());
+    let kept = store.expiries(10).unwrap();
+    assert_eq!(kept.len(), 1);
+    let (tag, e) = &kept[0];
+    assert_eq!((e.request_id.as_str(), e.at), ("gone", 1_767_225_601_500));
+    assert_eq!(
+        e.charges,
+        vec![crate::ExpiryCharge {
+            scope: "user|user:u".into(),
+            period: Period::Fixed(86_400_000),
+            period_id: 1_767_225_600_000 / 86_400_000,
+            unit: Unit::Tokens,
+            amount: 30,
+        }]
+    );
+    store.ack_expiries(*tag).unwrap();
+    assert!(store.expiries(10).unwrap().is_empty());
+}

@@ -227,6 +227,8 @@ async fn clear_kill(State(gw): State<Shared>, Path(target): Path<String>) -> Res
 struct UsageQuery {
     /// A scope's storage id, `rule|key`, e.g. `tenant|tenant:acme`.
     scope: String,
+    /// A UTC day or time in an earlier period: answered from the spend ledger.
+    at: Option<String>,
 }
 
 async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Response {
@@ -236,6 +238,9 @@ async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Respons
         return crate::respond::unknown_scope(rule_name).into_response();
     };
     let period = rule.budget.map(|b| b.period);
+    if let Some(at) = &q.at {
+        return past_usage(&gw, &q.scope, at, rule.budget).await;
+    }
     match gw.store.usage(&q.scope, period).await {
         Ok(u) => {
             let mut body = json!({"scope": q.scope, "policy_version": &*cfg.policy.version, "settled": u.settled, "reserved": u.reserved, "leases": u.leases});
@@ -252,6 +257,46 @@ async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Respons
         }
         Err(e) => store_failed(e),
     }
+}
+
+/// The settled total of a budget scope in the period containing `at`, from the spend ledger
+/// (the current period too: what the ledger has written of it so far).
+async fn past_usage(
+    gw: &Shared,
+    scope: &str,
+    at: &str,
+    budget: Option<tollgate_core::policy::BudgetLimit>,
+) -> Response {
+    let (Some(books), Some(b)) = (&gw.books, budget) else {
+        return crate::respond::no_ledger().into_response();
+    };
+    let Some(at_ms) = utc_instant(at) else {
+        return crate::respond::bad_instant(at).into_response();
+    };
+    let (id, start, end) = b.period.at(at_ms);
+    let label = b.period.label();
+    match books
+        .ledger
+        .total(scope, &label, i64::try_from(id).unwrap_or(i64::MAX))
+        .await
+    {
+        Ok(settled) => axum::Json(json!({"scope": scope, "source": "ledger",
+            "period": {"label": label, "start_ms": start, "end_ms": end},
+            "settled": settled, "budget": {"limit": b.limit.get(), "unit": b.unit.as_str()}}))
+        .into_response(),
+        Err(e) => crate::respond::ledger_failed(&e.to_string()).into_response(),
+    }
+}
+
+/// A UTC day (`2026-11-30`) or time (`2026-11-30T08:00:00Z`) in ms since the epoch.
+fn utc_instant(text: &str) -> Option<u64> {
+    let full = if text.len() == 10 {
+        format!("{text}T00:00:00")
+    } else {
+        text.trim_end_matches('Z').to_owned()
+    };
+    let t = humantime::parse_rfc3339_weak(&full).ok()?;
+    u64::try_from(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis()).ok()
 }
 
 async fn reload(State(gw): State<Shared>) -> Response {

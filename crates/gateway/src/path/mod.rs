@@ -192,7 +192,17 @@ async fn admit_counted(
     if let Some(b) = &gw.books {
         // The store's time of the admission, which its reservations' periods were taken at.
         let at = admitted.expires_at.saturating_sub(p.ttl_ms);
-        ticket.book_to(b.booking(&p, facts(), if admitted.fail_open { now_ms } else { at }));
+        let id = &counted.facts.identity;
+        let who = crate::books::Who {
+            tenant: id.tenant.clone(),
+            key: id.key.clone(),
+            model: id.model.clone(),
+            user: id
+                .user
+                .as_deref()
+                .map(|u| crate::records::digest(cfg.records_key.as_deref(), u)),
+        };
+        ticket.book_to(b.booking(&p, who, if admitted.fail_open { now_ms } else { at }));
     }
     Ok(Admission {
         plan: p,

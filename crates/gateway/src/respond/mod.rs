@@ -525,6 +525,40 @@ pub fn ledger_full() -> ApiError {
     e
 }
 
+/// `/admin/usage?at=…` without a ledger, or for a scope without a budget: 404.
+pub fn no_ledger() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no_ledger",
+        "Usage of a past period is answered from the spend ledger ([ledger]), for a scope with a \
+         budget; this gateway keeps no ledger or the scope has no budget.",
+    )
+}
+
+/// An `at` that is neither a UTC day nor a UTC time: 400.
+pub fn bad_instant(at: &str) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "invalid_at",
+        "at must be a UTC day (2026-11-30) or time (2026-11-30T08:00:00Z).",
+    );
+    e.message = format!("at {at:?}: {}", e.message);
+    e.param = Some("at".into());
+    e
+}
+
+/// The spend ledger did not answer: 503.
+pub fn ledger_failed(detail: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "ledger_unavailable",
+        format!("The spend ledger did not answer: {detail}"),
+    )
+}
+
 /// A request stopped by the kill switch: 503, with the operator's reason; not retryable until
 /// an operator lifts it.
 pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {

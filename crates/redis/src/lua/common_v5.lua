@@ -405,14 +405,39 @@ local function end_ticket(id, v, now, out, input, cached, output, w5, w1h, calls
   XREM[#XREM + 1] = id
 end
 
+-- An expired request's charges, for a spend ledger: appended to the stream `P:expired` (at
+-- most about 100,000 entries) while `P:ledger` exists, which instances keeping a ledger write.
+-- Fields: id, at, then per reservation k (budget key), f (period field), u (unit), l (period
+-- length), c (charge).
+local function expiry_entry(id, v, now_str, out)
+  local args = {PREFIX .. ':expired', 'MAXLEN', '~', '100000', '*', 'id', id, 'at', now_str}
+  local j = 1
+  for i = 10 + num(v[9]), #v, 6 do
+    local n = #args
+    args[n + 1], args[n + 2], args[n + 3], args[n + 4] = 'k', v[i], 'f', v[i + 1]
+    args[n + 5], args[n + 6], args[n + 7], args[n + 8] = 'u', v[i + 2], 'l', v[i + 4]
+    args[n + 9], args[n + 10] = 'c', int(out[j])
+    j = j + 1
+  end
+  redis.call('XADD', unpack(args))
+end
+
 -- Expires up to `max` tickets whose time has come. `now_str`, `max` and `retention` are the
 -- strings that Redis commands take (see store_now and take_ticket).
 local function sweep(now, now_str, max, retention)
   local ids = redis.call('ZRANGEBYSCORE', PREFIX .. ':x', '-inf', now_str, 'LIMIT', '0', max)
+  local ledger = nil
   for _, id in ipairs(ids) do
     local v = take_ticket(PREFIX .. ':ts:' .. id, 'expired', retention)
     if v then
-      end_ticket(id, v, now)
+      if ledger == nil then ledger = redis.call('EXISTS', PREFIX .. ':ledger') == 1 end
+      if ledger then
+        local out = {}
+        end_ticket(id, v, now, out)
+        expiry_entry(id, v, now_str or int(now), out)
+      else
+        end_ticket(id, v, now)
+      end
     else
       XREM[#XREM + 1] = id
     end

@@ -1,0 +1,78 @@
+//! Expiries kept for a spend ledger: the memory store's twin of the Redis store's `P:expired`
+//! stream. Bounded; off unless asked for.
+
+use std::collections::VecDeque;
+
+use super::{Hold, Slots};
+use crate::clock::Millis;
+use crate::{Expiry, ExpiryCharge};
+
+#[derive(Debug, Default)]
+pub(super) struct Expiries {
+    max: usize,
+    next_tag: u64,
+    kept: VecDeque<(u64, Expiry)>,
+}
+
+impl Expiries {
+    pub(super) fn new(max: usize) -> Self {
+        Self {
+            max,
+            ..Self::default()
+        }
+    }
+
+    /// Keeps the expiry of ticket `t` of request `id`, which was charged `charged` per budget.
+    pub(super) fn record(
+        &mut self,
+        id: &str,
+        now: Millis,
+        t: &super::Ticket,
+        charged: &[u64],
+        slots: &Slots,
+    ) {
+        if self.max == 0 {
+            return;
+        }
+        let budgets = t.holds.iter().filter_map(|h| match h {
+            Hold::Budget(r) => Some(r),
+            Hold::Lease(_) => None,
+        });
+        let charges = budgets
+            .zip(charged)
+            .map(|(r, amount)| ExpiryCharge {
+                scope: slots
+                    .get(r.slot)
+                    .and_then(|s| s.id.as_deref())
+                    .unwrap_or_default()
+                    .to_owned(),
+                period: r.period,
+                period_id: r.period_id,
+                unit: r.unit,
+                amount: *amount,
+            })
+            .collect();
+        if self.kept.len() >= self.max {
+            self.kept.pop_front();
+        }
+        self.next_tag += 1;
+        self.kept.push_back((
+            self.next_tag,
+            Expiry {
+                request_id: id.to_owned(),
+                at: now,
+                charges,
+            },
+        ));
+    }
+
+    pub(super) fn peek(&self, max: usize) -> Vec<(u64, Expiry)> {
+        self.kept.iter().take(max).cloned().collect()
+    }
+
+    pub(super) fn ack(&mut self, tag: u64) {
+        while self.kept.front().is_some_and(|(t, _)| *t <= tag) {
+            self.kept.pop_front();
+        }
+    }
+}
