@@ -99,6 +99,19 @@ tenant = "bench"
 TOML
 }
 
+# gateway NAME STORE_TOML POLICY_TOML: starts a gateway in front of $SIM on a free port and prints
+# the port; its pid goes to $tmp/pid-NAME and $tmp/gateway-pids (it starts inside a $(...)
+# subshell, so the caller's clean-up reads the file, not an array).
+gateway() {
+  local port; port=$(free_port)
+  gateway_config "$1" "$port" "$SIM" "$2" "$3"
+  "$BIN/tollgate" serve --config "$tmp/$1.toml" >/dev/null 2>&1 &
+  echo $! >> "$tmp/gateway-pids"
+  echo $! > "$tmp/pid-$1"
+  wait_port "$port"
+  echo "$port"
+}
+
 # redis_store_toml PORT: the [store] section of the Redis setup.
 redis_store_toml() {
   printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\n' "$1"

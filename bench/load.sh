@@ -40,15 +40,6 @@ trap cleanup EXIT
 
 start_upstreams
 
-gateway() { # name store policy
-  local port; port=$(free_port)
-  gateway_config "$1" "$port" "$SIM" "$2" "$3"
-  "$BIN/tollgate" serve --config "$tmp/$1.toml" >/dev/null 2>&1 &
-  echo $! >> "$tmp/gateway-pids"
-  echo $! > "$tmp/pid-$1"
-  wait_port "$port"
-  echo "$port"
-}
 PASS=$(gateway pass "" "")
 MEM=$(gateway memory "" "$ALL_SIX")
 RED=$(gateway redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")
@@ -147,6 +138,12 @@ for t, label in names:
           f"{statistics.median(ratios):.2f}x | {' '.join(f'{x:.2f}' for x in ratios)} | "
           f"{statistics.median(g for g, _ in cpu[t]):.1f} µs | {statistics.median(r for _, r in cpu[t]):.1f} µs | "
           f"{100 * statistics.median(idle[t]):.0f}% |")
+# A ratio to pass-through means something only when pass-through itself had the cores busy:
+# with cores left idle, work the controls add runs on them instead of costing throughput.
+pass_idle = statistics.median(idle["pass"])
+print(f"\npass-through left {100 * pass_idle:.0f}% of the cores idle: " +
+      ("saturated, the ratios are what the controls cost at saturation" if pass_idle < 0.05 else
+       "NOT saturated (something other than the CPU bounds it), the ratios flatter the controls"))
 for t, base, what in (("shadow", "memory", "shadow rule and alerts"),
                       ("shadow-redis", "redis", "shadow rule and alerts"),
                       ("ledger-redis", "redis", "spend ledger")):

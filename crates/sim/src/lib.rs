@@ -66,6 +66,15 @@ impl Default for SimConfig {
     }
 }
 
+/// Waits `d`, and not at all when `d` is zero: `tokio::time::sleep(Duration::ZERO)` waits
+/// for the timer's next tick (about a millisecond), which would cap a benchmark's upstream
+/// told to add no time near one request per tick per connection.
+pub async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
 /// What the simulator observed.
 #[derive(Debug, Default, Clone)]
 pub struct SimStats {
@@ -260,7 +269,7 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
         .unwrap_or(u64::MAX);
     let n = state.config.output_tokens.min(cap);
     let guard = InFlight::new(&state, &headers);
-    tokio::time::sleep(state.config.latency).await;
+    pause(state.config.latency).await;
     let id = "chatcmpl-sim";
     let usage = json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
         "prompt_tokens_details": {"cached_tokens": 0}});
@@ -272,7 +281,7 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
     };
     if req["stream"].as_bool() != Some(true) {
         // Tokens take time to produce whether streamed or not.
-        tokio::time::sleep(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
+        pause(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
         guard.done(prompt, n);
         let content = "tok ".repeat(usize::try_from(n).unwrap_or(0));
         let mut message = json!({"role": "assistant", "content": content.trim_end()});
@@ -349,7 +358,7 @@ fn event_stream(
                 return None;
             }
             if i > 0 {
-                tokio::time::sleep(delay).await;
+                pause(delay).await;
             }
             if i + 1 == total {
                 if let Some(g) = guard.take() {
@@ -431,9 +440,9 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
     let tool_use = |(id, name, _): &(String, String, String), input: Value| json!({"type": "tool_use", "id": id, "name": name, "input": input});
     let usage = cache_usage(&state, &req, prompt);
     let guard = InFlight::new(&state, &headers);
-    tokio::time::sleep(state.config.latency).await;
+    pause(state.config.latency).await;
     if req["stream"].as_bool() != Some(true) {
-        tokio::time::sleep(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
+        pause(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
         guard.done(prompt, n);
         let text = "tok ".repeat(usize::try_from(n).unwrap_or(0));
         let mut content = vec![json!({"type": "text", "text": text.trim_end()})];
@@ -597,7 +606,7 @@ async fn responses(
         id
     };
     let guard = InFlight::new(&state, &headers);
-    tokio::time::sleep(state.config.latency).await;
+    pause(state.config.latency).await;
     let text = "tok ".repeat(usize::try_from(n).unwrap_or(0));
     let message = |text: &str, status: &str| {
         json!({"type": "message", "id": "msg_sim", "status": status, "role": "assistant",
@@ -629,7 +638,7 @@ async fn responses(
         "completed"
     };
     if req["stream"].as_bool() != Some(true) {
-        tokio::time::sleep(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
+        pause(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
         guard.done(prompt, n);
         let mut out = vec![message(text.trim_end(), "completed")];
         out.extend(calls);
@@ -801,7 +810,7 @@ async fn completions(
         .output_tokens
         .min(req["max_tokens"].as_u64().unwrap_or(u64::MAX));
     let guard = InFlight::new(&state, &headers);
-    tokio::time::sleep(state.config.latency).await;
+    pause(state.config.latency).await;
     guard.done(prompt, n);
     Json(json!({"id": "cmpl-sim", "object": "text_completion", "model": req["model"],
         "choices": [{"index": 0, "text": "tok ".repeat(usize::try_from(n).unwrap_or(0)), "finish_reason": "length"}],
@@ -819,7 +828,7 @@ async fn embeddings(
         Err(e) => return *e,
     };
     let guard = InFlight::new(&state, &headers);
-    tokio::time::sleep(state.config.latency).await;
+    pause(state.config.latency).await;
     guard.done(prompt, 0);
     Json(json!({"object": "list", "model": req["model"],
         "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 0.5, 1.0]}],
@@ -842,4 +851,25 @@ async fn stats_json(State(state): State<Arc<SimState>>) -> Response {
         "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens}),
     )
     .into_response()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::Duration;
+
+    use futures_util::FutureExt;
+
+    // A zero wait completes on its first poll; tokio's sleep of zero does not (it waits for the
+    // timer's next tick), which is what capped the benchmarks' upstream.
+    #[tokio::test]
+    async fn a_zero_wait_does_not_wait_for_the_timer() {
+        assert!(super::pause(Duration::ZERO).now_or_never().is_some());
+        assert!(tokio::time::sleep(Duration::ZERO).now_or_never().is_none());
+        assert!(
+            super::pause(Duration::from_millis(1))
+                .now_or_never()
+                .is_none()
+        );
+    }
 }

@@ -2,38 +2,59 @@
 //! [--output-tokens 16] [--api-key KEY]`: the upstream simulator as a process, for demos and
 //! load benchmarks. `GET /sim/stats` reports what it observed.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::print_stdout
-)]
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
+use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use tollgate_sim::{Sim, SimConfig};
 
+/// An OpenAI- and Anthropic-compatible upstream simulator, on loopback.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate-sim", version)]
+struct Args {
+    /// Where to listen.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    listen: SocketAddr,
+    /// Wait before the first byte, in milliseconds (0: none).
+    #[arg(long, default_value_t = 5)]
+    latency_ms: u64,
+    /// Wait per produced token, in milliseconds (0: none).
+    #[arg(long, default_value_t = 1)]
+    token_delay_ms: u64,
+    /// Tokens produced when a request does not cap them lower.
+    #[arg(long, default_value_t = 16)]
+    output_tokens: u64,
+    /// The API key to require (any when not given).
+    #[arg(long)]
+    api_key: Option<String>,
+}
+
 #[tokio::main]
-async fn main() {
-    let mut cfg = SimConfig::default();
-    let mut listen = "127.0.0.1:9000".to_owned();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    for pair in args.chunks(2) {
-        let v = pair.get(1).cloned().unwrap_or_default();
-        match pair[0].as_str() {
-            "--listen" => listen = v,
-            "--latency-ms" => cfg.latency = Duration::from_millis(v.parse().expect("milliseconds")),
-            "--token-delay-ms" => {
-                cfg.token_delay = Duration::from_millis(v.parse().expect("milliseconds"))
-            }
-            "--output-tokens" => cfg.output_tokens = v.parse().expect("a count"),
-            "--api-key" => cfg.api_key = Some(v),
-            other => panic!("unknown option {other}"),
+async fn main() -> ExitCode {
+    let a = Args::parse();
+    let cfg = SimConfig {
+        latency: Duration::from_millis(a.latency_ms),
+        token_delay: Duration::from_millis(a.token_delay_ms),
+        output_tokens: a.output_tokens,
+        api_key: a.api_key,
+        ..SimConfig::default()
+    };
+    let sim = match Sim::start_on(a.listen, cfg).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("tollgate-sim: cannot listen on {}: {e}", a.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("tollgate-sim listening on {}", sim.base_url());
+    match tokio::signal::ctrl_c().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate-sim: {e}");
+            ExitCode::FAILURE
         }
     }
-    let sim = Sim::start_on(listen.parse().expect("an address"), cfg)
-        .await
-        .expect("listen");
-    println!("tollgate-sim listening on {}", sim.base_url());
-    tokio::signal::ctrl_c().await.expect("signal");
 }
