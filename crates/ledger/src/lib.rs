@@ -168,8 +168,9 @@ struct Inner {
     conn: Conn,
     settings: Settings,
     queue: std::sync::Mutex<VecDeque<Entry>>,
-    /// Entries taken from the queue by the writer and not yet written or put back.
-    writing: AtomicUsize,
+    /// Entries appended and not yet written (queued, or in a batch on its way): read on every
+    /// admission (`accepting`), so without the queue's lock.
+    buffered: AtomicUsize,
     wake: tokio::sync::Notify,
     written: AtomicU64,
 }
@@ -185,7 +186,7 @@ impl Ledger {
                 conn,
                 settings,
                 queue: std::sync::Mutex::default(),
-                writing: AtomicUsize::new(0),
+                buffered: AtomicUsize::new(0),
                 wake: tokio::sync::Notify::new(),
                 written: AtomicU64::new(0),
             }),
@@ -194,8 +195,9 @@ impl Ledger {
 
     /// Endings waiting to be written (buffered or in a batch on its way).
     pub fn buffered(&self) -> usize {
-        let queued = self.inner.queue.lock().map_or(0, |q| q.len());
-        queued + self.inner.writing.load(std::sync::atomic::Ordering::SeqCst)
+        self.inner
+            .buffered
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Endings written since start-up by this process.
@@ -222,9 +224,12 @@ impl Ledger {
                 return false;
             }
             q.push_back(entry);
+            self.inner
+                .buffered
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             q.len()
         };
-        metrics::gauge!("tollgate_ledger_buffered").set(len as f64);
+        // The gauge is set by the writer, once per flush, not by every request.
         if len >= s.batch {
             self.inner.wake.notify_one();
         }

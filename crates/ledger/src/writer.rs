@@ -44,7 +44,7 @@ impl Ledger {
                         if let (Some(f), false) = (&after, replay.is_empty()) {
                             f(replay).await;
                         }
-                        self.inner.writing.fetch_sub(n, Ordering::SeqCst);
+                        self.inner.buffered.fetch_sub(n, Ordering::Relaxed);
                     }
                     Err(e) => {
                         metrics::counter!("tollgate_ledger_write_failures_total").increment(1);
@@ -75,19 +75,16 @@ impl Ledger {
             return Vec::new();
         };
         let n = q.len().min(self.inner.settings.batch);
-        self.inner.writing.fetch_add(n, Ordering::SeqCst);
         q.drain(..n).collect()
     }
 
-    /// A batch that failed goes back to the front, in its order.
+    /// A batch that failed goes back to the front, in its order (still counted as buffered).
     fn put_back(&self, batch: Vec<Entry>) {
-        let n = batch.len();
         if let Ok(mut q) = self.inner.queue.lock() {
             for e in batch.into_iter().rev() {
                 q.push_front(e);
             }
         }
-        self.inner.writing.fetch_sub(n, Ordering::SeqCst);
     }
 
     async fn write(&self, batch: &[Entry]) -> Result<(), LedgerError> {

@@ -105,3 +105,33 @@ pub(crate) fn no_answer(limit: Duration) -> StoreError {
 pub(crate) fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
+
+/// The client of one node: the URL's user and password unless the configuration gives them,
+/// and for `rediss://` the configured CA or Mozilla's roots.
+pub(crate) fn single_client(config: &crate::RedisConfig) -> Result<redis::Client, StoreError> {
+    use redis::IntoConnectionInfo;
+    let mut info = config
+        .url
+        .as_str()
+        .into_connection_info()
+        .map_err(unavailable)?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(u) = &config.username {
+        settings = settings.set_username(u);
+    }
+    if let Some(p) = &config.password {
+        settings = settings.set_password(p);
+    }
+    info = info.set_redis_settings(settings);
+    match &config.ca_pem {
+        Some(pem) => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            },
+        ),
+        None => redis::Client::open(info),
+    }
+    .map_err(unavailable)
+}

@@ -35,11 +35,11 @@
 //! ```
 
 mod batch;
+mod books;
 mod config;
 mod conn;
 mod decode;
 mod encode;
-mod expiries;
 mod keys;
 mod sharded;
 
@@ -62,10 +62,10 @@ use tollgate_core::{
 };
 
 pub use batch::batch_invocation;
+pub use books::ExpiryTag;
 pub use config::{RedisConfig, redacted};
 pub use decode::{ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, STORE_REASONS};
 pub use encode::{Invocation, admit_invocation};
-pub use expiries::ExpiryTag;
 pub use keys::KEY_REPLIES;
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};
@@ -126,36 +126,6 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// The client of one node: the URL's user and password unless the configuration gives them,
-/// and for `rediss://` the configured CA or Mozilla's roots.
-fn single_client(config: &RedisConfig) -> Result<redis::Client, StoreError> {
-    use redis::IntoConnectionInfo;
-    let mut info = config
-        .url
-        .as_str()
-        .into_connection_info()
-        .map_err(unavailable)?;
-    let mut settings = info.redis_settings().clone();
-    if let Some(u) = &config.username {
-        settings = settings.set_username(u);
-    }
-    if let Some(p) = &config.password {
-        settings = settings.set_password(p);
-    }
-    info = info.set_redis_settings(settings);
-    match &config.ca_pem {
-        Some(pem) => redis::Client::build_with_tls(
-            info,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            },
-        ),
-        None => redis::Client::open(info),
-    }
-    .map_err(unavailable)
-}
-
 impl RedisStore {
     /// A store on `config.url`. The connection is made lazily and remade after failures, so a
     /// gateway can start while Redis is down (calls fail with `Unavailable` until it is back).
@@ -185,7 +155,7 @@ impl RedisStore {
             config.prefix = tagged(&config.prefix);
             return Ok(Self::over(Conn::Cluster(conn), config));
         }
-        let client = single_client(&config)?;
+        let client = conn::single_client(&config)?;
         let cm = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.call_timeout))
             .set_response_timeout(Some(config.call_timeout))
@@ -228,66 +198,6 @@ impl RedisStore {
         let mut store = Self::over(self.conn, c);
         store.clock = self.clock;
         store
-    }
-
-    /// Adds `amount` to what budget scope `scope_id` has settled in the period `field`
-    /// (`<label>@<period id>`), kept until `expire_at_ms` (the period's end) plus the retention
-    /// at least: the books rebuilt from a ledger, and charges of requests the store forgot.
-    pub async fn add_settled(
-        &self,
-        scope_id: &str,
-        field: &str,
-        expire_at_ms: u64,
-        amount: u64,
-    ) -> Result<(), StoreError> {
-        let p = &self.shards[shard_of(scope_id, self.shards.len())];
-        let k = key(p, "b", scope_id);
-        let at = expire_at_ms.saturating_add(self.config.retention_ms);
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("HINCRBY")
-            .arg(&k)
-            .arg(format!("{field}:s"))
-            .arg(amount)
-            .ignore()
-            .cmd("PEXPIREAT")
-            .arg(&k)
-            .arg(at)
-            .arg("NX")
-            .ignore()
-            .cmd("PEXPIREAT")
-            .arg(&k)
-            .arg(at)
-            .arg("GT")
-            .ignore();
-        let mut conn = self.conn.clone();
-        tokio::time::timeout(self.config.call_timeout, pipe.query_async::<()>(&mut conn))
-            .await
-            .map_err(|_| no_answer(self.config.call_timeout))?
-            .map_err(unavailable)
-    }
-
-    /// Acknowledges that the store lost its state: the marker is written again and the loss
-    /// forgotten, on every shard, so admissions resume from what the store holds now (spent
-    /// budgets and kill switches it forgot are then gone for good).
-    pub async fn acknowledge_loss(&self) -> Result<(), StoreError> {
-        for p in self.shards.iter() {
-            let mut conn = self.conn.clone();
-            let mut pipe = redis::pipe();
-            pipe.atomic()
-                .cmd("DEL")
-                .arg(format!("{p}:lost"))
-                .ignore()
-                .cmd("SET")
-                .arg(format!("{p}:marker"))
-                .arg("1")
-                .ignore();
-            tokio::time::timeout(self.config.call_timeout, pipe.query_async::<()>(&mut conn))
-                .await
-                .map_err(|_| no_answer(self.config.call_timeout))?
-                .map_err(unavailable)?;
-        }
-        Ok(())
     }
 
     /// How the server keeps its keys: its `maxmemory-policy`, and whether it persists them

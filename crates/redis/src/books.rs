@@ -1,18 +1,81 @@
-//! Expiries for a spend ledger: the sweep appends each expired request's charges to the stream
-//! `P:expired` while `P:ledger` exists; an instance with a ledger reads them, writes them, then
-//! deletes them. Two instances reading the same entries write them twice, which the ledger's
-//! key on the request id makes harmless.
+//! What a spend ledger needs of the store: settled amounts added back when the books are
+//! rebuilt, a loss acknowledged, and expiries. The sweep appends each expired request's
+//! charges to the stream `P:expired` while `P:ledger` exists; an instance with a ledger reads
+//! them, writes them, then deletes them. Two instances reading the same entries write them
+//! twice, which the ledger's key on the request id makes harmless.
 
 use redis::Value;
 use tollgate_core::{Expiry, ExpiryCharge, Period, StoreError, Unit};
 
-use crate::conn::unavailable;
+use crate::conn::{no_answer, unavailable};
 use crate::decode::{items, text};
+use crate::encode::key;
+use crate::shard_of;
 
 /// Where an expiry is in the store, to delete it once written: (shard, stream entry id).
 pub type ExpiryTag = (usize, String);
 
 impl crate::RedisStore {
+    /// Adds `amount` to what budget scope `scope_id` has settled in the period `field`
+    /// (`<label>@<period id>`), kept until `expire_at_ms` (the period's end) plus the retention
+    /// at least: the books rebuilt from a ledger, and charges of requests the store forgot.
+    pub async fn add_settled(
+        &self,
+        scope_id: &str,
+        field: &str,
+        expire_at_ms: u64,
+        amount: u64,
+    ) -> Result<(), StoreError> {
+        let p = &self.shards[shard_of(scope_id, self.shards.len())];
+        let k = key(p, "b", scope_id);
+        let at = expire_at_ms.saturating_add(self.config.retention_ms);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("HINCRBY")
+            .arg(&k)
+            .arg(format!("{field}:s"))
+            .arg(amount)
+            .ignore()
+            .cmd("PEXPIREAT")
+            .arg(&k)
+            .arg(at)
+            .arg("NX")
+            .ignore()
+            .cmd("PEXPIREAT")
+            .arg(&k)
+            .arg(at)
+            .arg("GT")
+            .ignore();
+        let mut conn = self.conn.clone();
+        tokio::time::timeout(self.config.call_timeout, pipe.query_async::<()>(&mut conn))
+            .await
+            .map_err(|_| no_answer(self.config.call_timeout))?
+            .map_err(unavailable)
+    }
+
+    /// Acknowledges that the store lost its state: the marker is written again and the loss
+    /// forgotten, on every shard, so admissions resume from what the store holds now (spent
+    /// budgets and kill switches it forgot are then gone for good).
+    pub async fn acknowledge_loss(&self) -> Result<(), StoreError> {
+        for p in self.shards.iter() {
+            let mut conn = self.conn.clone();
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .cmd("DEL")
+                .arg(format!("{p}:lost"))
+                .ignore()
+                .cmd("SET")
+                .arg(format!("{p}:marker"))
+                .arg("1")
+                .ignore();
+            tokio::time::timeout(self.config.call_timeout, pipe.query_async::<()>(&mut conn))
+                .await
+                .map_err(|_| no_answer(self.config.call_timeout))?
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
     /// Asks the scripts to keep expiries (writes `P:ledger` on every shard); again after a loss.
     pub async fn keep_expiries(&self) -> Result<(), StoreError> {
         for p in self.shards.iter() {
