@@ -35,12 +35,13 @@ mod tempfile_dir {
     }
 }
 
-fn start() -> TlsRedis {
+/// A certificate for 127.0.0.1 in a directory of its own: (directory, PEM, cert file, key file).
+fn certificate(name: &str) -> (tempfile_dir::Dir, Vec<u8>, String, String) {
     let rcgen::CertifiedKey { cert, signing_key } =
         rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
             .unwrap();
     let dir = std::env::temp_dir().join(format!(
-        "tollgate-tls-redis-{}-{}",
+        "tollgate-{name}-{}-{}",
         std::process::id(),
         free_port()
     ));
@@ -48,16 +49,27 @@ fn start() -> TlsRedis {
     let (crt, key) = (dir.join("server.crt"), dir.join("server.key"));
     std::fs::write(&crt, cert.pem()).unwrap();
     std::fs::write(&key, signing_key.serialize_pem()).unwrap();
+    let path = |p: std::path::PathBuf| p.to_str().unwrap().to_owned();
+    (
+        tempfile_dir::Dir(dir),
+        cert.pem().into_bytes(),
+        path(crt),
+        path(key),
+    )
+}
+
+fn start() -> TlsRedis {
+    let (dir, ca, crt, key) = certificate("tls-redis");
     let tls_port = free_port();
     let server = RedisServer::start_with(&[
         "--tls-port",
         &tls_port.to_string(),
         "--tls-cert-file",
-        crt.to_str().unwrap(),
+        &crt,
         "--tls-key-file",
-        key.to_str().unwrap(),
+        &key,
         "--tls-ca-cert-file",
-        crt.to_str().unwrap(),
+        &crt,
         "--tls-auth-clients",
         "no",
         "--user",
@@ -71,8 +83,8 @@ fn start() -> TlsRedis {
     TlsRedis {
         _server: server,
         tls_port,
-        ca: cert.pem().into_bytes(),
-        _dir: tempfile_dir::Dir(dir),
+        ca,
+        _dir: dir,
     }
 }
 
@@ -160,4 +172,99 @@ async fn an_unverified_server_or_a_wrong_password_is_refused() {
         !e.to_string().contains("wrong"),
         "the password is not in the error: {e}"
     );
+}
+
+/// Three cluster nodes serving clients and their bus over TLS (`tls-cluster`), joined by
+/// `redis-cli --tls`: the store given their `rediss://` URLs and the CA admits on every node's
+/// slots; without the CA it reaches none.
+#[tokio::test]
+async fn a_tls_cluster_admits_with_its_ca_and_refuses_without() {
+    let (dir, ca, crt, key) = certificate("tls-cluster");
+    let mut nodes = Vec::new();
+    let mut tls_ports = Vec::new();
+    for i in 0..3 {
+        let node_dir = dir.0.join(format!("n{i}"));
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let tls_port = free_port();
+        nodes.push(RedisServer::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "2000",
+            "--dir",
+            node_dir.to_str().unwrap(),
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &crt,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &crt,
+            "--tls-auth-clients",
+            "no",
+            "--tls-cluster",
+            "yes",
+        ]));
+        tls_ports.push(tls_port);
+    }
+    let addrs: Vec<String> = tls_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let out = std::process::Command::new("redis-cli")
+        .args(["--tls", "--cacert", &crt, "--cluster", "create"])
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for n in &nodes {
+        loop {
+            let info = std::process::Command::new("redis-cli")
+                .args(["-p", &n.port().to_string(), "CLUSTER", "INFO"])
+                .output()
+                .unwrap();
+            if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the cluster never became ready"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let urls: Vec<String> = tls_ports
+        .iter()
+        .map(|p| format!("rediss://127.0.0.1:{p}/"))
+        .collect();
+    let cluster = |ca: Option<Vec<u8>>| {
+        let mut c = config(urls[0].clone(), ca);
+        c.cluster = Some(urls.clone());
+        c.shards = 3;
+        c
+    };
+    let store = RedisStore::connect(cluster(Some(ca))).await.unwrap();
+    // Users whose keys hash to different shards, so that more than one node answers.
+    let policy = tollgate_testkit::policy(
+        "[[scopes]]\nkey = \"user\"\nbudget = { tokens = 1000, period = \"day\" }\n",
+    );
+    let mut shards = std::collections::HashSet::new();
+    for i in 0..12 {
+        let p = plan(
+            &policy,
+            &tollgate_testkit::facts(&format!("c{i}"), &format!("u{i}"), 10, 10),
+        )
+        .unwrap();
+        assert!(
+            matches!(store.admit(&p).await.unwrap(), Decision::Admit(_)),
+            "request {i}"
+        );
+        shards.insert(store.shard_prefix(p.budget[0].scope.id()).to_owned());
+    }
+    assert!(shards.len() > 1, "{shards:?}");
+    assert!(RedisStore::connect(cluster(None)).await.is_err());
 }
