@@ -60,5 +60,6 @@ pub use pipeline::{KillTargets, Plan, PlanError, RequestFacts, plan, shadow_plan
 pub use policy::{Policy, PolicyError, Unit};
 pub use scope::{Dimension, Identity, IpPrefix, ScopeKey};
 pub use store::{
-    Ending, Expiry, ExpiryCharge, Finish, KeyClaim, KeyUse, Renewal, ScopeUsage, Store, StoreError,
+    Ending, Expiry, ExpiryCharge, Finish, KeyClaim, KeyUse, Renewal, ScopeUsage, ShadowOutcome,
+    Store, StoreError,
 };

@@ -31,7 +31,7 @@ use crate::ledger::{Period, RateWindow, Usage};
 use crate::pipeline::{Plan, charge};
 use crate::policy::Unit;
 use crate::scope::ScopeKey;
-use crate::store::{Ending, Finish, Renewal, ScopeUsage, Store, StoreError};
+use crate::store::{Ending, Finish, Renewal, ScopeUsage, ShadowOutcome, Store, StoreError};
 
 /// How long finished request ids are remembered, so that a late duplicate settlement is a no-op.
 pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
@@ -162,6 +162,8 @@ struct Reservation {
     period_id: u64,
     unit: Unit,
     amount: u64,
+    /// A shadow rule's: charged like the others, but not reported as the request's charge.
+    shadow: bool,
 }
 
 impl MemoryStore<SystemClock> {
@@ -254,6 +256,22 @@ impl<C: Clock> MemoryStore<C> {
         };
         let (mut st, now) = self.lock()?;
         st.admit(plan, now, fresh)
+    }
+
+    /// [`Store::admit_shadowed`], synchronously.
+    pub fn admit_shadowed_sync(
+        &self,
+        plan: &Plan,
+        shadow: &Plan,
+    ) -> Result<(Decision, ShadowOutcome), StoreError> {
+        let fresh = Fresh {
+            id: Id::new(&plan.request_id),
+            quotas: Vec::with_capacity(
+                plan.rate.len() + plan.concurrency.len() + plan.budget.len(),
+            ),
+        };
+        let (mut st, now) = self.lock()?;
+        st.admit_shadowed(plan, shadow, now, fresh)
     }
 
     /// [`Store::settle`], synchronously.
@@ -624,7 +642,9 @@ fn end_ticket(slots: &mut Slots, t: &Ticket, usage: Option<Usage>) -> Vec<u64> {
             c.settled = c.settled.saturating_add(amount);
             c.outstanding = c.outstanding.saturating_sub(1);
         }
-        charged.push(amount);
+        if !r.shadow {
+            charged.push(amount);
+        }
     }
     charged
 }
@@ -632,6 +652,13 @@ fn end_ticket(slots: &mut Slots, t: &Ticket, usage: Option<Usage>) -> Vec<u64> {
 impl<C: Clock> Store for MemoryStore<C> {
     fn admit(&self, plan: &Plan) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         std::future::ready(self.admit_sync(plan))
+    }
+    fn admit_shadowed(
+        &self,
+        plan: &Plan,
+        shadow: &Plan,
+    ) -> impl Future<Output = Result<(Decision, ShadowOutcome), StoreError>> + Send {
+        std::future::ready(self.admit_shadowed_sync(plan, shadow))
     }
     fn settle(
         &self,

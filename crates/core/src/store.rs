@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use crate::clock::Millis;
-use crate::decision::Decision;
+use crate::decision::{Decision, Deny};
 use crate::ledger::Usage;
 use crate::pipeline::Plan;
 
@@ -83,6 +83,25 @@ pub struct ExpiryCharge {
     pub amount: u64,
 }
 
+/// What a request's shadow rules made of it ([`Store::admit_shadowed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShadowOutcome {
+    /// They would have admitted it, and it was admitted: their leases and reservations are
+    /// held by the request's own admission and end with it (settled, released, renewed or
+    /// expired together; their charges are not in [`Finish::Done`] nor in an [`Expiry`]).
+    Held,
+    /// They would have admitted it, but the request was not admitted: nothing is held.
+    Passed,
+    /// They would have refused it; nothing is held.
+    Refused(Deny),
+    /// Admitted in an admission of its own under this id, by a store that cannot make both in
+    /// one step (a sharded store): it ends with the request, or is released at once when the
+    /// request was not admitted.
+    Apart(String),
+    /// The shadow admission failed; the request was decided without it.
+    Failed,
+}
+
 /// The result of `renew`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
@@ -144,6 +163,19 @@ pub trait Store: Send + Sync {
     /// a lease in every concurrency scope and reserves in every budget scope: all or nothing.
     fn admit(&self, plan: &Plan) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
+    /// Admits `plan` as [`Store::admit`] does and, in the same step, evaluates `shadow` (the
+    /// plan of the request's shadow rules, whose scopes are not `plan`'s) as if its rules were
+    /// enforced alongside: its attempts counted, its checks made and, when both admit, its
+    /// leases and reservations held by the request's admission ([`ShadowOutcome::Held`]).
+    /// The shadow never changes the decision. A duplicate request id counts nowhere; `shadow`
+    /// has no kill targets of its own (a killed request's shadow attempts still count, as a
+    /// refused one's do).
+    fn admit_shadowed(
+        &self,
+        plan: &Plan,
+        shadow: &Plan,
+    ) -> impl Future<Output = Result<(Decision, ShadowOutcome), StoreError>> + Send;
+
     /// Ends a request with its reported usage. Idempotent by request id.
     fn settle(
         &self,
@@ -204,6 +236,14 @@ pub trait Store: Send + Sync {
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn admit(&self, plan: &Plan) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).admit(plan)
+    }
+
+    fn admit_shadowed(
+        &self,
+        plan: &Plan,
+        shadow: &Plan,
+    ) -> impl Future<Output = Result<(Decision, ShadowOutcome), StoreError>> + Send {
+        (**self).admit_shadowed(plan, shadow)
     }
 
     fn settle(

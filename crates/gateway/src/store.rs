@@ -126,6 +126,13 @@ impl Store for AnyStore {
     async fn admit(&self, plan: &Plan) -> Result<Decision, StoreError> {
         both!(self, s => s.admit(plan))
     }
+    async fn admit_shadowed(
+        &self,
+        plan: &Plan,
+        shadow: &Plan,
+    ) -> Result<(Decision, tollgate_core::ShadowOutcome), StoreError> {
+        both!(self, s => s.admit_shadowed(plan, shadow))
+    }
     async fn settle(&self, id: &str, usage: Usage) -> Result<Finish, StoreError> {
         both!(self, s => s.settle(id, usage))
     }

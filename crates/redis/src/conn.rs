@@ -18,7 +18,7 @@ pub(crate) struct Scripts {
 macro_rules! script {
     ($file:literal) => {
         Script::new(concat!(
-            include_str!("lua/common_v5.lua"),
+            include_str!("lua/common_v6.lua"),
             "\n",
             include_str!($file)
         ))
@@ -28,7 +28,7 @@ macro_rules! script {
 pub(crate) fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
-        batch: script!("lua/batch_v2.lua"),
+        batch: script!("lua/batch_v3.lua"),
         renew: script!("lua/renew_v4.lua"),
         usage: script!("lua/usage_v2.lua"),
         sweep: script!("lua/sweep_v2.lua"),

@@ -4,10 +4,15 @@
 
 use redis::Value;
 use tollgate_core::pipeline::Plan;
-use tollgate_core::{Admitted, Decision, Deny, Ending, Finish, Period, Quota, Reason, StoreError};
+use tollgate_core::{
+    Admitted, Decision, Deny, Ending, Finish, Period, Quota, Reason, ShadowOutcome, StoreError,
+};
 
 /// Every reply kind an admission may get from the script.
 pub const ADMIT_REPLIES: [&str; 7] = ["admit", "deny", "token", "loop", "dup", "lost", "killed"];
+/// The reply kinds of an admission with its shadow plan: its own (the request's reply and the
+/// shadow's follow it), and the shadow's besides a refusal.
+pub const SHADOW_REPLIES: [&str; 3] = ["shadowed", "held", "passed"];
 /// Every reply kind a settlement or release may get from the script.
 pub const FINISH_REPLIES: [&str; 3] = ["done", "ended", "unknown"];
 /// Every reply kind a renewal may get from the script.
@@ -175,6 +180,37 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
             "unknown admit reply {other:?}"
         ))),
     }
+}
+
+/// The answer to an admission with its shadow plan: the request's decision (a reply other than
+/// `shadowed`, such as `dup` or `lost`, is the request's alone) and what the shadow made of it.
+pub(crate) fn shadowed(
+    plan: &Plan,
+    shadow: &Plan,
+    reply: Vec<Value>,
+) -> Result<(Decision, ShadowOutcome), StoreError> {
+    if reply.first().map(text).transpose()?.as_deref() != Some("shadowed") {
+        return decision(plan, reply).map(|d| (d, ShadowOutcome::Failed));
+    }
+    let mut parts = reply.into_iter().skip(1);
+    let (Some(own), Some(theirs)) = (parts.next(), parts.next()) else {
+        return Err(StoreError::Protocol("short shadowed reply".into()));
+    };
+    let d = decision(plan, items(own)?)?;
+    let theirs = items(theirs)?;
+    let outcome = match theirs.first().map(text).transpose()?.as_deref() {
+        Some("held") => ShadowOutcome::Held,
+        Some("passed") => ShadowOutcome::Passed,
+        _ => match decision(shadow, theirs)? {
+            Decision::Deny(r) => ShadowOutcome::Refused(r),
+            other => {
+                return Err(StoreError::Protocol(format!(
+                    "a shadow plan answered {other:?}"
+                )));
+            }
+        },
+    };
+    Ok((d, outcome))
 }
 
 pub(crate) fn finish_reply(reply: Vec<Value>) -> Result<Finish, StoreError> {

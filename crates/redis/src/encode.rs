@@ -1,5 +1,5 @@
 //! Wire encoding: a plan, a settlement or a release as the KEYS and ARGV of one item of a
-//! batch call, in the layout `common_v5.lua` reads.
+//! batch call, in the layout `common_v6.lua` reads.
 
 use tollgate_core::pipeline::Plan;
 use tollgate_core::policy::Unit;
@@ -66,12 +66,7 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocat
         plan.request_id.clone(),
         num(plan.ttl_ms),
         num(retention_ms),
-        if plan.token_verdict.is_some() {
-            "1"
-        } else {
-            "0"
-        }
-        .to_owned(),
+        flag(plan.token_verdict.is_some()),
         num(plan.rate.len()),
         num(plan.concurrency.len()),
         num(plan.budget.len()),
@@ -80,15 +75,18 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocat
     args.extend(usage_args(&plan.expired_usage));
     args.push(num(plan.kill_targets.len()));
     args.push(num(plan.repeats.len()));
-    args.push(
-        if plan.loop_verdict.is_some() {
-            "1"
-        } else {
-            "0"
-        }
-        .to_owned(),
-    );
+    args.push(flag(plan.loop_verdict.is_some()));
     args.extend(plan.kill_targets.iter().map(str::to_owned));
+    scope_args(prefix, plan, &mut keys, &mut args);
+    Invocation { keys, args }
+}
+
+fn flag(on: bool) -> String {
+    if on { "1" } else { "0" }.to_owned()
+}
+
+/// A plan's scopes, each with its limits, in the layout `admit_one` reads after the header.
+fn scope_args(prefix: &str, plan: &Plan, keys: &mut Vec<String>, args: &mut Vec<String>) {
     for r in plan.rate.iter().chain(&plan.repeats) {
         let k = key(prefix, "r", r.scope.id());
         keys.push(k.clone());
@@ -111,7 +109,6 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocat
         };
         args.extend([k, num(b.limit), unit, num(len), label, num(b.amount)]);
     }
-    Invocation { keys, args }
 }
 
 /// The KEYS and ARGV of a settlement or release, as one item of a batch call.
@@ -141,4 +138,35 @@ pub(crate) fn finish_invocation(
         keys: vec![key(prefix, "ts", id)],
         args,
     }
+}
+
+/// The KEYS and ARGV of an admission with its shadow plan (`admit_shadowed`): the number of the
+/// request's arguments, the request's, then the shadow plan's header (its verdicts and counts:
+/// its holds go into the request's ticket) and scopes.
+pub(crate) fn admit_shadowed_invocation(
+    prefix: &str,
+    plan: &Plan,
+    shadow: &Plan,
+    retention_ms: u64,
+) -> Invocation {
+    let Invocation { mut keys, args } = admit_invocation(prefix, plan, retention_ms);
+    let s = shadow;
+    let mut all = Vec::with_capacity(
+        7 + args.len()
+            + 3 * (s.rate.len() + s.repeats.len())
+            + 2 * s.concurrency.len()
+            + 6 * s.budget.len(),
+    );
+    all.push(num(args.len()));
+    all.extend(args);
+    all.extend([
+        flag(s.token_verdict.is_some()),
+        num(s.rate.len()),
+        num(s.concurrency.len()),
+        num(s.budget.len()),
+        num(s.repeats.len()),
+        flag(s.loop_verdict.is_some()),
+    ]);
+    scope_args(prefix, s, &mut keys, &mut all);
+    Invocation { keys, args: all }
 }

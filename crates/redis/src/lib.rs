@@ -5,7 +5,7 @@
 //! concurrency limit together: the check and the reservation happen together on the server.
 //!
 //! - Admissions and settlements that are waiting at the same moment travel in one script call
-//!   (`batch_v2.lua`), each applied as its own atomic transition, in order. One caller alone gets
+//!   (`batch_v3.lua`), each applied as its own atomic transition, in order. One caller alone gets
 //!   a call of its own, made from its own task; under load the fixed cost of a call is shared,
 //!   and a call reads and writes each scope key its items share once (see `docs/redis.md`).
 //! - Scripts live in `src/lua/*_vN.lua` (versioned names), are embedded with `include_str!`,
@@ -58,20 +58,22 @@ use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot};
 use tollgate_core::pipeline::Plan;
 use tollgate_core::{
-    Clock, Decision, Finish, Period, Renewal, ScopeUsage, Store, StoreError, Usage,
+    Clock, Decision, Finish, Period, Renewal, ScopeUsage, ShadowOutcome, Store, StoreError, Usage,
 };
 
 pub use batch::batch_invocation;
 pub use books::ExpiryTag;
 pub use config::{RedisConfig, redacted};
-pub use decode::{ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, STORE_REASONS};
+pub use decode::{
+    ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, SHADOW_REPLIES, STORE_REASONS,
+};
 pub use encode::{Invocation, admit_invocation};
 pub use keys::KEY_REPLIES;
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};
 use conn::{Conn, evalsha, no_answer, scripts, unavailable};
-use decode::{decision, finish_reply, int, items, text};
-use encode::{finish_invocation, key, period_arg};
+use decode::{decision, finish_reply, int, items, shadowed, text};
+use encode::{admit_shadowed_invocation, finish_invocation, key, period_arg};
 
 /// Wraps a prefix in a hash tag (cluster mode): every key then lives in one slot.
 fn tagged(prefix: &str) -> String {
@@ -112,7 +114,7 @@ pub struct RedisStore {
     /// One batch lane per shard, its queue started on first use, inside the caller's runtime.
     lanes: Arc<[Lane]>,
     admissions: Arc<std::sync::Mutex<Admissions>>,
-    /// Per shard, whether this store has seen the shard's marker (see `batch_v2.lua`): once it
+    /// Per shard, whether this store has seen the shard's marker (see `batch_v3.lua`): once it
     /// has, the marker's absence means the store forgot.
     markers: Arc<[Arc<AtomicBool>]>,
 }
@@ -489,6 +491,32 @@ impl Store for RedisStore {
         }
         let inv = admit_invocation(&self.shards[0], plan, self.config.retention_ms);
         decision(plan, self.batched(0, "a", inv).await?)
+    }
+
+    async fn admit_shadowed(
+        &self,
+        plan: &Plan,
+        shadow: &Plan,
+    ) -> Result<(Decision, ShadowOutcome), StoreError> {
+        if self.shards.len() > 1 {
+            // Shard by shard, a request's parts are undone when one refuses; its shadow's would
+            // need the same across both plans: here the shadow is an admission of its own.
+            let (d, s) =
+                futures_util::future::join(self.admit_parts(plan), self.admit_parts(shadow)).await;
+            let s = match s {
+                Ok(Decision::Admit(_)) => ShadowOutcome::Apart(shadow.request_id.clone()),
+                Ok(Decision::Deny(r)) => ShadowOutcome::Refused(r),
+                _ => ShadowOutcome::Failed,
+            };
+            if let (Err(_), ShadowOutcome::Apart(id)) = (&d, &s) {
+                // Nobody will end it: the request's admission failed.
+                let _ = self.release(id, Some(Usage::default())).await;
+            }
+            return Ok((d?, s));
+        }
+        let inv =
+            admit_shadowed_invocation(&self.shards[0], plan, shadow, self.config.retention_ms);
+        shadowed(plan, shadow, self.batched(0, "s", inv).await?)
     }
 
     fn settle(

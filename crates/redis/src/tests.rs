@@ -165,8 +165,8 @@ async fn remembered_admissions_are_pruned() {
 #[test]
 fn script_replies_are_the_named_ones() {
     let sources = [
-        include_str!("lua/common_v5.lua"),
-        include_str!("lua/batch_v2.lua"),
+        include_str!("lua/common_v6.lua"),
+        include_str!("lua/batch_v3.lua"),
         include_str!("lua/renew_v4.lua"),
         include_str!("lua/usage_v2.lua"),
         include_str!("lua/sweep_v2.lua"),
@@ -192,6 +192,7 @@ fn script_replies_are_the_named_ones() {
         .chain(&FINISH_REPLIES)
         .chain(&RENEW_REPLIES)
         .chain(&OTHER_REPLIES)
+        .chain(&crate::SHADOW_REPLIES)
         .chain(&crate::KEY_REPLIES)
         .map(|k| (*k).to_owned())
         .collect();

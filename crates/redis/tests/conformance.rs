@@ -437,3 +437,33 @@ async fn big_lease_sets_are_skiplists_and_count_exactly() {
     let u = store.usage("user|user:u", None).await.unwrap();
     assert_eq!(u.leases, 21);
 }
+
+/// A shadow rule's reservation is charged when its request's ticket expires, and is no spend.
+#[tokio::test]
+async fn a_shadow_reservation_is_no_expiry_charge() {
+    let server = RedisServer::start();
+    let mut cfg = RedisConfig::new(server.url());
+    cfg.prefix = "shadowexp".into();
+    cfg.call_timeout = std::time::Duration::from_secs(5);
+    let clock = ManualClock::new(tollgate_testkit::T0);
+    let store = RedisStore::connect(cfg)
+        .await
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    store.keep_expiries().await.unwrap();
+    tollgate_testkit::conformance::a_shadow_reservation_is_no_expiry_charge(
+        &store,
+        &clock,
+        async || {
+            assert_eq!(store.sweep_expired(10).await.unwrap(), 1);
+            store
+                .expiries(10)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(_, e)| e)
+                .collect()
+        },
+    )
+    .await;
+}

@@ -13,6 +13,8 @@ use crate::{Harness, T0, facts, policy};
 
 mod agents;
 pub use agents::*;
+mod shadow;
+pub use shadow::*;
 
 async fn setup<H: Harness>(h: &H) -> (H::S, ManualClock) {
     let clock = ManualClock::new(T0);

@@ -162,3 +162,24 @@ fn stale_scopes_are_dropped_a_little_per_call() {
         .unwrap();
     assert_eq!(keeper.leases, 1);
 }
+
+/// A shadow rule's reservation is charged when its request's ticket expires, and is no spend.
+#[tokio::test]
+async fn a_shadow_reservation_is_no_expiry_charge() {
+    let clock = ManualClock::new(tollgate_testkit::T0);
+    let store = MemoryStore::with_clock(clock.clone()).keep_expiries(10);
+    tollgate_testkit::conformance::a_shadow_reservation_is_no_expiry_charge(
+        &store,
+        &clock,
+        async || {
+            store.sweep_all().unwrap();
+            store
+                .expiries(10)
+                .unwrap()
+                .into_iter()
+                .map(|(_, e)| e)
+                .collect()
+        },
+    )
+    .await;
+}

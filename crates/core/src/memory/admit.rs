@@ -12,7 +12,7 @@ use crate::clock::Millis;
 use crate::decision::{Admitted, Decision, Deny, Quota, Reason};
 use crate::ledger::RateWindow;
 use crate::pipeline::Plan;
-use crate::store::StoreError;
+use crate::store::{ShadowOutcome, StoreError};
 
 /// Each budget's period (id and end), found once in the check and kept for the reservation:
 /// a calendar month takes some arithmetic. Up to eight budgets.
@@ -24,6 +24,58 @@ impl State {
         plan: &Plan,
         now: Millis,
         fresh: Fresh,
+    ) -> Result<Decision, StoreError> {
+        self.admit_holding(plan, now, fresh, None)
+    }
+
+    /// [`crate::Store::admit_shadowed`]: the shadow plan's checks first (its attempts counted,
+    /// nothing taken), then the request's admission, which takes the shadow's holds as well
+    /// when both admit. The shadow's scopes are its rules', never the request's, so what the
+    /// request's admission does between the two leaves the shadow's checks true.
+    pub(super) fn admit_shadowed(
+        &mut self,
+        plan: &Plan,
+        shadow: &Plan,
+        now: Millis,
+        fresh: Fresh,
+    ) -> Result<(Decision, ShadowOutcome), StoreError> {
+        // A known id counts nowhere, the shadow's scopes included.
+        if self.requests.get(&plan.request_id).is_some() {
+            return Err(StoreError::DuplicateRequestId(plan.request_id.clone()));
+        }
+        let mut periods: Periods = [(0, 0); 8];
+        let mut quotas = Vec::new();
+        let probe = self.checks(
+            shadow,
+            now,
+            &mut Resolved::default(),
+            &mut quotas,
+            &mut periods,
+        )?;
+        let Some(refused) = probe else {
+            let d = self.admit_holding(plan, now, fresh, Some((shadow, &periods)))?;
+            let held = if matches!(d, Decision::Admit(_)) {
+                ShadowOutcome::Held
+            } else {
+                ShadowOutcome::Passed
+            };
+            return Ok((d, held));
+        };
+        let d = self.admit_holding(plan, now, fresh, None)?;
+        Ok(match refused {
+            Decision::Deny(r) => (d, ShadowOutcome::Refused(r)),
+            _ => (d, ShadowOutcome::Failed),
+        })
+    }
+
+    /// One admission; when it admits, it also holds what `shadow`'s plan would take (checked
+    /// before, with the periods of its budgets).
+    fn admit_holding(
+        &mut self,
+        plan: &Plan,
+        now: Millis,
+        fresh: Fresh,
+        shadow: Option<(&Plan, &Periods)>,
     ) -> Result<Decision, StoreError> {
         let Fresh { id, mut quotas } = fresh;
         // The kill switch comes before everything, attempt counting included.
@@ -42,38 +94,58 @@ impl State {
         }
         let mut seen = Resolved::default();
         let mut periods: Periods = [(0, 0); 8];
-        let rate = self.count(
-            &plan.rate,
-            Reason::RequestRateLimit,
-            now,
-            &mut seen,
-            Some(&mut quotas),
-        );
-        // Repeats are counted with the attempt, whatever refuses it, and refuse last.
-        let repeated = self.count(&plan.repeats, Reason::LoopDetected, now, &mut seen, None)?;
-        if let Some(d) = rate? {
-            return Ok(Decision::Deny(d));
-        }
-        // 2–4. Token controls, decided by the pure pipeline.
-        if let Some(d) = &plan.token_verdict {
-            return Ok(Decision::Deny(d.clone()));
-        }
-        if let Some(d) = self.check_concurrency(plan, now, &mut seen, &mut quotas) {
+        if let Some(d) = self.checks(plan, now, &mut seen, &mut quotas, &mut periods)? {
             return Ok(d);
         }
-        if let Some(d) = self.check_budgets(plan, now, &mut seen, &mut quotas, &mut periods) {
-            return Ok(d);
-        }
-        if let Some(d) = repeated.or_else(|| plan.loop_verdict.clone()) {
-            return Ok(Decision::Deny(d));
-        }
-        let expires_at = self.take_holds(plan, now, &mut seen, &periods, id, id_hash)?;
+        let holds = Holds {
+            plan,
+            periods: &periods,
+            shadow,
+        };
+        let expires_at = self.take_holds(holds, now, &mut seen, id, id_hash)?;
         Ok(Decision::Admit(Admitted {
             max_output_tokens: plan.max_output_tokens,
             expires_at,
             quotas,
             fail_open: false,
         }))
+    }
+
+    /// Every step before the holds: count the attempt (and the repeats), the token verdict,
+    /// concurrency, budgets, the repeats' and the history's verdicts. The first refusal, if any.
+    fn checks(
+        &mut self,
+        plan: &Plan,
+        now: Millis,
+        seen: &mut Resolved,
+        quotas: &mut Vec<Quota>,
+        periods: &mut Periods,
+    ) -> Result<Option<Decision>, StoreError> {
+        let rate = self.count(
+            &plan.rate,
+            Reason::RequestRateLimit,
+            now,
+            seen,
+            Some(quotas),
+        );
+        // Repeats are counted with the attempt, whatever refuses it, and refuse last.
+        let repeated = self.count(&plan.repeats, Reason::LoopDetected, now, seen, None)?;
+        if let Some(d) = rate? {
+            return Ok(Some(Decision::Deny(d)));
+        }
+        // 2–4. Token controls, decided by the pure pipeline.
+        if let Some(d) = &plan.token_verdict {
+            return Ok(Some(Decision::Deny(d.clone())));
+        }
+        if let Some(d) = self.check_concurrency(plan, now, seen, quotas) {
+            return Ok(Some(d));
+        }
+        if let Some(d) = self.check_budgets(plan, now, seen, quotas, periods) {
+            return Ok(Some(d));
+        }
+        Ok(repeated
+            .or_else(|| plan.loop_verdict.clone())
+            .map(Decision::Deny))
     }
 
     /// The first of the plan's targets that is switched off.
@@ -232,21 +304,57 @@ impl State {
         None
     }
 
-    /// Everything passed: take the leases, make the reservations and keep the ticket. Returns
-    /// when they expire.
+    /// Everything passed: take the leases, make the reservations (the shadow plan's too, when
+    /// given) and keep the ticket. Returns when they expire.
     fn take_holds(
         &mut self,
-        plan: &Plan,
+        h: Holds<'_>,
         now: Millis,
         seen: &mut Resolved,
-        periods: &Periods,
         id: super::Id,
         id_hash: u64,
     ) -> Result<Millis, StoreError> {
+        let plan = h.plan;
         let expires_at = now.saturating_add(plan.ttl_ms);
+        let extra = h
+            .shadow
+            .map_or(0, |(s, _)| s.concurrency.len() + s.budget.len());
         let mut holds = self
             .tickets
-            .spare_holds(plan.concurrency.len() + plan.budget.len());
+            .spare_holds(plan.concurrency.len() + plan.budget.len() + extra);
+        self.hold(plan, h.periods, false, expires_at, now, seen, &mut holds)?;
+        if let Some((s, periods)) = h.shadow {
+            self.hold(s, periods, true, expires_at, now, seen, &mut holds)?;
+        }
+        let ticket = Ticket {
+            expires_at,
+            ttl_ms: plan.ttl_ms,
+            holds,
+            price: plan.price,
+            expired_usage: plan.expired_usage,
+        };
+        let Some(slot) = self.tickets.insert(id.clone(), ticket) else {
+            return Err(too_many_in_flight());
+        };
+        // Absent: checked at the top, under the same lock.
+        self.requests
+            .insert_new_hashed(id_hash, id, Request::InFlight(slot));
+        Ok(expires_at)
+    }
+
+    /// Takes `plan`'s leases and makes its reservations (in the periods it was checked in),
+    /// into `holds`.
+    #[allow(clippy::too_many_arguments)]
+    fn hold(
+        &mut self,
+        plan: &Plan,
+        periods: &Periods,
+        shadow: bool,
+        expires_at: Millis,
+        now: Millis,
+        seen: &mut Resolved,
+        holds: &mut Vec<Hold>,
+    ) -> Result<(), StoreError> {
         for c in &plan.concurrency {
             let slot = self.slot(&c.scope, seen);
             let Some(scope) = self.slots.get_mut(slot) else {
@@ -294,21 +402,17 @@ impl State {
                 period_id: pid,
                 unit: c.unit,
                 amount: c.amount,
+                shadow,
             }));
         }
-        let ticket = Ticket {
-            expires_at,
-            ttl_ms: plan.ttl_ms,
-            holds,
-            price: plan.price,
-            expired_usage: plan.expired_usage,
-        };
-        let Some(slot) = self.tickets.insert(id.clone(), ticket) else {
-            return Err(too_many_in_flight());
-        };
-        // Absent: checked at the top, under the same lock.
-        self.requests
-            .insert_new_hashed(id_hash, id, Request::InFlight(slot));
-        Ok(expires_at)
+        Ok(())
     }
+}
+
+/// What an admission that passed takes: its plan's holds (in the periods checked) and, when
+/// the shadow's checks passed too, the shadow plan's.
+struct Holds<'a> {
+    plan: &'a Plan,
+    periods: &'a Periods,
+    shadow: Option<(&'a Plan, &'a Periods)>,
 }

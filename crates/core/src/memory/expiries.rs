@@ -35,7 +35,8 @@ impl Expiries {
             return;
         }
         let budgets = t.holds.iter().filter_map(|h| match h {
-            Hold::Budget(r) => Some(r),
+            Hold::Budget(r) if !r.shadow => Some(r),
+            Hold::Budget(_) => None,
             Hold::Lease(_) => None,
         });
         let charges = budgets

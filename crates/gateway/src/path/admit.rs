@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tollgate_core::decision::Killed;
 use tollgate_core::record::ShadowRefusal;
-use tollgate_core::{Admitted, Decision, Deny, Plan, Reason, Store, StoreError};
+use tollgate_core::{Admitted, Decision, Deny, Plan, Reason, ShadowOutcome, Store, StoreError};
 
 use crate::config::QueueConfig;
 use crate::respond::{self, ApiError};
@@ -36,11 +36,14 @@ pub(crate) struct Controls<'a, S> {
 /// What a request's shadow rules made of it.
 #[derive(Debug, Default)]
 pub(crate) enum Shadowed {
-    /// No shadow rule applies.
+    /// No shadow rule applies, or they would have admitted a request that was not admitted.
     #[default]
     None,
-    /// Admitted under the shadow rules: the shadow admission's id, which ends with the request.
-    Admitted(String),
+    /// Admitted under the shadow rules, held by the request's own admission: it ends with it.
+    Held,
+    /// Admitted under the shadow rules in an admission of its own, with this id (a store that
+    /// cannot make both in one step): it ends with the request.
+    Apart(String),
     /// A shadow rule would have refused.
     Refused(Deny),
     /// The store did not answer the shadow admission (the request was decided without it).
@@ -60,55 +63,62 @@ impl Shadowed {
         }
     }
 
-    /// The shadow admission to end with the request, if any.
+    /// The shadow admission of its own to end with the request, if any.
     pub fn admitted(self) -> Option<String> {
         match self {
-            Shadowed::Admitted(id) => Some(id),
+            Shadowed::Apart(id) => Some(id),
             _ => None,
+        }
+    }
+
+    fn of(outcome: ShadowOutcome) -> Self {
+        match outcome {
+            ShadowOutcome::Held => Shadowed::Held,
+            ShadowOutcome::Passed => Shadowed::None,
+            ShadowOutcome::Apart(id) => Shadowed::Apart(id),
+            ShadowOutcome::Refused(d) => {
+                crate::telemetry::shadow_refusal(d.reason.code(), d.scope.rule());
+                Shadowed::Refused(d)
+            }
+            ShadowOutcome::Failed => Shadowed::Failed,
         }
     }
 }
 
 impl<S: Store + Clone + 'static> Controls<'_, S> {
-    /// The decision on plan `p`, and, at the same time, what the shadow plan `shadow` would
-    /// have decided. The shadow admission never changes the decision; when the request is not
-    /// admitted, it is released at once (nothing ran), its attempts counted.
+    /// The decision on plan `p`, and what the shadow plan `shadow` would have decided, in the
+    /// same store step ([`Store::admit_shadowed`]). The shadow never changes the decision;
+    /// when the request is not admitted, its shadow holds nothing (its attempts counted).
     pub async fn decide_shadowed(
         &self,
         p: &mut Plan,
         shadow: Option<Plan>,
     ) -> Result<(Decision, Shadowed), ApiError> {
-        let Some(shadow) = shadow else {
-            let d = self.decide(p).await?;
-            if let Some(a) = self.alerts {
-                a.observe(self.store, p, &d);
-            }
-            return Ok((d, Shadowed::None));
-        };
-        // Joined, not one after the other: on Redis the two admissions travel in one batch.
-        let (decided, shadowed) = tokio::join!(self.decide(p), self.shadow(shadow));
-        let admitted = matches!(decided, Ok(Decision::Admit(_)));
+        let mut shadow = shadow.map(|mut s| {
+            exempt(&mut s, self.exempt);
+            s
+        });
+        let (decided, shadowed) = self.decide(p, shadow.as_mut()).await?;
         let shadowed = match shadowed {
-            Shadowed::Admitted(id) if !admitted => {
+            Shadowed::Apart(id) if !matches!(decided, Decision::Admit(_)) => {
                 crate::path::settle::release_unanswered(self.store, &id, UNANSWERED_RELEASE_WINDOW);
                 Shadowed::None
             }
             other => other,
         };
-        let decided = decided?;
         if let Some(a) = self.alerts {
             a.observe(self.store, p, &decided);
         }
         Ok((decided, shadowed))
     }
 
-    /// One admission of a shadow plan, whose answer only counts.
-    async fn shadow(&self, mut s: Plan) -> Shadowed {
-        exempt(&mut s, self.exempt);
+    /// A shadow plan admitted on its own, for a request the configuration's kill switch
+    /// refused before the store was asked: its attempts count as a refused request's do.
+    async fn shadow_apart(&self, s: &Plan) -> Shadowed {
         let t = Instant::now();
         let r = {
             let unanswered = Unanswered(Some((self.store, &s.request_id)));
-            let r = self.store.admit(&s).await;
+            let r = self.store.admit(s).await;
             if !matches!(r, Err(StoreError::Unavailable(_))) {
                 unanswered.answered();
             }
@@ -116,35 +126,53 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         };
         crate::telemetry::store_call("admit", t.elapsed().as_secs_f64(), r.is_ok());
         match r {
-            Ok(Decision::Admit(_)) => Shadowed::Admitted(s.request_id),
-            Ok(Decision::Deny(d)) => {
-                crate::telemetry::shadow_refusal(d.reason.code(), d.scope.rule());
-                Shadowed::Refused(d)
-            }
+            Ok(Decision::Admit(_)) => Shadowed::Apart(s.request_id.clone()),
+            Ok(Decision::Deny(d)) => Shadowed::of(ShadowOutcome::Refused(d)),
             Ok(Decision::Killed(_)) | Err(_) => Shadowed::Failed,
         }
     }
 
-    /// The decision on plan `p`; `Err` only for a store that failed in a way the policy does
-    /// not answer for (see [`store_error`]).
-    pub async fn decide(&self, p: &mut Plan) -> Result<Decision, ApiError> {
+    /// The decision on plan `p` (exempted already) and its shadow's; `Err` only for a store
+    /// that failed in a way the policy does not answer for (see [`store_error`]).
+    async fn decide(
+        &self,
+        p: &mut Plan,
+        mut shadow: Option<&mut Plan>,
+    ) -> Result<(Decision, Shadowed), ApiError> {
         exempt(p, self.exempt);
         if let Some(k) = configured_kill(p, self.kills) {
-            return Ok(k);
+            let shadowed = match shadow {
+                Some(s) => self.shadow_apart(s).await,
+                None => Shadowed::None,
+            };
+            return Ok((k, shadowed));
         }
-        let first = self.once(p).await?;
+        let (first, mut shadowed) = self.once(p, shadow.as_deref()).await?;
         let deny = match first {
             Decision::Deny(d) if d.reason == Reason::ConcurrencyLimit => d,
-            other => return Ok(other),
+            other => return Ok((other, shadowed)),
         };
         let Some((queue, q)) = self.queue else {
-            return Ok(Decision::Deny(deny));
+            return Ok((Decision::Deny(deny), shadowed));
         };
         let Some(_slot) = queue.enter(self.queue_key, q) else {
-            return Ok(Decision::Deny(deny));
+            return Ok((Decision::Deny(deny), shadowed));
         };
+        // A shadow that would have admitted is tried again with each retry; one admitted apart
+        // (a sharded store) is released now, and a request admitted from the queue then holds
+        // nothing under the shadow rules.
+        if let Shadowed::Apart(id) = &shadowed {
+            crate::path::settle::release_unanswered(self.store, id, UNANSWERED_RELEASE_WINDOW);
+            shadowed = Shadowed::None;
+        }
+        if !matches!(shadowed, Shadowed::None) {
+            shadow = None;
+        }
         // The attempt was counted once: retries from the queue skip the rate checks.
         p.rate.clear();
+        if let Some(s) = shadow.as_deref_mut() {
+            s.rate.clear();
+        }
         let entered = Instant::now();
         let deadline = entered + q.max_wait;
         let mut wait = Duration::from_millis(5);
@@ -152,45 +180,80 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         while Instant::now() + wait <= deadline {
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_millis(50));
-            match self.once(p).await? {
+            let (d, s) = self.once(p, shadow.as_deref()).await?;
+            if shadow.is_some() {
+                shadowed = s;
+            }
+            match d {
                 Decision::Deny(d) if d.reason == Reason::ConcurrencyLimit => last = d,
                 other => {
                     crate::telemetry::queue_wait(
                         entered.elapsed().as_secs_f64(),
                         matches!(other, Decision::Admit(_)),
                     );
-                    return Ok(other);
+                    return Ok((other, shadowed));
                 }
             }
         }
         crate::telemetry::queue_wait(entered.elapsed().as_secs_f64(), false);
-        Ok(Decision::Deny(last))
+        Ok((Decision::Deny(last), shadowed))
     }
 
-    /// One call to the store, and what its failure means.
-    async fn once(&self, p: &Plan) -> Result<Decision, ApiError> {
+    /// One call to the store, with the shadow plan when there is one, and what its failure
+    /// means.
+    async fn once(
+        &self,
+        p: &Plan,
+        shadow: Option<&Plan>,
+    ) -> Result<(Decision, Shadowed), ApiError> {
         let t = Instant::now();
         // The store may apply an admission whose answer never reaches this request: the call
         // timed out, or the client left while it was under way (this future is then dropped).
-        // Its leases and reservation are given back by id rather than held until they expire.
+        // Its leases and reservation are given back by id rather than held until they expire
+        // (a shadow held with them goes with them).
         let unanswered = Unanswered(Some((self.store, &p.request_id)));
-        let r = self.store.admit(p).await;
+        // A shadow admitted apart (a sharded store) has an id of its own.
+        let apart = shadow.map(|s| Unanswered(Some((self.store, &s.request_id))));
+        let r = match shadow {
+            None => self.store.admit(p).await.map(|d| (d, Shadowed::None)),
+            Some(s) => self
+                .store
+                .admit_shadowed(p, s)
+                .await
+                .map(|(d, o)| (d, Shadowed::of(o))),
+        };
         crate::telemetry::store_call("admit", t.elapsed().as_secs_f64(), r.is_ok());
         if !matches!(r, Err(StoreError::Unavailable(_))) {
             unanswered.answered();
+            if let Some(a) = apart {
+                a.answered();
+            }
         }
-        let d = match r {
+        let (d, shadowed) = match r {
             Ok(d) => d,
+            Err(e) => (self.unanswered(p, e)?, Shadowed::Failed),
+        };
+        match &d {
+            Decision::Admit(_) => crate::telemetry::decision("admit", ""),
+            Decision::Deny(x) => crate::telemetry::decision(x.reason.code(), x.scope.rule()),
+            Decision::Killed(_) => crate::telemetry::decision("kill_switch", ""),
+        }
+        Ok((d, shadowed))
+    }
+
+    /// What a store's failure `e` means for plan `p`.
+    fn unanswered(&self, p: &Plan, e: StoreError) -> Result<Decision, ApiError> {
+        Ok(match e {
             // Token limits need no store: refuse as usual.
-            Err(StoreError::Unavailable(_)) if p.token_verdict.is_some() => {
+            StoreError::Unavailable(_) if p.token_verdict.is_some() => {
                 Decision::Deny(p.token_verdict.clone().ok_or_else(respond::inconsistent)?)
             }
             // So does a history that repeats a tool call: the stateful controls before it are
             // the ones failing open.
-            Err(StoreError::Unavailable(_)) if p.fail_open && p.loop_verdict.is_some() => {
+            StoreError::Unavailable(_) if p.fail_open && p.loop_verdict.is_some() => {
                 Decision::Deny(p.loop_verdict.clone().ok_or_else(respond::inconsistent)?)
             }
-            Err(StoreError::Unavailable(_)) if p.fail_open => {
+            StoreError::Unavailable(_) if p.fail_open => {
                 crate::telemetry::fail_open();
                 Decision::Admit(Admitted {
                     max_output_tokens: p.max_output_tokens,
@@ -199,19 +262,13 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
                     fail_open: true,
                 })
             }
-            Err(e) => {
+            e => {
                 if let (StoreError::StateLost, Some(a)) = (&e, self.alerts) {
                     a.store_lost();
                 }
                 return Err(store_error(e));
             }
-        };
-        match &d {
-            Decision::Admit(_) => crate::telemetry::decision("admit", ""),
-            Decision::Deny(x) => crate::telemetry::decision(x.reason.code(), x.scope.rule()),
-            Decision::Killed(_) => crate::telemetry::decision("kill_switch", ""),
-        }
-        Ok(d)
+        })
     }
 }
 

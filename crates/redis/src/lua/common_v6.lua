@@ -5,8 +5,10 @@
 -- marker when it ends (one SET ... GET at settlement). A refusal names its control by its
 -- reason code ('request_rate_limit', 'concurrency_limit', 'budget_limit', 'tool_call_limit',
 -- 'loop_detected'), as tollgate_redis::STORE_REASONS does; the reply kinds are those of
--- ADMIT_REPLIES and FINISH_REPLIES (a test reads this file and checks both). v5: reservations
--- of tool calls (unit 'c'), a settlement's tool calls, and the request's repeats.
+-- ADMIT_REPLIES, SHADOW_REPLIES and FINISH_REPLIES (a test reads this file and checks them).
+-- v5: reservations of tool calls (unit 'c'), a settlement's tool calls, and the request's
+-- repeats. v6: an admission with its shadow plan (admit_shadowed), whose reservations the
+-- request's ticket holds with their units in capitals.
 
 -- Constants are written as literals: 10000, the sliding window's fixed-point weight scale;
 -- 2147483648 (2^31), the cap of a window's count; 86400000, a day in ms. A shared local is
@@ -314,8 +316,8 @@ end
 
 -- A ticket is a msgpack array of strings: [1] exp, [2] ttl, [3..5] price, [6..8] expired usage,
 -- [9] the number of leases n, [10..9+n] the lease keys, then per reservation: key, field, unit
--- ('t' tokens, 'm' money, 'c<n>' tool calls, n of them charged without usage), amount, period
--- length, label. Written from strings only (see int). cmsgpack is C: packing and
+-- ('t' tokens, 'm' money, 'c<n>' tool calls, n of them charged without usage; in capitals for a
+-- shadow rule's), amount, period length, label. Written from strings only (see int). cmsgpack is C: packing and
 -- unpacking cost less than RPUSH and LRANGE of the same fields did. The scripts read it as the
 -- array cmsgpack.unpack makes, by position: a table per part cost more than the reading.
 
@@ -375,10 +377,13 @@ local function end_ticket(id, v, now, out, input, cached, output, w5, w1h, calls
   local price = nil
   for i = 10 + n, #v, 6 do
     local bkey, field, amount = v[i], v[i + 1], v[i + 3]
+    -- A shadow rule's unit is in capitals: charged the same, not reported as the request's.
     local charge, unit = nil, v[i + 2]
-    if unit == 't' then
+    local u = string.byte(unit)
+    if u == 116 or u == 84 then
+      -- 't': tokens.
       charge = input + output
-    elseif string.byte(unit) == 99 then
+    elseif u == 99 or u == 67 then
       -- 'c': tool calls.
       charge = calls or num(string.sub(unit, 2))
     else
@@ -400,7 +405,7 @@ local function end_ticket(id, v, now, out, input, cached, output, w5, w1h, calls
         redis.call('HINCRBY', bkey, field .. ':s', int(charge))
       end
     end
-    if out then out[#out + 1] = charge end
+    if out and u > 96 then out[#out + 1] = charge end
   end
   XREM[#XREM + 1] = id
 end
@@ -413,11 +418,14 @@ local function expiry_entry(id, v, now_str, out)
   local args = {PREFIX .. ':expired', 'MAXLEN', '~', '100000', '*', 'id', id, 'at', now_str}
   local j = 1
   for i = 10 + num(v[9]), #v, 6 do
-    local n = #args
-    args[n + 1], args[n + 2], args[n + 3], args[n + 4] = 'k', v[i], 'f', v[i + 1]
-    args[n + 5], args[n + 6], args[n + 7], args[n + 8] = 'u', v[i + 2], 'l', v[i + 4]
-    args[n + 9], args[n + 10] = 'c', int(out[j])
-    j = j + 1
+    -- A shadow rule's reservation (its unit in capitals) is no spend.
+    if string.byte(v[i + 2]) > 96 then
+      local n = #args
+      args[n + 1], args[n + 2], args[n + 3], args[n + 4] = 'k', v[i], 'f', v[i + 1]
+      args[n + 5], args[n + 6], args[n + 7], args[n + 8] = 'u', v[i + 2], 'l', v[i + 4]
+      args[n + 9], args[n + 10] = 'c', int(out[j])
+      j = j + 1
+    end
   end
   redis.call('XADD', unpack(args))
 end
@@ -454,6 +462,58 @@ local function kill_table()
   return t
 end
 
+-- Takes the leases of the n scopes whose keys are A[al], A[al + 2], ... (counted by the checks,
+-- so their entries are read) for request id, into the call's pending state and the ticket v,
+-- whose last value set is v[nv]. Returns the new nv.
+local function take_leases(A, al, n, id, expires_arg, keep, v, nv)
+  for i = 0, n - 1 do
+    local key = A[al + 2 * i]
+    local l = LEASE[key]
+    local k = l[4]
+    l[5 + k], l[6 + k], l[4] = expires_arg, id, k + 2
+    l[1] = l[1] + 1
+    if not l[2] or keep > l[2] then l[2] = keep end
+    nv = nv + 1
+    v[nv] = key
+  end
+  return nv
+end
+
+-- Makes the reservations of the n budget scopes at A[ab] (six values each) with what their
+-- checks found (bud: four values per scope), into the pending state and the ticket v. A shadow
+-- rule's unit goes into the ticket in capitals (see end_ticket). Returns the new nv.
+local function take_budgets(A, ab, n, bud, now, ttl, retention, v, nv, shadow)
+  for i = 0, n - 1 do
+    local b, k = ab + 6 * i, 4 * i
+    local key, field, pend, cur, amount = A[b], bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4]
+    local cell = BUDGET[key]
+    if cur ~= field then
+      -- A new period (rare, written at once): drop the previous one unless reservations still
+      -- settle into it. (The cell remembered is this period's, not the previous one.)
+      budget_flush(key, cell)
+      if cur and tonumber(redis.call('HGET', key, cur .. ':r') or '0') <= 0 then
+        redis.call('HDEL', key, cur .. ':r', cur .. ':s')
+      end
+      redis.call('HSET', key, 'cur', field)
+      cell[6] = field
+    end
+    cell[7] = cell[5] == 0 and A[b + 5]
+    cell[3], cell[5] = cell[3] + amount, cell[5] + amount
+    -- Kept through the period, and while any reservation in it may still settle: set when the
+    -- period starts, and again only for a reservation that outlives the period.
+    if cur ~= field or ttl > pend - now then
+      redis.call('PEXPIRE', key, int(math.max(pend - now, ttl) + retention))
+    end
+    local unit = A[b + 2]
+    if shadow then unit = string.upper(unit) end
+    -- key, field, unit, amount, period length, label
+    v[nv + 1], v[nv + 2], v[nv + 3], v[nv + 4], v[nv + 5], v[nv + 6] =
+      key, field, unit, A[b + 5], A[b + 3], A[b + 4]
+    nv = nv + 6
+  end
+  return nv
+end
+
 -- One admission: count the attempt in every rate scope, apply the token verdict, take a lease
 -- in every concurrency scope and reserve in every budget scope, all or nothing.
 --
@@ -466,21 +526,33 @@ end
 -- Returns {'admit', expires_at, quota values...} | {'deny', reason code, scope index, remaining,
 --   retry_after (-1 none), reset (-1 none)} | {'token'} | {'loop'} | {'dup'} |
 --   {'killed', target, reason}. A repeat scope's index counts from the first repeat scope.
-local function admit_one(A, a, now, kills, probe)
+-- `known`: the id was checked for a duplicate already. `shadow`: what a shadow plan's probe
+-- (in the same A) found, {start, lease args, n_lease, budget args, n_budget, its checks' table},
+-- to take into this ticket as well when this admission passes.
+local function admit_one(A, a, now, kills, probe, shadow, known)
   ITEMS = ITEMS + 1
   if ITEMS == 2 then MEMO, PERIODS = {}, {} end
-  local id, ttl, retention = A[a], num(A[a + 1]), num(A[a + 2])
-  local token_deny = A[a + 3] == '1'
-  local n_rate, n_lease, n_budget = num(A[a + 4]), num(A[a + 5]), num(A[a + 6])
-  -- Price and expired usage (A[a0 + 7 ...]) only go into the ticket: kept as the strings they
-  -- came in, and read where they are (no table of their own).
-  local a0 = a
-  local n_kill = num(A[a + 13])
+  local id, ttl, retention, a0, token_deny, loop_deny, n_rate, n_lease, n_budget, n_kill
   -- Most admissions have no repeat scope: '0' is known without a conversion (see num).
   local n_repeat = 0
-  if A[a + 14] ~= '0' then n_repeat = num(A[a + 14]) end
-  local loop_deny = A[a + 15] == '1'
-  a = a + 16
+  if probe == 'shadow' then
+    -- A shadow plan's header (admit_shadowed): its verdicts and counts, nothing for a ticket.
+    token_deny, loop_deny = A[a] == '1', A[a + 5] == '1'
+    n_rate, n_lease, n_budget = num(A[a + 1]), num(A[a + 2]), num(A[a + 3])
+    if A[a + 4] ~= '0' then n_repeat = num(A[a + 4]) end
+    n_kill, a = 0, a + 6
+  else
+    id, ttl, retention = A[a], num(A[a + 1]), num(A[a + 2])
+    token_deny = A[a + 3] == '1'
+    n_rate, n_lease, n_budget = num(A[a + 4]), num(A[a + 5]), num(A[a + 6])
+    -- Price and expired usage (A[a0 + 7 ...]) only go into the ticket: kept as the strings
+    -- they came in, and read where they are (no table of their own).
+    a0 = a
+    n_kill = num(A[a + 13])
+    if A[a + 14] ~= '0' then n_repeat = num(A[a + 14]) end
+    loop_deny = A[a + 15] == '1'
+    a = a + 16
+  end
   -- The kill switch comes before anything is counted.
   for i = 0, n_kill - 1 do
     local reason = kills[A[a + i]]
@@ -488,8 +560,7 @@ local function admit_one(A, a, now, kills, probe)
   end
   a = a + n_kill
 
-  local tkey = PREFIX .. ':ts:' .. id
-  if redis.call('EXISTS', tkey) > 0 then
+  if not known and redis.call('EXISTS', PREFIX .. ':ts:' .. id) > 0 then
     return {'dup'}
   end
 
@@ -599,8 +670,9 @@ local function admit_one(A, a, now, kills, probe)
   -- 7. Loops: the request's repeats, then its history's (decided by the caller).
   if repeat_fail ~= nil then return repeat_fail end
   if loop_deny then return {'loop'} end
-  -- A probe (sharded stores, after another shard refused) counts and checks, takes nothing.
-  if probe then return out end
+  -- A probe (sharded stores, after another shard refused; a shadow plan) counts and checks,
+  -- takes nothing, and says where what it would take is.
+  if probe then return out, a_lease, n_lease, a_budget, n_budget, bud end
   -- Everything passed: take the leases, make the reservations, record the ticket (its layout
   -- is above peek_ticket), built as it goes.
   local expires = now + ttl
@@ -609,48 +681,44 @@ local function admit_one(A, a, now, kills, probe)
   -- With room for a lease and a reservation (nil until set; cmsgpack packs what is set).
   local v = {expires_arg, A[a0 + 1], A[a0 + 7], A[a0 + 8], A[a0 + 9], A[a0 + 10], A[a0 + 11],
     A[a0 + 12], A[a0 + 5], nil, nil, nil, nil, nil, nil, nil}
-  local nv = 9
-  for i = 0, n_lease - 1 do
-    local key = A[a_lease + 2 * i]
-    local l = LEASE[key]
-    local n = l[4]
-    l[5 + n], l[6 + n], l[4] = expires_arg, id, n + 2
-    l[1] = l[1] + 1
-    if not l[2] or keep > l[2] then l[2] = keep end
-    nv = nv + 1
-    v[nv] = key
+  local nv = take_leases(A, a_lease, n_lease, id, expires_arg, keep, v, 9)
+  if shadow then
+    -- The shadow's checks passed: its leases and reservations are held by this ticket.
+    nv = take_leases(A, shadow[2], shadow[3], id, expires_arg, keep, v, nv)
+    v[9] = int(n_lease + shadow[3])
   end
-  for i = 0, n_budget - 1 do
-    local b, k = a_budget + 6 * i, 4 * i
-    local key, field, pend, cur, amount = A[b], bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4]
-    local cell = BUDGET[key]
-    if cur ~= field then
-      -- A new period (rare, written at once): drop the previous one unless reservations still
-      -- settle into it. (The cell remembered is this period's, not the previous one.)
-      budget_flush(key, cell)
-      if cur and tonumber(redis.call('HGET', key, cur .. ':r') or '0') <= 0 then
-        redis.call('HDEL', key, cur .. ':r', cur .. ':s')
-      end
-      redis.call('HSET', key, 'cur', field)
-      cell[6] = field
-    end
-    cell[7] = cell[5] == 0 and A[b + 5]
-    cell[3], cell[5] = cell[3] + amount, cell[5] + amount
-    -- Kept through the period, and while any reservation in it may still settle: set when the
-    -- period starts, and again only for a reservation that outlives the period.
-    if cur ~= field or ttl > pend - now then
-      redis.call('PEXPIRE', key, int(math.max(pend - now, ttl) + retention))
-    end
-    -- key, field, unit, amount, period length, label
-    v[nv + 1], v[nv + 2], v[nv + 3], v[nv + 4], v[nv + 5], v[nv + 6] =
-      key, field, A[b + 2], A[b + 5], A[b + 3], A[b + 4]
-    nv = nv + 6
+  nv = take_budgets(A, a_budget, n_budget, bud, now, ttl, retention, v, nv, false)
+  if shadow then
+    take_budgets(A, shadow[4], shadow[5], shadow[6], now, ttl, retention, v, nv, true)
   end
-  redis.call('SET', tkey, cmsgpack.pack(v), 'PX', int(ttl + retention))
+  redis.call('SET', PREFIX .. ':ts:' .. id, cmsgpack.pack(v), 'PX', int(ttl + retention))
   XADD[#XADD + 1] = expires_arg
   XADD[#XADD + 1] = id
   out[2] = expires
   return out
+end
+
+-- An admission with the plan of its shadow rules (op 's'). A[a]: the number m of the request's
+-- arguments; then the request's (as admit_one reads them), then the shadow plan's: token_deny,
+-- n_rate, n_lease, n_budget, n_repeat, loop_deny, then its scopes as admit_one reads them (no
+-- id, TTL, price or kill targets: its holds go into the request's ticket). The shadow
+-- is checked first, its attempts counted and nothing taken (its scopes are its rules', never
+-- the request's, so the request's admission leaves its checks true); the request's admission
+-- then takes the shadow's leases and reservations into its own ticket when both pass. A known
+-- id counts nowhere. Returns {'dup'} or {'shadowed', the request's reply, the shadow's}: the
+-- probe's refusal ('deny', 'token' or 'loop', of the shadow plan), or {'held'} or {'passed'}
+-- (it would have admitted; the request was not admitted, so nothing is held).
+local function admit_shadowed(A, a, now, kills)
+  local e = a + 1
+  local s = e + num(A[a])
+  if redis.call('EXISTS', PREFIX .. ':ts:' .. A[e]) > 0 then return {'dup'} end
+  local probe, al, nl, ab, nb, bud = admit_one(A, s, now, kills, 'shadow', nil, true)
+  if probe[1] ~= 'admit' then
+    return {'shadowed', admit_one(A, e, now, kills, false, nil, true), probe}
+  end
+  local reply = admit_one(A, e, now, kills, false, {s, al, nl, ab, nb, bud}, true)
+  if reply[1] == 'admit' then return {'shadowed', reply, {'held'}} end
+  return {'shadowed', reply, {'passed'}}
 end
 
 -- Undoes this shard's part of an admission that another shard refused (sharded stores): leases

@@ -2,9 +2,10 @@
 -- transition as on its own, applied in order; the call as a whole is atomic too.
 --
 -- ARGV: prefix, now (0 = Redis TIME), retention, whether the caller has seen the store's
---       marker ('1') or not yet ('0'), then per item: op ('a' admit | 'f' finish | 'p' probe,
---       an admission that takes nothing | 'u' undo an admission), the number of its
---       arguments, its arguments (see admit_one, finish_one and undo_one).
+--       marker ('1') or not yet ('0'), then per item: op ('a' admit | 's' admit with a shadow
+--       plan | 'f' finish | 'p' probe, an admission that takes nothing | 'u' undo an
+--       admission), the number of its arguments, its arguments (see admit_one,
+--       admit_shadowed, finish_one and undo_one).
 -- KEYS: every key the items touch (for cluster routing; all share the prefix's slot).
 -- Returns one reply per item, in order; an item that fails answers {'error', message} and the
 -- others still run. While the store's state is lost, every admission answers {'lost'}.
@@ -32,12 +33,19 @@ local a, longest = 5, 0
 while a <= #ARGV do
   local op, n = ARGV[a], 0 + ARGV[a + 1]
   local ok, reply
-  if (op == 'a' or op == 'p') and not kept then
+  if (op == 'a' or op == 'p' or op == 's') and not kept then
     ok, reply = true, {'lost'}
   elseif op == 'a' or op == 'p' then
     if kills == nil then kills = kill_table() end
     ok, reply = pcall(admit_one, ARGV, a + 2, now, kills, op == 'p')
     if ok and op == 'a' and reply[1] == 'admit' then longest = math.max(longest, 0 + ARGV[a + 3]) end
+  elseif op == 's' then
+    if kills == nil then kills = kill_table() end
+    ok, reply = pcall(admit_shadowed, ARGV, a + 2, now, kills)
+    -- The request's TTL follows the count of its arguments.
+    if ok and reply[1] == 'shadowed' and reply[2][1] == 'admit' then
+      longest = math.max(longest, 0 + ARGV[a + 4])
+    end
   elseif op == 'u' then
     ok, reply = pcall(undo_one, ARGV, a + 2)
   else
@@ -46,7 +54,7 @@ while a <= #ARGV do
   if ok then out[#out + 1] = reply else out[#out + 1] = {'error', tostring(reply)} end
   a = a + 2 + n
 end
--- Each key the items touched is written once (see the write-back state in common_v5.lua).
+-- Each key the items touched is written once (see the write-back state in common_v6.lua).
 flush()
 if longest > 0 then
   -- Garbage collection for abandoned prefixes only: any call on the prefix sweeps expired
