@@ -38,10 +38,15 @@ async fn instance(text: &str) -> (std::net::SocketAddr, String) {
     let store = tollgate_gateway::start_store(&config).await.unwrap();
     let books = tollgate_gateway::open_books(&config).await.unwrap();
     assert!(books.is_some());
+    let records = config.records.clone();
+    let mut gw = Gateway::new(config, store).with_books(books);
+    if let Some(path) = records {
+        gw = gw.with_records(tollgate_gateway::records::RecordSink::open(&path).unwrap());
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(tollgate_gateway::serve_with(
-        Gateway::new(config, store).with_books(books),
+        gw,
         listener,
         std::future::pending(),
     ));
@@ -268,4 +273,61 @@ async fn a_flushed_redis_gets_its_books_back_from_the_ledger() {
         Some(1),
         "the expiry is an ending without a tenant: {spent:?}"
     );
+}
+
+/// With decision records and a ledger both on, the ledger's end user is the record's digest of
+/// the `user` the client sent (made once for both), never the value itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_and_the_records_name_one_user_digest() {
+    let pg = PgServer::start();
+    let (sim, _, _) =
+        common::upstream_and_store(false, common::SIM_KEY, SimConfig::default(), "").await;
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records.jsonl");
+    let text = format!(
+        "[ledger]\nurl = \"{}\"\nflush_every = \"20ms\"\n[records]\npath = \"{}\"\n\
+         [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+         [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\nallow_user = true\n\
+         [policy]\n[[policy.scopes]]\nkey = \"user\"\nbudget = {{ tokens = 3000, period = \"day\" }}\n",
+        pg.url(),
+        records.display(),
+        sim.base_url(),
+        tollgate_gateway::hash_key("sk-acme"),
+    );
+    let (addr, _) = instance(&text).await;
+    let body = json!({"model": "gpt-4o", "max_tokens": 20, "user": "alice@example.com",
+        "messages": [{"role": "user", "content": "Hello there"}]});
+    let r = common::post(
+        addr,
+        "/v1/chat/completions",
+        &[("authorization", "Bearer sk-acme".to_owned())],
+        body.to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let ledger = Ledger::open(Settings::new(pg.url())).await.unwrap();
+    until("the ending in the ledger", async || {
+        ledger.counts().await.unwrap().0 == 1
+    })
+    .await;
+    let rows = ledger
+        .spend(tollgate_ledger::By::User, 0, i64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let mut recorded = None;
+    until("the record written", async || {
+        recorded = std::fs::read_to_string(&records)
+            .ok()
+            .and_then(|t| t.lines().next().map(str::to_owned));
+        recorded.is_some()
+    })
+    .await;
+    let record: serde_json::Value = serde_json::from_str(&recorded.unwrap()).unwrap();
+    let user = record["facts"]["user"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{record}"));
+    assert_ne!(user, "alice@example.com");
+    assert!(!user.is_empty());
+    assert_eq!(rows[0].group, user);
 }

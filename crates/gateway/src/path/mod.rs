@@ -162,31 +162,40 @@ async fn admit_counted(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
-    let facts = || {
-        tollgate_core::record::RecordedFacts::of(&counted.facts, |v| {
-            crate::records::digest(cfg.records_key.as_deref(), v)
-        })
+    let digest = |v: &str| crate::records::digest(cfg.records_key.as_deref(), v);
+    // Made once, for the record; the ledger's end user is the same digest.
+    let facts = gw
+        .records
+        .as_ref()
+        .map(|_| tollgate_core::record::RecordedFacts::of(&counted.facts, digest));
+    let user = match (&gw.books, &facts) {
+        (None, _) => None,
+        (Some(_), Some(f)) => f.user.clone(),
+        (Some(_), None) => counted.facts.identity.user.as_deref().map(digest),
     };
-    let record = |d: &Decision| {
+    let record = |d: &Decision, facts: Option<tollgate_core::record::RecordedFacts>| {
         let mut r = DecisionRecord::new(now_ms, &p, d);
         r.decision_us = Some(decision_us);
         r.trimmed_turns = counted.trimmed;
         r.shadow = shadowed.refusal();
-        r.facts = Some(facts());
+        r.facts = facts;
         r
     };
     let admitted = match decision {
         Decision::Admit(a) => a,
         refused => {
             if let Some(sink) = &gw.records {
-                sink.emit(record(&refused));
+                sink.emit(record(&refused, facts));
             }
             return Err(refusal(dialect, counted, &p, &refused));
         }
     };
     let mut ticket = Ticket::admitted(gw.store.clone(), &p, &admitted);
     if let Some(sink) = &gw.records {
-        ticket.record_to(record(&Decision::Admit(admitted.clone())), sink.clone());
+        ticket.record_to(
+            record(&Decision::Admit(admitted.clone()), facts),
+            sink.clone(),
+        );
     }
     ticket.shadow(shadowed.admitted());
     if let Some(b) = &gw.books {
@@ -197,10 +206,7 @@ async fn admit_counted(
             tenant: id.tenant.clone(),
             key: id.key.clone(),
             model: id.model.clone(),
-            user: id
-                .user
-                .as_deref()
-                .map(|u| crate::records::digest(cfg.records_key.as_deref(), u)),
+            user,
         };
         ticket.book_to(b.booking(&p, who, if admitted.fail_open { now_ms } else { at }));
     }
