@@ -499,20 +499,7 @@ impl Store for RedisStore {
         shadow: &Plan,
     ) -> Result<(Decision, ShadowOutcome), StoreError> {
         if self.shards.len() > 1 {
-            // Shard by shard, a request's parts are undone when one refuses; its shadow's would
-            // need the same across both plans: here the shadow is an admission of its own.
-            let (d, s) =
-                futures_util::future::join(self.admit_parts(plan), self.admit_parts(shadow)).await;
-            let s = match s {
-                Ok(Decision::Admit(_)) => ShadowOutcome::Apart(shadow.request_id.clone()),
-                Ok(Decision::Deny(r)) => ShadowOutcome::Refused(r),
-                _ => ShadowOutcome::Failed,
-            };
-            if let (Err(_), ShadowOutcome::Apart(id)) = (&d, &s) {
-                // Nobody will end it: the request's admission failed.
-                let _ = self.release(id, Some(Usage::default())).await;
-            }
-            return Ok((d?, s));
+            return self.admit_shadow_apart(plan, shadow).await;
         }
         let inv =
             admit_shadowed_invocation(&self.shards[0], plan, shadow, self.config.retention_ms);

@@ -10,7 +10,9 @@
 use std::collections::BTreeMap;
 
 use tollgate_core::pipeline::Plan;
-use tollgate_core::{Admitted, Decision, Deny, Finish, Reason, Renewal, StoreError, Usage};
+use tollgate_core::{
+    Admitted, Decision, Deny, Finish, Reason, Renewal, ShadowOutcome, Store, StoreError, Usage,
+};
 
 use crate::{
     Invocation, RedisStore, admit_invocation, decision, finish_invocation, finish_reply, shard_of,
@@ -377,4 +379,28 @@ fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl RedisStore {
+    /// A request and its shadow plan on a sharded store. Shard by shard, a request's parts are
+    /// undone when one refuses; its shadow's would need the same across both plans, so the
+    /// shadow is an admission of its own, made at the same time.
+    pub(crate) async fn admit_shadow_apart(
+        &self,
+        plan: &Plan,
+        shadow: &Plan,
+    ) -> Result<(Decision, ShadowOutcome), StoreError> {
+        let (d, s) =
+            futures_util::future::join(self.admit_parts(plan), self.admit_parts(shadow)).await;
+        let s = match s {
+            Ok(Decision::Admit(_)) => ShadowOutcome::Apart(shadow.request_id.clone()),
+            Ok(Decision::Deny(r)) => ShadowOutcome::Refused(r),
+            _ => ShadowOutcome::Failed,
+        };
+        if let (Err(_), ShadowOutcome::Apart(id)) = (&d, &s) {
+            // Nobody will end it: the request's admission failed.
+            let _ = self.release(id, Some(Usage::default())).await;
+        }
+        Ok((d?, s))
+    }
 }
