@@ -25,12 +25,8 @@ cargo build --release -q -p tollgate -p tollgate-sim
 BIN=target/release
 tmp=$(mktemp -d)
 pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 . bench/gateways.sh
+trap cleanup EXIT
 
 start_upstreams
 

@@ -1,4 +1,4 @@
-# Sourced by the gateway benchmarks (load.sh, gateway-cost.sh): loopback ports, the upstream
+# Sourced by the gateway benchmarks (load.sh, rate.sh, gateway-cost.sh): loopback ports, the upstream
 # simulator, and gateway configurations for the three setups compared. Expects $BIN (the
 # release binaries) and $tmp (a scratch directory).
 
@@ -22,6 +22,25 @@ start_upstreams() {
   REDIS_PID=$!
   pids+=($!)
   wait_port "$REDIS"
+}
+
+# The callers' EXIT trap: stops what the benchmark started (the `pids` array, the gateways'
+# pids, which start inside $(...) subshells and so go to a file, and a PostgreSQL of
+# start_postgres) and removes $tmp.
+cleanup() {
+  for p in "${pids[@]}" $(cat "$tmp/gateway-pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  [ -n "${PG_STOP:-}" ] && $PG_STOP >/dev/null 2>&1 || true
+  rm -rf "$tmp"
+}
+
+# The upstreams and the three gateways every throughput benchmark compares: sets PASS, MEM,
+# RED and TARGETS (simulator direct, pass-through, six controls on memory and on Redis).
+start_targets() {
+  start_upstreams
+  PASS=$(gateway pass "" "")
+  MEM=$(gateway memory "" "$ALL_SIX")
+  RED=$(gateway redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")
+  TARGETS=("direct $SIM" "pass $PASS" "memory $MEM" "redis $RED")
 }
 
 # Starts a PostgreSQL on a free port in $tmp/pg (as `postgres` when run as root, which

@@ -29,21 +29,10 @@ cargo build --release -q -p tollgate -p tollgate-sim
 BIN=target/release
 tmp=$(mktemp -d)
 pids=()
-# Gateways start inside $(...) subshells, so their pids go to a file, not to the array.
-cleanup() {
-  for p in "${pids[@]}" $(cat "$tmp/gateway-pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
-  [ -n "${PG_STOP:-}" ] && $PG_STOP >/dev/null 2>&1 || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 . bench/gateways.sh
+trap cleanup EXIT
 
-start_upstreams
-
-PASS=$(gateway pass "" "")
-MEM=$(gateway memory "" "$ALL_SIX")
-RED=$(gateway redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")
-TARGETS=("direct $SIM" "pass $PASS" "memory $MEM" "redis $RED")
+start_targets
 if [ "${TOLLGATE_BENCH_OPERATION:-0}" = 1 ]; then
   OPS=$(gateway operation "" "$WITH_OPERATION")
   TARGETS+=("operation $OPS")

@@ -26,18 +26,10 @@ cargo build --release -q -p tollgate -p tollgate-sim
 BIN=target/release
 tmp=$(mktemp -d)
 pids=()
-cleanup() {
-  for p in "${pids[@]}" $(cat "$tmp/gateway-pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 . bench/gateways.sh
+trap cleanup EXIT
 
-start_upstreams
-PASS=$(gateway pass "" "")
-MEM=$(gateway memory "" "$ALL_SIX")
-RED=$(gateway redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")
-TARGETS=("direct $SIM" "pass $PASS" "memory $MEM" "redis $RED")
+start_targets
 BODY='{"model":"gpt-4o","max_tokens":16,"messages":[{"role":"user","content":"Say hello in three words."}]}'
 
 # Every target once before measuring: the first requests load tokenizers and open connections

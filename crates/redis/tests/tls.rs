@@ -58,28 +58,41 @@ fn certificate(name: &str) -> (tempfile_dir::Dir, Vec<u8>, String, String) {
     )
 }
 
+/// The server side of TLS on `port`, with the test's certificate, clients not authenticated.
+fn tls_args(port: u16, crt: &str, key: &str) -> Vec<String> {
+    [
+        "--tls-port",
+        &port.to_string(),
+        "--tls-cert-file",
+        crt,
+        "--tls-key-file",
+        key,
+        "--tls-ca-cert-file",
+        crt,
+        "--tls-auth-clients",
+        "no",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 fn start() -> TlsRedis {
     let (dir, ca, crt, key) = certificate("tls-redis");
     let tls_port = free_port();
-    let server = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port.to_string(),
-        "--tls-cert-file",
-        &crt,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &crt,
-        "--tls-auth-clients",
-        "no",
-        "--user",
-        "gate",
-        "on",
-        ">s3cret-password",
-        "~*",
-        "&*",
-        "+@all",
-    ]);
+    let mut args = tls_args(tls_port, &crt, &key);
+    args.extend(
+        [
+            "--user",
+            "gate",
+            "on",
+            ">s3cret-password",
+            "~*",
+            "&*",
+            "+@all",
+        ]
+        .map(str::to_owned),
+    );
+    let server = RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
     TlsRedis {
         _server: server,
         tls_port,
@@ -186,26 +199,21 @@ async fn a_tls_cluster_admits_with_its_ca_and_refuses_without() {
         let node_dir = dir.0.join(format!("n{i}"));
         std::fs::create_dir_all(&node_dir).unwrap();
         let tls_port = free_port();
-        nodes.push(RedisServer::start_with(&[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-node-timeout",
-            "2000",
-            "--dir",
-            node_dir.to_str().unwrap(),
-            "--tls-port",
-            &tls_port.to_string(),
-            "--tls-cert-file",
-            &crt,
-            "--tls-key-file",
-            &key,
-            "--tls-ca-cert-file",
-            &crt,
-            "--tls-auth-clients",
-            "no",
-            "--tls-cluster",
-            "yes",
-        ]));
+        let mut args = tls_args(tls_port, &crt, &key);
+        args.extend(["--tls-cluster", "yes"].map(str::to_owned));
+        nodes.push(RedisServer::start_with(
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "2000",
+                "--dir",
+                node_dir.to_str().unwrap(),
+            ]
+            .into_iter()
+            .chain(args.iter().map(String::as_str))
+            .collect::<Vec<_>>(),
+        ));
         tls_ports.push(tls_port);
     }
     let addrs: Vec<String> = tls_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
