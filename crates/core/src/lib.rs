@@ -49,6 +49,7 @@ pub mod policy;
 pub mod record;
 pub mod replay;
 pub mod scope;
+pub mod slices;
 pub mod store;
 pub mod whatif;
 
@@ -59,6 +60,7 @@ pub use memory::MemoryStore;
 pub use pipeline::{KillTargets, Plan, PlanError, RequestFacts, plan, shadow_plan};
 pub use policy::{Policy, PolicyError, Unit};
 pub use scope::{Dimension, Identity, IpPrefix, ScopeKey};
+pub use slices::{SliceConfig, SliceSource, SliceStats, Sliced};
 pub use store::{
     Ending, Expiry, ExpiryCharge, Finish, KeyClaim, KeyUse, Renewal, ScopeUsage, ShadowOutcome,
     Store, StoreError,

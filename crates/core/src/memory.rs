@@ -20,6 +20,7 @@ mod containers;
 mod expiries;
 mod keys;
 pub use keys::{MAX_KEPT_BYTES, MAX_KEYS};
+mod slices;
 mod tickets;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -168,6 +169,9 @@ struct Reservation {
     amount: u64,
     /// A shadow rule's: charged like the others, but not reported as the request's charge.
     shadow: bool,
+    /// A slice's ([`crate::slices`]), with the settled amount its instance has reported so far:
+    /// an expiry charges the whole reservation, since what its instance spent of it is unknown.
+    slice: Option<u64>,
 }
 
 impl MemoryStore<SystemClock> {
@@ -369,6 +373,45 @@ impl<C: Clock> MemoryStore<C> {
             .map(|(mut st, now)| st.keys.end(key, request_id, response, keep_ms, now))
     }
 
+    /// Whether the store knows request `id`: in flight, or ended and still remembered.
+    pub fn knows(&self, id: &str) -> Result<bool, StoreError> {
+        let (st, _) = self.lock()?;
+        Ok(st.requests.get(id).is_some())
+    }
+
+    /// The leases held in a scope and, for one of its budget periods (by id), what is settled
+    /// and reserved in it: what a slice layer's engine has used of its slices.
+    pub(crate) fn held(
+        &self,
+        scope: &str,
+        cell: Option<(Period, u64)>,
+    ) -> Result<(u64, u64, u64), StoreError> {
+        let (st, _) = self.lock()?;
+        let s = st.scopes.get(scope).and_then(|&i| st.slots.get(i));
+        let leases = s.map_or(0, |s| s.leases);
+        let (settled, reserved) = cell
+            .and_then(|k| s?.cell(k))
+            .map_or((0, 0), |c| (c.settled, c.reserved));
+        Ok((leases, settled, reserved))
+    }
+
+    /// How many reservations are out in one budget period (by id) of a scope, whatever their
+    /// amounts (a reservation of nothing may still settle a charge).
+    pub(crate) fn open_reservations(
+        &self,
+        scope: &str,
+        period: Period,
+        period_id: u64,
+    ) -> Result<u64, StoreError> {
+        let (st, _) = self.lock()?;
+        Ok(st
+            .scopes
+            .get(scope)
+            .and_then(|&i| st.slots.get(i))
+            .and_then(|s| s.cell((period, period_id)))
+            .map_or(0, |c| c.outstanding))
+    }
+
     /// How many scopes, tickets and remembered ids the store holds now (after sweeping).
     pub fn footprint(&self) -> Result<Footprint, StoreError> {
         let (st, _) = self.lock()?;
@@ -508,8 +551,23 @@ impl State {
         if let Some(slot) = self.find(key, seen) {
             return slot;
         }
+        let slot = self.new_slot(key.shared_id());
+        seen.put(key, slot);
+        slot
+    }
+
+    /// The slot of a scope by its id, given one if it has none.
+    fn slot_by_id(&mut self, id: &Arc<str>) -> usize {
+        match self.scopes.get(id) {
+            Some(&slot) => slot,
+            None => self.new_slot(id),
+        }
+    }
+
+    /// A slot for a scope that has none.
+    fn new_slot(&mut self, id: &Arc<str>) -> usize {
         let state = ScopeState {
-            id: Some(key.shared_id().clone()),
+            id: Some(id.clone()),
             ..ScopeState::default()
         };
         let slot = match self.free.pop() {
@@ -521,9 +579,8 @@ impl State {
             }
             None => self.slots.push(state),
         };
-        // Absent: `find` just missed it.
-        self.scopes.insert_new(key.shared_id().clone(), slot);
-        seen.put(key, slot);
+        // Absent: the callers just missed it.
+        self.scopes.insert_new(id.clone(), slot);
         slot
     }
 
@@ -637,7 +694,10 @@ fn end_ticket(slots: &mut Slots, t: &Ticket, usage: Option<Usage>) -> Vec<u64> {
             }
             Hold::Budget(r) => r,
         };
-        let amount = charge(r.unit, t.price, &usage);
+        let amount = match r.slice {
+            Some(_) => r.amount,
+            None => charge(r.unit, t.price, &usage),
+        };
         if let Some(c) = slots
             .get_mut(r.slot)
             .and_then(|s| s.cell_mut((r.period, r.period_id)))

@@ -1,5 +1,5 @@
 //! Batching: admissions and settlements that wait at the same moment travel in one script call
-//! per shard (`batch_v3.lua`), each applied as its own atomic transition, in order.
+//! per shard (`batch_v4.lua`), each applied as its own atomic transition, in order.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -16,11 +16,10 @@ pub(crate) struct Scripts {
 }
 
 macro_rules! script {
-    ($file:literal) => {
+    ($($file:literal),+) => {
         Script::new(concat!(
-            include_str!("lua/common_v6.lua"),
-            "\n",
-            include_str!($file)
+            include_str!("lua/common_v7.lua"),
+            $("\n", include_str!($file)),+
         ))
     };
 }
@@ -28,7 +27,7 @@ macro_rules! script {
 pub(crate) fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
-        batch: script!("lua/batch_v3.lua"),
+        batch: script!("lua/slices_v1.lua", "lua/batch_v4.lua"),
         renew: script!("lua/renew_v4.lua"),
         usage: script!("lua/usage_v2.lua"),
         sweep: script!("lua/sweep_v2.lua"),

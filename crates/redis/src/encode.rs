@@ -1,5 +1,5 @@
 //! Wire encoding: a plan, a settlement or a release as the KEYS and ARGV of one item of a
-//! batch call, in the layout `common_v6.lua` reads.
+//! batch call, in the layout `common_v7.lua` reads.
 
 use tollgate_core::pipeline::Plan;
 use tollgate_core::policy::Unit;

@@ -5,7 +5,7 @@
 //! concurrency limit together: the check and the reservation happen together on the server.
 //!
 //! - Admissions and settlements that are waiting at the same moment travel in one script call
-//!   (`batch_v3.lua`), each applied as its own atomic transition, in order. One caller alone gets
+//!   (`batch_v4.lua`), each applied as its own atomic transition, in order. One caller alone gets
 //!   a call of its own, made from its own task; under load the fixed cost of a call is shared,
 //!   and a call reads and writes each scope key its items share once (see `docs/redis.md`).
 //! - Scripts live in `src/lua/*_vN.lua` (versioned names), are embedded with `include_str!`,
@@ -42,6 +42,7 @@ mod decode;
 mod encode;
 mod keys;
 mod sharded;
+mod slices;
 
 use sharded::Admissions;
 #[cfg(test)]
@@ -69,6 +70,7 @@ pub use decode::{
 };
 pub use encode::{Invocation, admit_invocation};
 pub use keys::KEY_REPLIES;
+pub use slices::{SLICE_REPLIES, SLICE_TICKETS, slice_invocation};
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};
 use conn::{Conn, evalsha, no_answer, scripts, unavailable};
@@ -114,7 +116,7 @@ pub struct RedisStore {
     /// One batch lane per shard, its queue started on first use, inside the caller's runtime.
     lanes: Arc<[Lane]>,
     admissions: Arc<std::sync::Mutex<Admissions>>,
-    /// Per shard, whether this store has seen the shard's marker (see `batch_v3.lua`): once it
+    /// Per shard, whether this store has seen the shard's marker (see `batch_v4.lua`): once it
     /// has, the marker's absence means the store forgot.
     markers: Arc<[Arc<AtomicBool>]>,
 }
@@ -233,6 +235,16 @@ impl RedisStore {
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.config.prefix
+    }
+
+    fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    fn prefix_of(&self, shard: usize) -> &str {
+        self.shards
+            .get(shard)
+            .map_or(&self.config.prefix, String::as_str)
     }
 
     /// The key prefix of the shard holding a scope's keys (the prefix itself with one shard).

@@ -165,8 +165,9 @@ async fn remembered_admissions_are_pruned() {
 #[test]
 fn script_replies_are_the_named_ones() {
     let sources = [
-        include_str!("lua/common_v6.lua"),
-        include_str!("lua/batch_v3.lua"),
+        include_str!("lua/common_v7.lua"),
+        include_str!("lua/slices_v1.lua"),
+        include_str!("lua/batch_v4.lua"),
         include_str!("lua/renew_v4.lua"),
         include_str!("lua/usage_v2.lua"),
         include_str!("lua/sweep_v2.lua"),
@@ -194,6 +195,8 @@ fn script_replies_are_the_named_ones() {
         .chain(&OTHER_REPLIES)
         .chain(&crate::SHADOW_REPLIES)
         .chain(&crate::KEY_REPLIES)
+        .chain(&crate::SLICE_REPLIES)
+        .chain(&crate::SLICE_TICKETS)
         .map(|k| (*k).to_owned())
         .collect();
     assert_eq!(kinds, named);

@@ -15,6 +15,8 @@ mod agents;
 pub use agents::*;
 mod shadow;
 pub use shadow::*;
+pub mod slices;
+pub use slices::SliceHarness;
 
 async fn setup<H: Harness>(h: &H) -> (H::S, ManualClock) {
     let clock = ManualClock::new(T0);

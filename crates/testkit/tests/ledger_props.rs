@@ -8,10 +8,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use futures_util::FutureExt;
 use proptest::prelude::*;
 use tollgate_core::ledger::WEIGHT_SCALE;
 use tollgate_core::{
-    Clock, Decision, Ending, Finish, ManualClock, MemoryStore, Period, Reason, Renewal, Usage, plan,
+    Clock, Decision, Ending, Finish, ManualClock, MemoryStore, Period, Reason, Renewal,
+    SliceConfig, Sliced, Store, Usage, plan,
 };
 use tollgate_testkit::{T0, facts, policy};
 
@@ -41,12 +43,30 @@ const POLICY: &str = r#"
 
 #[derive(Debug, Clone)]
 enum Op {
-    Admit { user: u8, input: u64, max: u64 },
-    Settle { idx: usize, output: u64 },
-    Release { idx: usize, output: Option<u64> },
-    Renew { idx: usize },
-    Advance { ms: u64 },
-    Back { ms: u64 },
+    Admit {
+        user: u8,
+        input: u64,
+        max: u64,
+    },
+    Settle {
+        idx: usize,
+        output: u64,
+    },
+    Release {
+        idx: usize,
+        output: Option<u64>,
+    },
+    Renew {
+        idx: usize,
+    },
+    Advance {
+        ms: u64,
+    },
+    Back {
+        ms: u64,
+    },
+    /// A sliced store's maintenance (nothing for the others).
+    Tend,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -57,6 +77,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..40).prop_map(|idx| Op::Renew { idx }),
         2 => (0u64..20_000).prop_map(|ms| Op::Advance { ms }),
         1 => (0u64..30_000).prop_map(|ms| Op::Back { ms }),
+        1 => Just(Op::Tend),
     ]
 }
 
@@ -183,11 +204,18 @@ fn ttl_of(user: u8) -> u64 {
     if user == 2 { SHORT_TTL } else { TTL }
 }
 
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+/// Runs `ops` on `store` (whose time is `clock`) and on the model; `tend` runs between
+/// operations where the op says so (a sliced store's maintenance). With `within`, every charge
+/// is within its request's reservation.
+fn run_on<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    ops: Vec<Op>,
+    within: bool,
+    tend: impl Fn(),
+) -> Result<(), TestCaseError> {
     let p = policy(POLICY);
     let short = policy(&POLICY.replace(r#"lease_ttl = "15s""#, r#"lease_ttl = "7s""#));
-    let clock = ManualClock::new(T0);
-    let store = MemoryStore::with_clock(clock.clone());
     let mut m = Model::default();
     let mut ids: Vec<String> = Vec::new();
     for (n, op) in ops.into_iter().enumerate() {
@@ -209,7 +237,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let id = format!("r{n}");
                 let f = facts(&id, &format!("u{user}"), input, max);
                 let p = if user == 2 { &short } else { &p };
-                let got = store.admit_sync(&plan(p, &f).unwrap()).unwrap();
+                let got = ready(store.admit(&plan(p, &f).unwrap())).unwrap();
                 let want = m.admit(id.clone(), user, input, max);
                 prop_assert_eq!(
                     got.deny().map(|d| d.reason),
@@ -225,25 +253,27 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Settle { idx, output } => {
                 let id = pick(idx);
                 let input = m.tickets.iter().find(|t| t.id == id).map_or(0, |t| t.input);
+                let output = bound(&m, &id, output, within);
                 let u = Usage {
                     input_tokens: input,
                     cached_input_tokens: 0,
                     output_tokens: output,
                     ..Usage::default()
                 };
-                let got = store.settle_sync(&id, u).unwrap();
+                let got = ready(store.settle(&id, u)).unwrap();
                 prop_assert_eq!(got, m.finish(&id, Ending::Settled, Some(input + output)));
             }
             Op::Release { idx, output } => {
                 let id = pick(idx);
                 let input = m.tickets.iter().find(|t| t.id == id).map_or(0, |t| t.input);
+                let output = output.map(|o| bound(&m, &id, o, within));
                 let u = output.map(|o| Usage {
                     input_tokens: input,
                     cached_input_tokens: 0,
                     output_tokens: o,
                     ..Usage::default()
                 });
-                let got = store.release_sync(&id, u).unwrap();
+                let got = ready(store.release(&id, u)).unwrap();
                 prop_assert_eq!(
                     got,
                     m.finish(&id, Ending::Released, output.map(|o| input + o))
@@ -251,7 +281,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Renew { idx } => {
                 let id = pick(idx);
-                let got = store.renew_sync(&id).unwrap();
+                let got = ready(store.renew(&id)).unwrap();
                 let want = match m
                     .tickets
                     .iter_mut()
@@ -268,13 +298,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(got, want);
             }
             Op::Advance { .. } | Op::Back { .. } => {}
+            Op::Tend => tend(),
         }
         // Usage of every scope equals the model's, and invariants 1 and 2 hold.
         let period = Period::Fixed(P);
         let pid = m.now / P;
         for user in 0u8..3 {
-            let got = store
-                .usage_sync(&format!("user|tenant:acme/user:u{user}"), Some(period))
+            let got = ready(store.usage(&format!("user|tenant:acme/user:u{user}"), Some(period)))
                 .unwrap();
             let (s, r) = m.committed(Some(user), pid);
             prop_assert_eq!(
@@ -286,10 +316,57 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             );
             prop_assert!(got.leases <= C);
         }
-        let got = store.usage_sync("all|global", Some(period)).unwrap();
+        let got = ready(store.usage("all|global", Some(period))).unwrap();
         prop_assert_eq!((got.settled, got.reserved), m.committed(None, pid));
     }
     Ok(())
+}
+
+/// An output within the request's reservation when `within` (none known: as given).
+fn bound(m: &Model, id: &str, output: u64, within: bool) -> u64 {
+    match m.tickets.iter().find(|t| t.id == id) {
+        Some(t) if within => output.min(t.est - t.input),
+        _ => output,
+    }
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone());
+    run_on(&store, &clock, ops, false, || {})
+}
+
+/// One instance slicing every plan from its first request, its slices living past the
+/// clock's jumps (one left to expire is a dead instance's: charged in full, tested apart).
+/// Charges stay within their reservations: one beyond takes a scope past its limit, and an
+/// instance learns that a request the store admitted did so only at its next exchange with the
+/// store, until which its slices may still admit.
+fn run_sliced(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new(T0);
+    let store = Sliced::with_clock(
+        MemoryStore::with_clock(clock.clone()),
+        clock.clone(),
+        eager(),
+    );
+    run_on(&store, &clock, ops, true, || {
+        ready(store.maintain()).unwrap()
+    })?;
+    let st = store.stats();
+    prop_assert_eq!(st.failed, 0);
+    Ok(())
+}
+
+fn eager() -> SliceConfig {
+    SliceConfig {
+        hot_after: 0,
+        ttl_ms: Some(400 * 86_400_000),
+        ..SliceConfig::default()
+    }
+}
+
+/// Runs a future that cannot wait: every store here answers at once.
+fn ready<F: std::future::Future>(f: F) -> F::Output {
+    f.now_or_never().expect("a store call waited")
 }
 
 proptest! {
@@ -297,6 +374,11 @@ proptest! {
     #[test]
     fn memory_store_equals_reference_model(ops in proptest::collection::vec(op(), 1..80)) {
         run(ops)?;
+    }
+
+    #[test]
+    fn one_sliced_instance_equals_reference_model(ops in proptest::collection::vec(op(), 1..80)) {
+        run_sliced(ops)?;
     }
 }
 
@@ -407,4 +489,242 @@ fn threads_never_overshoot_and_nothing_leaks() {
     assert_eq!((u.reserved, u.leases), (0, 0));
     assert!(finished_by_workers > 0 && fp.remembered as u64 >= finished_by_workers);
     let _ = HashMap::<(), ()>::new();
+}
+
+/// Instances sharing one store, each slicing every plan: never more than the limits together.
+mod instances {
+    use super::*;
+
+    /// Limits: tight ones, which most requests meet near their end, and roomy ones, which
+    /// most requests take from slices.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Limits {
+        rate: u64,
+        user_budget: u64,
+        all_budget: u64,
+        user_slots: u64,
+        all_slots: u64,
+    }
+
+    pub const TIGHT: Limits = Limits {
+        rate: 4,
+        user_budget: 400,
+        all_budget: 900,
+        user_slots: 3,
+        all_slots: 6,
+    };
+
+    pub const ROOMY: Limits = Limits {
+        rate: 40,
+        user_budget: 3_000,
+        all_budget: 6_000,
+        user_slots: 12,
+        all_slots: 24,
+    };
+
+    const WINDOW: u64 = 10_000;
+    const HOUR: Period = Period::Fixed(3_600_000);
+
+    /// Nothing expires within a run: every admission ends in a settlement or release that the
+    /// test sees, so the books can be checked to the unit.
+    fn policy_of(l: Limits) -> tollgate_core::Policy {
+        policy(&format!(
+            r#"
+            reservation_ttl = "1h"
+            [[scopes]]
+            key = "user"
+            requests = {{ limit = {}, window = "10s" }}
+            concurrency = {{ limit = {}, lease_ttl = "1h" }}
+            budget = {{ tokens = {}, period = "1h" }}
+            [[scopes]]
+            name = "all"
+            key = "global"
+            concurrency = {{ limit = {}, lease_ttl = "1h" }}
+            budget = {{ tokens = {}, period = "1h" }}
+            "#,
+            l.rate, l.user_slots, l.user_budget, l.all_slots, l.all_budget
+        ))
+    }
+
+    #[derive(Debug, Clone)]
+    pub enum Op {
+        Admit {
+            at: usize,
+            user: u8,
+            input: u64,
+            max: u64,
+        },
+        Settle {
+            idx: usize,
+            output: u64,
+        },
+        Release {
+            idx: usize,
+        },
+        Advance {
+            ms: u64,
+        },
+        Tend {
+            at: usize,
+        },
+        GiveBack {
+            at: usize,
+        },
+    }
+
+    pub fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0usize..3, 0u8..3, 1u64..40, 0u64..60)
+                .prop_map(|(at, user, input, max)| Op::Admit { at, user, input, max }),
+            3 => (0usize..64, 0u64..100).prop_map(|(idx, output)| Op::Settle { idx, output }),
+            1 => (0usize..64).prop_map(|idx| Op::Release { idx }),
+            2 => (0u64..3_000).prop_map(|ms| Op::Advance { ms }),
+            2 => (0usize..3).prop_map(|at| Op::Tend { at }),
+            1 => (0usize..3).prop_map(|at| Op::GiveBack { at }),
+        ]
+    }
+
+    type Inst = Sliced<Arc<MemoryStore<ManualClock>>, ManualClock>;
+
+    /// The store's own usage of every scope: within every limit, slices included.
+    fn check_store(store: &MemoryStore<ManualClock>, l: Limits) -> Result<(), TestCaseError> {
+        for (scope, budget, slots) in [
+            ("user|tenant:acme/user:u0", l.user_budget, l.user_slots),
+            ("user|tenant:acme/user:u1", l.user_budget, l.user_slots),
+            ("user|tenant:acme/user:u2", l.user_budget, l.user_slots),
+            ("all|global", l.all_budget, l.all_slots),
+        ] {
+            let u = store.usage_sync(scope, Some(HOUR)).unwrap();
+            prop_assert!(u.settled + u.reserved <= budget, "{scope}: {u:?}");
+            prop_assert!(u.leases <= slots, "{scope}: {u:?}");
+        }
+        Ok(())
+    }
+
+    pub fn run(ops: Vec<Op>, l: Limits) -> Result<(), TestCaseError> {
+        let p = policy_of(l);
+        let clock = ManualClock::new(T0);
+        let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+        let cfg = SliceConfig {
+            hot_after: 0,
+            ..SliceConfig::default()
+        };
+        let inst: Vec<Inst> = (0..3)
+            .map(|_| Sliced::with_clock(store.clone(), clock.clone(), cfg))
+            .collect();
+        // Requests in flight: (instance, id, input, max); what their endings charged.
+        let mut open: Vec<(usize, String, u64, u64)> = Vec::new();
+        let mut charged: HashMap<String, u64> = HashMap::new();
+        let mut charge = |users: &str, c: u64| *charged.entry(users.to_owned()).or_default() += c;
+        // Attempts past the rate, per user: a window of what was truly let through.
+        let mut passed: HashMap<u8, tollgate_core::ledger::RateWindow> = HashMap::new();
+        for (n, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Admit {
+                    at,
+                    user,
+                    input,
+                    max,
+                } => {
+                    let id = format!("r{n}");
+                    let f = facts(&id, &format!("u{user}"), input, max);
+                    let d = ready(inst[at].admit(&plan(&p, &f).unwrap())).unwrap();
+                    if d.deny()
+                        .is_none_or(|d| d.reason != Reason::RequestRateLimit)
+                    {
+                        let w = passed.entry(user).or_default();
+                        let now = clock.now();
+                        w.roll(now, WINDOW);
+                        w.current += 1;
+                        prop_assert!(
+                            w.scaled_count(now, WINDOW) <= l.rate * WEIGHT_SCALE,
+                            "op {n}: u{user} let through past its rate: {w:?}"
+                        );
+                    }
+                    if let Decision::Admit(_) = d {
+                        open.push((at, id, input, max));
+                    }
+                }
+                Op::Settle { idx, output } if !open.is_empty() => {
+                    let (at, id, input, max) = open.remove(idx % open.len());
+                    // Within the reservation: a charge beyond it may take a store past its
+                    // limit, with or without slices.
+                    let u = Usage {
+                        input_tokens: input,
+                        output_tokens: output % (max + 1),
+                        ..Usage::default()
+                    };
+                    let f = ready(inst[at].settle(&id, u)).unwrap();
+                    let Finish::Done { charged: c } = f else {
+                        return Err(TestCaseError::fail(format!("op {n}: {id} {f:?}")));
+                    };
+                    charge(&id, c.iter().sum());
+                }
+                Op::Release { idx } if !open.is_empty() => {
+                    let (at, id, _, _) = open.remove(idx % open.len());
+                    let f = ready(inst[at].release(&id, None)).unwrap();
+                    let Finish::Done { charged: c } = f else {
+                        return Err(TestCaseError::fail(format!("op {n}: {id} {f:?}")));
+                    };
+                    charge(&id, c.iter().sum());
+                }
+                Op::Advance { ms } => clock.advance(ms),
+                Op::Tend { at } => ready(inst[at].maintain()).unwrap(),
+                Op::GiveBack { at } => ready(inst[at].return_all()).unwrap(),
+                Op::Settle { .. } | Op::Release { .. } => {}
+            }
+            check_store(&store, l)?;
+            for (i, s) in inst.iter().enumerate() {
+                prop_assert!(s.audit().is_ok(), "op {n}, instance {i}: {:?}", s.audit());
+            }
+        }
+        // Everything ends; every instance gives back what it holds: the store holds nothing,
+        // and has charged exactly what the endings reported, each budget once per request.
+        for (at, id, input, _) in std::mem::take(&mut open) {
+            let u = Usage {
+                input_tokens: input,
+                ..Usage::default()
+            };
+            let Finish::Done { charged: c } = ready(inst[at].settle(&id, u)).unwrap() else {
+                return Err(TestCaseError::fail(format!("{id} did not end")));
+            };
+            charge(&id, c.iter().sum());
+        }
+        for s in &inst {
+            ready(s.return_all()).unwrap();
+            ready(s.return_all()).unwrap();
+        }
+        let total: u64 = charged.values().sum();
+        let mut settled = 0;
+        for scope in [
+            "user|tenant:acme/user:u0",
+            "user|tenant:acme/user:u1",
+            "user|tenant:acme/user:u2",
+            "all|global",
+        ] {
+            let u = store.usage_sync(scope, Some(HOUR)).unwrap();
+            prop_assert_eq!((u.reserved, u.leases), (0, 0), "{}", scope);
+            settled += u.settled;
+        }
+        // Each request is charged in its user's budget and in the global one alike.
+        prop_assert_eq!(settled, total);
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #[test]
+    fn sliced_instances_never_overshoot_together(
+        ops in proptest::collection::vec(instances::op(), 1..120)
+    ) {
+        instances::run(ops, instances::TIGHT)?;
+    }
+
+    #[test]
+    fn sliced_instances_never_overshoot_together_with_room(
+        ops in proptest::collection::vec(instances::op(), 1..120)
+    ) {
+        instances::run(ops, instances::ROOMY)?;
+    }
 }

@@ -403,6 +403,7 @@ impl State {
                 unit: c.unit,
                 amount: c.amount,
                 shadow,
+                slice: None,
             }));
         }
         Ok(())

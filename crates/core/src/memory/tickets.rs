@@ -114,6 +114,10 @@ impl Tickets {
         Some(&self.entries.get(i as usize)?.ticket)
     }
 
+    pub fn get_mut(&mut self, i: u32) -> Option<&mut Ticket> {
+        Some(&mut self.entries.get_mut(i as usize)?.ticket)
+    }
+
     /// The id and ticket of the earliest-expiring ticket due at `now`, if any.
     pub fn due(&self, now: Millis) -> Option<(u32, &Id, &Ticket)> {
         self.lists.iter().find_map(|l| {

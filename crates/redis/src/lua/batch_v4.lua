@@ -4,8 +4,8 @@
 -- ARGV: prefix, now (0 = Redis TIME), retention, whether the caller has seen the store's
 --       marker ('1') or not yet ('0'), then per item: op ('a' admit | 's' admit with a shadow
 --       plan | 'f' finish | 'p' probe, an admission that takes nothing | 'u' undo an
---       admission), the number of its arguments, its arguments (see admit_one,
---       admit_shadowed, finish_one and undo_one).
+--       admission | 'S' an instance's slice orders), the number of its arguments, its
+--       arguments (see admit_one, admit_shadowed, finish_one, undo_one and slice_orders).
 -- KEYS: every key the items touch (for cluster routing; all share the prefix's slot).
 -- Returns one reply per item, in order; an item that fails answers {'error', message} and the
 -- others still run. While the store's state is lost, every admission answers {'lost'}.
@@ -33,8 +33,10 @@ local a, longest = 5, 0
 while a <= #ARGV do
   local op, n = ARGV[a], 0 + ARGV[a + 1]
   local ok, reply
-  if (op == 'a' or op == 'p' or op == 's') and not kept then
+  if (op == 'a' or op == 'p' or op == 's' or op == 'S') and not kept then
     ok, reply = true, {'lost'}
+  elseif op == 'S' then
+    ok, reply = pcall(slice_orders, ARGV, a + 2, a + 2 + n, now, CLOCK_NOW, ARGV[3])
   elseif op == 'a' or op == 'p' then
     if kills == nil then kills = kill_table() end
     ok, reply = pcall(admit_one, ARGV, a + 2, now, kills, op == 'p')
@@ -54,7 +56,7 @@ while a <= #ARGV do
   if ok then out[#out + 1] = reply else out[#out + 1] = {'error', tostring(reply)} end
   a = a + 2 + n
 end
--- Each key the items touched is written once (see the write-back state in common_v6.lua).
+-- Each key the items touched is written once (see the write-back state in common_v7.lua).
 flush()
 if longest > 0 then
   -- Garbage collection for abandoned prefixes only: any call on the prefix sweeps expired

@@ -8,7 +8,8 @@
 -- ADMIT_REPLIES, SHADOW_REPLIES and FINISH_REPLIES (a test reads this file and checks them).
 -- v5: reservations of tool calls (unit 'c'), a settlement's tool calls, and the request's
 -- repeats. v6: an admission with its shadow plan (admit_shadowed), whose reservations the
--- request's ticket holds with their units in capitals.
+-- request's ticket holds with their units in capitals. v7: slices (slices_v1.lua), whose
+-- tickets the sweep expires too.
 
 -- Constants are written as literals: 10000, the sliding window's fixed-point weight scale;
 -- 2147483648 (2^31), the cap of a window's count; 86400000, a day in ms. A shared local is
@@ -177,8 +178,9 @@ local function flush(forget)
   if forget then RATE, LEASE, BUDGET = {}, {}, {} end
 end
 
--- The store's time of this call as a string (set by store_now).
-local NOW_STR = nil
+-- The store's time of this call as a string (set by store_now), and its clock's before it was
+-- kept from going back (a slice's instance estimates the store's time from it).
+local NOW_STR, CLOCK_NOW = nil, nil
 
 -- The store's time: the caller's (tests drive a manual clock) or Redis TIME, never earlier than
 -- any time this store has used before. Returns it as a number and as the string that Redis
@@ -191,6 +193,7 @@ local function store_now(override)
   else
     now = 0 + override
   end
+  CLOCK_NOW = now
   local key = PREFIX .. ':clock'
   local now_str = int(now)
   -- One round inside Redis: write now and read what was there; put it back if it was later.
@@ -430,6 +433,34 @@ local function expiry_entry(id, v, now_str, out)
   redis.call('XADD', unpack(args))
 end
 
+-- A slice's ticket (slices_v1.lua) is a msgpack array: [1] '~L' and a lease set's key, its
+-- slots ([3]); or [1] '~B', the budget key, its period field, unit, amount held, settled
+-- reported so far, period length and label. Its slots are members '<slice id>#<n>', n = 1 to
+-- the slots, of the lease set, scored by the slice's expiry.
+
+-- Expires the slice `id` whose ticket is `v`: its slots leave their set, its reservation is
+-- charged in full (what its instance spent of it since its last report is unknown), written
+-- for a spend ledger when one keeps expiries.
+local function expire_slice(id, v, now_str, ledger)
+  if v[1] == '~L' then
+    local n = tonumber(v[3])
+    local members = {}
+    for i = 1, n do members[i] = id .. '#' .. i end
+    if n > 0 then redis.call('ZREM', v[2], unpack(members)) end
+    return
+  end
+  local key, field, amount = v[2], v[3], v[5]
+  redis.call('HINCRBY', key, field .. ':s', amount)
+  local left = redis.call('HINCRBY', key, field .. ':r', '-' .. amount)
+  if left <= 0 and redis.call('HGET', key, 'cur') ~= field then
+    redis.call('HDEL', key, field .. ':r', field .. ':s')
+  end
+  if ledger then
+    redis.call('XADD', PREFIX .. ':expired', 'MAXLEN', '~', '100000', '*', 'id', id, 'at', now_str,
+      'k', key, 'f', field, 'u', v[4], 'l', v[7], 'c', amount)
+  end
+end
+
 -- Expires up to `max` tickets whose time has come. `now_str`, `max` and `retention` are the
 -- strings that Redis commands take (see store_now and take_ticket).
 local function sweep(now, now_str, max, retention)
@@ -437,7 +468,13 @@ local function sweep(now, now_str, max, retention)
   local ledger = nil
   for _, id in ipairs(ids) do
     local v = take_ticket(PREFIX .. ':ts:' .. id, 'expired', retention)
-    if v then
+    if v and (v[1] == '~L' or v[1] == '~B') then
+      -- A slice: its cached keys are written first, and read again after.
+      flush(true)
+      if ledger == nil then ledger = redis.call('EXISTS', PREFIX .. ':ledger') == 1 end
+      expire_slice(id, v, now_str or int(now), ledger)
+      XREM[#XREM + 1] = id
+    elseif v then
       if ledger == nil then ledger = redis.call('EXISTS', PREFIX .. ':ledger') == 1 end
       if ledger then
         local out = {}
@@ -749,6 +786,8 @@ local function finish_one(A, a, now)
   ITEMS = ITEMS + 1
   if ITEMS == 2 then MEMO, PERIODS = {}, {} end
   local id, retention, ending = A[a], A[a + 1], A[a + 2]
+  -- A slice is ended by its own orders, never as a request.
+  if string.sub(id, 1, 3) == '~s:' then return {'unknown'} end
   local v, how = take_ticket(PREFIX .. ':ts:' .. id, ending, retention)
   if not v then
     if how == 'unknown' then return {'unknown'} end
