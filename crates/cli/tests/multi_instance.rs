@@ -43,11 +43,23 @@ fn write_config(
     budget: u64,
     extra: &str,
 ) -> std::path::PathBuf {
+    write_config_with(dir, redis, sim, budget, extra, "")
+}
+
+/// The same, with `store` at the end of `[store]` (its sub-tables).
+fn write_config_with(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+    sim: &Sim,
+    budget: u64,
+    extra: &str,
+    store: &str,
+) -> std::path::PathBuf {
     let config = dir.join("gateway.toml");
     std::fs::write(
         &config,
         format!(
-            "{extra}[store]\nurl = \"{}\"\nprefix = \"mi\"\ncall_timeout = \"2s\"\n\
+            "{extra}[store]\nurl = \"{}\"\nprefix = \"mi\"\ncall_timeout = \"2s\"\n{store}\
              [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
              [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
              [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = {{ limit = {CONCURRENCY}, lease_ttl = \"30s\" }}\n\
@@ -63,6 +75,31 @@ fn write_config(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_sharing_redis_never_exceed_limits_as_the_upstream_sees_it() {
+    limits_hold("").await;
+}
+
+/// The same proof with every instance admitting against slices it leases (from their first
+/// request): the limits hold as the upstream sees them, and slices were taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_admitting_against_slices_never_exceed_limits() {
+    let redis = limits_hold("[store.slices]\nhot_after = 0\n").await;
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis.port().to_string(),
+            "--scan",
+            "--pattern",
+            "mi:ts:~s:*",
+        ])
+        .output()
+        .unwrap();
+    let slices = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert!(slices > 0, "no slice was taken");
+}
+
+/// Three gateways (or `TOLLGATE_MI_INSTANCES`) on one Redis, `store` added to `[store]`, in
+/// front of one simulator; returns the Redis for further checks.
+async fn limits_hold(store: &str) -> RedisServer {
     let instances = env_or("TOLLGATE_MI_INSTANCES", 3);
     let requests = env_or("TOLLGATE_MI_REQUESTS", 240);
     let sim = Sim::start(SimConfig {
@@ -75,7 +112,7 @@ async fn instances_sharing_redis_never_exceed_limits_as_the_upstream_sees_it() {
     .unwrap();
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &redis, &sim, BUDGET, "");
+    let config = write_config_with(dir.path(), &redis, &sim, BUDGET, "", store);
     let started: Vec<(Instance, String)> =
         (0..instances).map(|_| start_instance(&config)).collect();
     let urls: Arc<Vec<String>> = Arc::new(started.iter().map(|(_, u)| u.clone()).collect());
@@ -140,6 +177,7 @@ async fn instances_sharing_redis_never_exceed_limits_as_the_upstream_sees_it() {
         "both limits were reached: {ok} ok, {conc} conc, {budget} budget"
     );
     drop(started);
+    redis
 }
 
 /// The same proof with clients that leave: about one request in seven closes its socket

@@ -143,11 +143,11 @@ impl Gateway {
         let carried = u.input_tokens.saturating_add(u.output_tokens);
         let ids = [response, conversation].into_iter().flatten();
         for id in ids.filter(|id| crate::contexts::keepable(id)) {
-            match &self.store {
-                AnyStore::Redis(r) => {
+            match self.store.redis() {
+                Some(r) => {
                     let _ = r.put_note(&format!("ctx:{id}"), carried, ttl).await;
                 }
-                AnyStore::Memory(_) => self.contexts.remember(id, carried),
+                None => self.contexts.remember(id, carried),
             }
         }
     }
@@ -158,10 +158,10 @@ impl Gateway {
             // Not an id this gateway kept: unknown, and not looked up.
             return None;
         }
-        match &self.store {
+        match self.store.redis() {
             // An unreachable store makes it unknown: counted as the configured worst case.
-            AnyStore::Redis(r) => r.note(&format!("ctx:{id}")).await.ok().flatten(),
-            AnyStore::Memory(_) => self.contexts.get(id),
+            Some(r) => r.note(&format!("ctx:{id}")).await.ok().flatten(),
+            None => self.contexts.get(id),
         }
     }
 

@@ -45,6 +45,7 @@ pub async fn start_store_with_warnings(
             retention,
             allow_eviction,
             access,
+            slices,
         } => {
             let mut c = RedisConfig::new(url.as_str());
             c.ca_pem = access.ca_pem.clone();
@@ -59,7 +60,15 @@ pub async fn start_store_with_warnings(
                 .await
                 .map_err(std::io::Error::other)?;
             warnings.extend(check_keeping(&store, *allow_eviction).await?);
-            AnyStore::Redis(store)
+            match slices {
+                Some(cfg) => {
+                    let mut cfg = *cfg;
+                    // A spend ledger writes the expiries of requests admitted here too.
+                    cfg.keep_expiries = if config.ledger.is_some() { 100_000 } else { 0 };
+                    AnyStore::Sliced(Arc::new(tollgate_core::Sliced::new(store, cfg)))
+                }
+                None => AnyStore::Redis(store),
+            }
         }
     };
     Ok((store, warnings))
@@ -245,6 +254,7 @@ pub async fn serve_gateway(
     let app = router(gw.clone());
     crate::telemetry::spawn_budget_refresh(gw.clone());
     gw.alerts.spawn();
+    gw.store.spawn_slice_maintenance();
     if let Some(b) = &gw.books {
         b.spawn_writer(gw.store.clone());
     }
@@ -266,6 +276,8 @@ pub async fn serve_gateway(
     while crate::store::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+    // What this instance holds of the store beyond its ended requests goes back.
+    gw.store.return_slices().await;
     // The endings of the drained requests, written before the process ends.
     if let Some(b) = &gw.books {
         if !b.ledger.flush(RELEASE_GRACE).await {

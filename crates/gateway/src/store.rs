@@ -1,10 +1,12 @@
-//! The store the gateway was configured with: memory or Redis, one [`Store`] over both.
+//! The store the gateway was configured with: memory, Redis, or Redis with leased slices; one
+//! [`Store`] over them.
 
 use std::sync::Arc;
 
 use tollgate_core::pipeline::Plan;
 use tollgate_core::{
-    Decision, Expiry, Finish, MemoryStore, Period, Renewal, ScopeUsage, Store, StoreError, Usage,
+    Decision, Expiry, Finish, MemoryStore, Period, Renewal, ScopeUsage, Sliced, Store, StoreError,
+    Usage,
 };
 use tollgate_redis::RedisStore;
 
@@ -19,13 +21,15 @@ pub enum ExpiryTag {
     Redis(tollgate_redis::ExpiryTag),
 }
 
-/// Memory or Redis.
+/// Memory, Redis, or Redis with slices.
 #[derive(Debug, Clone)]
 pub enum AnyStore {
     /// In this process.
     Memory(Arc<MemoryStore>),
-    /// Shared through Redis.
+    /// Shared through Redis, one call per admission.
     Redis(RedisStore),
+    /// Shared through Redis, busy scopes admitted against slices leased from it.
+    Sliced(Arc<Sliced<RedisStore>>),
 }
 
 macro_rules! both {
@@ -33,17 +37,27 @@ macro_rules! both {
         match $self {
             AnyStore::Memory($s) => $e.await,
             AnyStore::Redis($s) => $e.await,
+            AnyStore::Sliced($s) => $e.await,
         }
     };
 }
 
 impl AnyStore {
+    /// The Redis store, when there is one (with slices or without).
+    pub fn redis(&self) -> Option<&RedisStore> {
+        match self {
+            AnyStore::Memory(_) => None,
+            AnyStore::Redis(r) => Some(r),
+            AnyStore::Sliced(s) => Some(s.inner()),
+        }
+    }
+
     /// Acknowledges that the store lost its state (a no-op for the memory store, which cannot
     /// forget while the process lives).
     pub async fn acknowledge_loss(&self) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(_) => Ok(()),
-            AnyStore::Redis(r) => r.acknowledge_loss().await,
+        match self.redis() {
+            None => Ok(()),
+            Some(r) => r.acknowledge_loss().await,
         }
     }
 
@@ -56,17 +70,17 @@ impl AnyStore {
         expire_at_ms: u64,
         amount: u64,
     ) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(_) => Ok(()),
-            AnyStore::Redis(r) => r.add_settled(scope_id, field, expire_at_ms, amount).await,
+        match self.redis() {
+            None => Ok(()),
+            Some(r) => r.add_settled(scope_id, field, expire_at_ms, amount).await,
         }
     }
 
     /// Asks the store to keep its expiries for [`AnyStore::expiries`] (a spend ledger's).
     pub async fn keep_expiries(&self) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(_) => Ok(()),
-            AnyStore::Redis(r) => r.keep_expiries().await,
+        match self.redis() {
+            None => Ok(()),
+            Some(r) => r.keep_expiries().await,
         }
     }
 
@@ -84,40 +98,90 @@ impl AnyStore {
                 .into_iter()
                 .map(|(t, e)| (ExpiryTag::Redis(t), e))
                 .collect()),
+            // Requests admitted here expire here; the slices' own expiries are the store's.
+            AnyStore::Sliced(s) => {
+                let mut out: Vec<(ExpiryTag, Expiry)> = s
+                    .local_expiries(max)?
+                    .into_iter()
+                    .map(|(t, e)| (ExpiryTag::Memory(t), e))
+                    .collect();
+                let left = max.saturating_sub(out.len());
+                out.extend(
+                    s.inner()
+                        .expiries(left)
+                        .await?
+                        .into_iter()
+                        .map(|(t, e)| (ExpiryTag::Redis(t), e)),
+                );
+                Ok(out)
+            }
         }
     }
 
     /// Forgets expiries written to the ledger.
     pub async fn ack_expiries(&self, tags: Vec<ExpiryTag>) -> Result<(), StoreError> {
+        let last = tags
+            .iter()
+            .filter_map(|t| match t {
+                ExpiryTag::Memory(n) => Some(*n),
+                ExpiryTag::Redis(_) => None,
+            })
+            .max();
+        let redis: Vec<_> = tags
+            .into_iter()
+            .filter_map(|t| match t {
+                ExpiryTag::Redis(t) => Some(t),
+                ExpiryTag::Memory(_) => None,
+            })
+            .collect();
         match self {
-            AnyStore::Memory(m) => {
-                let last = tags.iter().filter_map(|t| match t {
-                    ExpiryTag::Memory(n) => Some(*n),
-                    ExpiryTag::Redis(_) => None,
-                });
-                match last.max() {
-                    Some(n) => m.ack_expiries(n),
-                    None => Ok(()),
+            AnyStore::Memory(m) => last.map_or(Ok(()), |n| m.ack_expiries(n)),
+            AnyStore::Redis(r) => r.ack_expiries(&redis).await,
+            AnyStore::Sliced(s) => {
+                if let Some(n) = last {
+                    s.ack_local_expiries(n)?;
                 }
+                s.inner().ack_expiries(&redis).await
             }
-            AnyStore::Redis(r) => {
-                let tags: Vec<_> = tags
-                    .into_iter()
-                    .filter_map(|t| match t {
-                        ExpiryTag::Redis(t) => Some(t),
-                        ExpiryTag::Memory(_) => None,
-                    })
-                    .collect();
-                r.ack_expiries(&tags).await
+        }
+    }
+
+    /// Runs the slices' maintenance every tick, for as long as the process lives (nothing
+    /// without slices).
+    pub fn spawn_slice_maintenance(&self) {
+        let AnyStore::Sliced(s) = self else {
+            return;
+        };
+        let s = s.clone();
+        let tick = std::time::Duration::from_millis(s.config().tick_ms.max(1));
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(tick);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last = tollgate_core::SliceStats::default();
+            loop {
+                every.tick().await;
+                if let Err(e) = s.maintain().await {
+                    tracing::debug!(error = %e, "slice maintenance failed; retried next tick");
+                }
+                last = crate::telemetry::slices(s.stats(), last);
+            }
+        });
+    }
+
+    /// Gives back every slice held beyond the requests in flight (shutdown).
+    pub async fn return_slices(&self) {
+        if let AnyStore::Sliced(s) = self {
+            if let Err(e) = s.return_all().await {
+                tracing::warn!(error = %e, "slices not given back at shutdown: they expire in the store");
             }
         }
     }
 
     /// Whether the store answers (`/readyz`).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(_) => Ok(()),
-            AnyStore::Redis(r) => r.ping().await,
+        match self.redis() {
+            None => Ok(()),
+            Some(r) => r.ping().await,
         }
     }
 }

@@ -270,6 +270,24 @@ pub fn ledger_event(event: &'static str) {
     counter!("tollgate_ledger_events_total", "event" => event).increment(1);
 }
 
+/// The slices' counts since `last`, added to their counters: admissions decided here
+/// (`path="slice"`) and by the store (`path="store"`), exchanges with the store and those that
+/// failed. Returns the counts now.
+pub fn slices(
+    now: tollgate_core::SliceStats,
+    last: tollgate_core::SliceStats,
+) -> tollgate_core::SliceStats {
+    counter!("tollgate_slice_admissions_total", "path" => "slice")
+        .increment(now.local.saturating_sub(last.local));
+    counter!("tollgate_slice_admissions_total", "path" => "store")
+        .increment(now.store.saturating_sub(last.store));
+    counter!("tollgate_slice_exchanges_total", "outcome" => "ok")
+        .increment(now.exchanges.saturating_sub(last.exchanges));
+    counter!("tollgate_slice_exchanges_total", "outcome" => "failed")
+        .increment(now.failed.saturating_sub(last.failed));
+    now
+}
+
 /// An operator acknowledged a loss of the store's state.
 pub fn store_loss_acknowledged() {
     counter!("tollgate_store_loss_acknowledged_total").increment(1);

@@ -229,6 +229,8 @@ pub enum StoreConfig {
         retention: Duration,
         /// Whether a server that may evict keys is accepted.
         allow_eviction: bool,
+        /// Leased slices, when configured.
+        slices: Option<tollgate_core::SliceConfig>,
         /// TLS trust and credentials (resolved from `ca_file`, `username_env`, `password_env`).
         access: RedisAccess,
     },

@@ -273,6 +273,24 @@ pub struct RawStore {
     pub username_env: Option<String>,
     /// The environment variable holding the password, over the URL's.
     pub password_env: Option<String>,
+    /// Leased slices: admission without a round trip for busy scopes (`docs/redis.md`).
+    pub slices: Option<RawSlices>,
+}
+
+/// `[store.slices]`: an instance leases slices of busy scopes and admits against them.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawSlices {
+    /// Admissions of one plan shape per second after which its scopes are sliced (default 16).
+    pub hot_after: Option<u32>,
+    /// A grant takes at most 1/divisor of what a scope has free (default 4).
+    pub divisor: Option<u64>,
+    /// How old this instance's copy of the kill switches may be (default 1 s).
+    pub kill_bound: Option<String>,
+    /// How often slices are reported, renewed, grown and given back (default 100 ms).
+    pub tick: Option<String>,
+    /// How long a slice lives in the store without an order (default twice the lease time).
+    pub ttl: Option<String>,
 }
 
 /// `[ledger]`: the durable spend ledger in PostgreSQL.

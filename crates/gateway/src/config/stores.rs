@@ -71,6 +71,7 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
         Duration::from_millis(250),
         "store.call_timeout",
     )?;
+    let slices = raw.slices.as_ref().map(slices).transpose()?;
     let redis = |url: String, cluster| StoreConfig::Redis {
         url,
         prefix: prefix.clone(),
@@ -80,11 +81,16 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
         retention,
         allow_eviction: raw.allow_eviction,
         access: RedisAccess::default(),
+        slices,
     };
     match raw.url.as_deref() {
         None | Some("memory") if raw.cluster.is_some() => {
             Ok(redis(String::new(), raw.cluster.clone()))
         }
+        None | Some("memory") if raw.slices.is_some() => Err(err(
+            "store.slices",
+            "slices are leased from a store that instances share: configure Redis",
+        )),
         None | Some("memory") => Ok(StoreConfig::Memory { retention }),
         Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
             Ok(redis(url.to_owned(), None))
@@ -97,6 +103,54 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
             ),
         )),
     }
+}
+
+/// `[store.slices]`, checked.
+fn slices(raw: &super::RawSlices) -> Result<tollgate_core::SliceConfig, ConfigError> {
+    let d = tollgate_core::SliceConfig::default();
+    let ms = |v: &Option<String>, default: u64, field: &str, min: u64, max: u64| {
+        let t = duration(v, Duration::from_millis(default), field)?;
+        let t = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+        if (min..=max).contains(&t) {
+            Ok(t)
+        } else {
+            Err(err(field, format!("give {min}ms to {max}ms")))
+        }
+    };
+    let hot_after = raw.hot_after.unwrap_or(d.hot_after);
+    if hot_after > 1_000_000 {
+        return Err(err("store.slices.hot_after", "give 0 to 1000000"));
+    }
+    let divisor = raw.divisor.unwrap_or(d.divisor);
+    if !(1..=1024).contains(&divisor) {
+        return Err(err("store.slices.divisor", "give 1 to 1024"));
+    }
+    let kill_bound_ms = ms(
+        &raw.kill_bound,
+        d.kill_bound_ms,
+        "store.slices.kill_bound",
+        10,
+        60_000,
+    )?;
+    let tick_ms = ms(&raw.tick, d.tick_ms, "store.slices.tick", 10, 10_000)?;
+    if tick_ms >= kill_bound_ms {
+        return Err(err(
+            "store.slices.tick",
+            "shorter than kill_bound: each tick reads the kill switches",
+        ));
+    }
+    let ttl_ms = match &raw.ttl {
+        None => None,
+        Some(_) => Some(ms(&raw.ttl, 0, "store.slices.ttl", 1_000, 86_400_000)?),
+    };
+    Ok(tollgate_core::SliceConfig {
+        hot_after,
+        divisor,
+        ttl_ms,
+        kill_bound_ms,
+        tick_ms,
+        ..d
+    })
 }
 
 /// `[ledger]`: the URL (or the variable holding it, read when resolved) and the buffer.
