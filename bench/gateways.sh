@@ -33,14 +33,16 @@ cleanup() {
   rm -rf "$tmp"
 }
 
-# The upstreams and the three gateways every throughput benchmark compares: sets PASS, MEM,
-# RED and TARGETS (simulator direct, pass-through, six controls on memory and on Redis).
+# The upstreams and the four gateways every throughput benchmark compares: sets PASS, MEM,
+# RED, SLI and TARGETS (simulator direct, pass-through, six controls on memory, on Redis one
+# call per admission, and on Redis with leased slices under their own prefix).
 start_targets() {
   start_upstreams
   PASS=$(gateway pass "" "")
   MEM=$(gateway memory "" "$ALL_SIX")
   RED=$(gateway redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")
-  TARGETS=("direct $SIM" "pass $PASS" "memory $MEM" "redis $RED")
+  SLI=$(gateway redis-sliced "$(sliced_store_toml "$REDIS")" "$ALL_SIX")
+  TARGETS=("direct $SIM" "pass $PASS" "memory $MEM" "redis $RED" "redis-sliced $SLI")
 }
 
 # Starts a PostgreSQL on a free port in $tmp/pg (as `postgres` when run as root, which
@@ -134,4 +136,9 @@ gateway() {
 # redis_store_toml PORT: the [store] section of the Redis setup.
 redis_store_toml() {
   printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\n' "$1"
+}
+
+# sliced_store_toml PORT: the same Redis with leased slices (default settings), its own prefix.
+sliced_store_toml() {
+  printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\nprefix = "sliced"\n[store.slices]\n' "$1"
 }

@@ -10,9 +10,10 @@
 #   ledger on a PostgreSQL of its own, compared with the Redis run without it, and checks that
 #   the ledger holds one ending per request served)
 #
-# Four targets, the same wrk settings: the upstream simulator directly; the gateway with no
+# Five targets, the same wrk settings: the upstream simulator directly; the gateway with no
 # scopes (parse, count, admit an empty plan, forward: "controls off"); the gateway with all six
-# controls on the memory store; and with all six on Redis (its own redis-server). The targets
+# controls on the memory store; with all six on Redis (its own redis-server), one call per
+# admission; and on the same Redis with leased slices ([store.slices]). The targets
 # take turns, round after round, so that a slow moment of a shared machine falls on all of them;
 # each round's ratios are taken within the round. Prints every round, then a Markdown table of
 # medians (req/s, p50, p99, the median of the rounds' ratios to pass-through, the CPU time per
@@ -67,7 +68,7 @@ run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per
   # CPU per request is steadier than req/s on a shared machine: it does not depend on how much
   # of the cores the other processes took during the run.
   local gw; gw=$(cat "$tmp/pid-$1" 2>/dev/null || true)
-  local rd=""; case "$1" in redis|shadow-redis|ledger-redis) rd=$REDIS_PID ;; esac
+  local rd=""; case "$1" in redis|redis-sliced|shadow-redis|ledger-redis) rd=$REDIS_PID ;; esac
   local g0 r0 g1 r1 m0 m1 q0 q1; g0=$(ticks "$gw"); r0=$(ticks "$rd"); m0=$(machine); q0=$(pg_ticks "$1")
   local script=bench/post.lua; [ "$1" = operation ] && script=bench/post-operation.lua
   local out; out=$(wrk -t2 -c"$CONN" -d"${DUR}s" --latency -s "$script" "http://127.0.0.1:$2/v1/chat/completions" 2>&1)
@@ -112,6 +113,7 @@ def ms(v):  # wrk latency: 1.23ms, 456.78us, 1.02s
 rps = {t: {r: x for r, x, _, _ in v} for t, v in by.items()}
 names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-through)"),
          ("memory", "gateway, six controls, memory store"), ("redis", "gateway, six controls, Redis store"),
+         ("redis-sliced", "gateway, six controls, Redis store with leased slices"),
          ("operation", "gateway, six controls and an operation rule, memory store"),
          ("shadow", "gateway, six controls, a shadow rule and alerts, memory store"),
          ("shadow-redis", "gateway, six controls, a shadow rule and alerts, Redis store"),

@@ -69,7 +69,8 @@ import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 at = {(r, q, t): (float(rps), float(a), float(b), float(c)) for r, q, t, rps, a, b, c in rows}
 names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-through)"),
-         ("memory", "gateway, six controls, memory store"), ("redis", "gateway, six controls, Redis store")]
+         ("memory", "gateway, six controls, memory store"), ("redis", "gateway, six controls, Redis store"),
+         ("redis-sliced", "gateway, six controls, Redis store with leased slices")]
 rates = sorted({int(q) for _, q, _ in at})
 rounds = sorted({r for r, _, _ in at})
 med = statistics.median

@@ -51,7 +51,7 @@ pub use exchange::{
 };
 
 use crate::clock::{Clock, Millis, SystemClock};
-use crate::decision::{Decision, Quota};
+use crate::decision::{Decision, Quota, Reason};
 use crate::ledger::{Period, Usage};
 use crate::memory::MemoryStore;
 use crate::pipeline::Plan;
@@ -313,10 +313,11 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
     ) -> Result<(Decision, Option<ShadowOutcome>), StoreError> {
         let mut counted: Option<Vec<Quota>> = None;
         let mut gate = None;
-        // Slices are grown at most twice for one request; short after that, its scopes go to
-        // the store for a while.
+        // Slices are grown at most four times for one request; short after that, it goes to
+        // the store (and its scopes too for a while, when they are near their limits).
         let mut grown = 0;
-        for _ in 0..5 {
+        let mut give_back = false;
+        for _ in 0..8 {
             let step = {
                 let mut st = self.lock()?;
                 let State { book, engine, .. } = &mut *st;
@@ -336,7 +337,10 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
                     self.stats.local.fetch_add(1, Ordering::Relaxed);
                     return Ok((d, o));
                 }
-                Step::Store => break,
+                Step::Store { give_back: g } => {
+                    give_back = g;
+                    break;
+                }
                 Step::Need(p) => {
                     if gate.is_none() {
                         // Another request may be taking the same slices: look again after it.
@@ -352,38 +356,83 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
             }
         }
         drop(gate);
-        self.store_path(plan, shadow, counted).await
+        self.store_path(plan, shadow, counted, give_back).await
     }
 
-    /// The store decides, on what it holds: this instance's slices of the request's scopes go
-    /// back first. `counted`: the attempt was counted in the rate slices already (with these
-    /// quotas), so the store does not count it again.
+    /// The store decides. `give_back`: the request's scopes are near their limits, so what this
+    /// instance holds of them goes back first and the store decides on all there is; otherwise
+    /// that happens only when the store refuses for a limit this instance holds some of unused
+    /// (then the request is asked again, its attempt counted once). `counted`: the attempt was
+    /// counted in the rate slices already (with these quotas), so the store does not count it.
     async fn store_path(
         &self,
         plan: &Plan,
         shadow: Option<&Plan>,
         counted: Option<Vec<Quota>>,
+        give_back: bool,
     ) -> Result<(Decision, Option<ShadowOutcome>), StoreError> {
+        self.stats.store.fetch_add(1, Ordering::Relaxed);
+        if give_back {
+            self.give_back_for(plan, shadow).await?;
+        }
+        let (mut d, mut o) = self.ask_store(plan, shadow, counted.is_some()).await?;
+        let held_back = |r: Reason| {
+            matches!(
+                r,
+                Reason::ConcurrencyLimit | Reason::BudgetLimit | Reason::ToolCallLimit
+            )
+        };
+        let refused = matches!(&d, Decision::Deny(x) if held_back(x.reason))
+            || matches!(&o, Some(ShadowOutcome::Refused(x)) if held_back(x.reason));
+        if !give_back && refused && self.give_back_for(plan, shadow).await? {
+            {
+                let mut st = self.lock()?;
+                let now = self.clock.now();
+                st.book
+                    .mark_exact_for(plan, shadow, now, self.cfg.exact_hold_ms);
+            }
+            (d, o) = self.ask_store(plan, shadow, true).await?;
+        }
+        if let (Some(q), Decision::Admit(a)) = (counted, &mut d) {
+            a.quotas.splice(0..0, q);
+        }
+        Ok((d, o))
+    }
+
+    /// Gives back what this instance holds of the request's scopes beyond its requests in
+    /// flight; whether there was anything.
+    async fn give_back_for(&self, plan: &Plan, shadow: Option<&Plan>) -> Result<bool, StoreError> {
         let back = {
             let mut st = self.lock()?;
             let State { book, engine, .. } = &mut *st;
             book.give_back(engine, plan, shadow)?
         };
-        if !back.orders.is_empty() {
-            let _gate = self.gate.lock().await;
-            // A failure leaves more held than needed: a refusal a little early at worst.
-            let _ = self.send(back).await;
+        if back.orders.is_empty() {
+            return Ok(false);
         }
-        self.stats.store.fetch_add(1, Ordering::Relaxed);
-        let stripped = |p: &Plan| {
+        let _gate = self.gate.lock().await;
+        // A failure leaves more held than needed: a refusal a little early at worst.
+        let _ = self.send(back).await;
+        Ok(true)
+    }
+
+    /// One admission by the store, without the rate checks when `stripped` (the attempt was
+    /// counted already), taken into the book.
+    async fn ask_store(
+        &self,
+        plan: &Plan,
+        shadow: Option<&Plan>,
+        stripped: bool,
+    ) -> Result<(Decision, Option<ShadowOutcome>), StoreError> {
+        let strip = |p: &Plan| {
             let mut p = p.clone();
             p.rate.clear();
             p
         };
         let (p, s);
-        let (plan, shadow) = if counted.is_some() {
-            p = stripped(plan);
-            s = shadow.map(stripped);
+        let (plan, shadow) = if stripped {
+            p = strip(plan);
+            s = shadow.map(strip);
             (&p, s.as_ref())
         } else {
             (plan, shadow)
@@ -396,27 +445,21 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
                 .await
                 .map(|(d, o)| (d, Some(o))),
         };
+        let mut st = self.lock()?;
         if matches!(r, Err(StoreError::StateLost)) {
-            let mut st = self.lock()?;
             self.lost(&mut st);
         }
-        let (mut d, o) = r?;
-        {
-            let mut st = self.lock()?;
-            if counted.is_none() {
-                // A killed request's attempt counts nowhere; its shadow's does.
-                if !matches!(d, Decision::Killed(_)) {
-                    st.book.learn_attempt(plan);
-                }
-                if let Some(s) = shadow {
-                    st.book.learn_attempt(s);
-                }
+        let (d, o) = r?;
+        if !stripped {
+            // A killed request's attempt counts nowhere; its shadow's does.
+            if !matches!(d, Decision::Killed(_)) {
+                st.book.learn_attempt(plan);
             }
-            st.book.learn(plan, &d);
+            if let Some(s) = shadow {
+                st.book.learn_attempt(s);
+            }
         }
-        if let (Some(q), Decision::Admit(a)) = (counted, &mut d) {
-            a.quotas.splice(0..0, q);
-        }
+        st.book.learn(plan, &d);
         Ok((d, o))
     }
 

@@ -62,7 +62,7 @@ pub async fn start_store_with_warnings(
             warnings.extend(check_keeping(&store, *allow_eviction).await?);
             match slices {
                 Some(cfg) => {
-                    let mut cfg = *cfg;
+                    let mut cfg = **cfg;
                     // A spend ledger writes the expiries of requests admitted here too.
                     cfg.keep_expiries = if config.ledger.is_some() { 100_000 } else { 0 };
                     AnyStore::Sliced(Arc::new(tollgate_core::Sliced::new(store, cfg)))

@@ -146,8 +146,9 @@ pub(super) enum Step {
     Done(Decision, Option<ShadowOutcome>),
     /// Slices to take or grow first; then try again.
     Need(Pending),
-    /// Admitted per request by the store.
-    Store,
+    /// Admitted per request by the store; `give_back`: its scopes are near their limits, so
+    /// what this instance holds of them goes back first and the store decides on all there is.
+    Store { give_back: bool },
 }
 
 /// What the engine holds of one scope: leases, and a budget period's settled and reserved.
@@ -307,6 +308,18 @@ impl Book {
         self.exact.get(scope).is_some_and(|&until| until > now)
     }
 
+    /// Sends the request's scopes to the store for `hold_ms` from local time `local_now`.
+    pub fn mark_exact_for(
+        &mut self,
+        plan: &Plan,
+        shadow: Option<&Plan>,
+        local_now: Millis,
+        hold_ms: u64,
+    ) {
+        let now = self.est(local_now);
+        self.mark_exact(plan, shadow, now.saturating_add(hold_ms));
+    }
+
     fn mark_exact(&mut self, plan: &Plan, shadow: Option<&Plan>, until: Millis) {
         for s in scopes(plan, shadow) {
             self.exact.insert(s.shared_id().clone(), until);
@@ -356,12 +369,11 @@ impl Book {
         last_try: bool,
     ) -> Result<Step, StoreError> {
         let now = self.est(local_now);
-        if self.lost
-            || !plan.repeats.is_empty()
-            || shadow.is_some_and(|s| !s.repeats.is_empty())
-            || scopes(plan, shadow).any(|s| self.is_exact(s.shared_id(), now))
-        {
-            return Ok(Step::Store);
+        if scopes(plan, shadow).any(|s| self.is_exact(s.shared_id(), now)) {
+            return Ok(Step::Store { give_back: true });
+        }
+        if self.lost || !plan.repeats.is_empty() || shadow.is_some_and(|s| !s.repeats.is_empty()) {
+            return Ok(Step::Store { give_back: false });
         }
         let margin = self.margin(cfg);
         let mut want = Pending::default();
@@ -372,7 +384,7 @@ impl Book {
                 self.want_missing(cfg, engine, s, now, margin, &mut want, counted.is_none())?;
         }
         if store {
-            return Ok(Step::Store);
+            return Ok(Step::Store { give_back: false });
         }
         if !want.is_empty() {
             // One exchange for every slice the request is short of, not one per discovery.
@@ -393,7 +405,7 @@ impl Book {
                 // A killed request's shadow attempts count: the store decides that one.
                 return Ok(match shadow {
                     None => Step::Done(Decision::Killed(k), None),
-                    Some(_) => Step::Store,
+                    Some(_) => Step::Store { give_back: false },
                 });
             }
         }
@@ -413,7 +425,7 @@ impl Book {
             self.rewrite(plan, now),
             shadow.map(|s| self.rewrite(s, now)),
         ) else {
-            return Ok(Step::Store);
+            return Ok(Step::Store { give_back: false });
         };
         let (decided, outcome) = match (shadow, ls) {
             (None, _) => (engine.admit_sync(&lp)?, None),
@@ -421,7 +433,7 @@ impl Book {
                 let (d, o) = engine.admit_shadowed_sync(&lp, &ls)?;
                 (d, Some(o))
             }
-            (Some(_), _) => return Ok(Step::Store),
+            (Some(_), _) => return Ok(Step::Store { give_back: false }),
         };
         let slice_short = |r: Reason| {
             matches!(
@@ -458,18 +470,40 @@ impl Book {
         want: Pending,
         last_try: bool,
     ) -> Step {
-        if last_try {
-            self.mark_exact(plan, shadow, now.saturating_add(cfg.exact_hold_ms));
-            return Step::Store;
-        }
-        if want.orders.is_empty() {
-            return Step::Store;
+        if last_try || want.orders.is_empty() {
+            // Slices that could not grow enough: near a limit the store decides, on all there
+            // is, for a while; otherwise this request alone goes to the store.
+            if self.tight(plan, shadow, now) {
+                self.mark_exact(plan, shadow, now.saturating_add(cfg.exact_hold_ms));
+                return Step::Store { give_back: true };
+            }
+            return Step::Store { give_back: false };
         }
         let sig = hash_of(scopes(plan, shadow).map(|s| s.shared_id().clone()));
         if !self.hot.hit(sig, now, cfg.hot_after) {
-            return Step::Store;
+            return Step::Store { give_back: false };
         }
         Step::Need(want)
+    }
+
+    /// Whether, at the last exchange, the store had too little left beyond this instance's
+    /// slices for one more of the request in any of its scopes (or one has no slice to tell).
+    fn tight(&self, plan: &Plan, shadow: Option<&Plan>, now: Millis) -> bool {
+        std::iter::once(plan).chain(shadow).any(|p| {
+            p.rate.iter().any(|c| {
+                self.rate
+                    .get(&Self::rate_key(c))
+                    .is_none_or(|s| s.window.remaining(now, c.window_ms, c.limit) == 0)
+            }) || p.concurrency.iter().any(|c| {
+                self.leases
+                    .get(&Self::lease_key(c))
+                    .is_none_or(|s| s.headroom == 0)
+            }) || p.budget.iter().any(|b| {
+                self.budgets
+                    .get(&Self::budget_key(b, now).0)
+                    .is_none_or(|s| s.headroom < b.amount)
+            })
+        })
     }
 
     /// Orders for every slice `plan` lacks or that is short of its request: rate (when the
@@ -637,7 +671,9 @@ impl Book {
 
     fn lease_order(&mut self, key: LeaseKey, in_use: u64, ttl_ms: u64, want: &mut Pending) {
         if let Some(s) = self.leases.get(&key) {
-            let target = in_use.saturating_add(s.peak.saturating_mul(2).max(4));
+            // Doubling at least: a burst of requests in flight reaches its size in a few
+            // exchanges.
+            let target = in_use.saturating_add(s.peak.saturating_mul(2).max(in_use).max(4));
             let slots = target.max(s.slots);
             want.push(
                 Order::Lease(LeaseOrder {

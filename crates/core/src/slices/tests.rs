@@ -101,6 +101,43 @@ fn only_busy_plans_are_sliced() {
     assert!(st.exchanges < 20, "{st:?}");
 }
 
+/// Requests of shapes seen rarely (each with a user of its own) that share a busy scope with a
+/// sliced shape go to the store without taking that scope's slice back: its slice stays, and
+/// no exchange is made for them.
+#[test]
+fn rare_shapes_leave_a_busy_scopes_slice_alone() {
+    let p = Policy::from_toml(
+        "[[scopes]]\nkey = \"tenant\"\nbudget = { tokens = 1000000, period = \"day\" }\n\
+         [[scopes]]\nkey = \"user\"\nbudget = { tokens = 100000, period = \"day\" }\n",
+    )
+    .unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let s = instance(&store, &clock, SliceConfig::default());
+    for i in 0..100 {
+        assert!(matches!(
+            admit(&s, &p, &format!("b{i}"), "busy"),
+            Decision::Admit(_)
+        ));
+    }
+    let before = s.stats();
+    assert!(before.local > 60, "{before:?}");
+    for i in 0..100 {
+        assert!(matches!(
+            admit(&s, &p, &format!("c{i}"), &format!("u{i}")),
+            Decision::Admit(_)
+        ));
+    }
+    let after = s.stats();
+    assert_eq!(after.store, before.store + 100);
+    assert_eq!(after.exchanges, before.exchanges, "{before:?} {after:?}");
+    assert!(matches!(
+        admit(&s, &p, "b-last", "busy"),
+        Decision::Admit(_)
+    ));
+    assert_eq!(s.stats().local, after.local + 1);
+}
+
 /// Requests ended and maintenance run: every slot and every unit of budget the instance held
 /// beyond its requests is back in the store, and the store has charged exactly the endings.
 #[test]

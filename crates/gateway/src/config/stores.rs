@@ -71,7 +71,7 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
         Duration::from_millis(250),
         "store.call_timeout",
     )?;
-    let slices = raw.slices.as_ref().map(slices).transpose()?;
+    let slices = raw.slices.as_ref().map(slices).transpose()?.map(Box::new);
     let redis = |url: String, cluster| StoreConfig::Redis {
         url,
         prefix: prefix.clone(),
@@ -250,5 +250,39 @@ mod tests {
         assert!(
             err_of("[ledger]\nurl = \"postgres://h\"\nbuffer = 0\n").starts_with("ledger.buffer:")
         );
+    }
+
+    /// `[store.slices]`: defaults, settings, and what cannot be: slices of a store no other
+    /// instance shares, a tick that would leave the kill switches older than their bound.
+    #[test]
+    fn slice_settings_are_checked() {
+        let redis = "[store]\nurl = \"redis://h:6379\"\n[store.slices]\n";
+        let c = GatewayConfig::from_toml(redis).unwrap();
+        let StoreConfig::Redis {
+            slices: Some(s), ..
+        } = c.store
+        else {
+            panic!("no slices");
+        };
+        assert_eq!(*s, tollgate_core::SliceConfig::default());
+        let c = GatewayConfig::from_toml(&format!(
+            "{redis}hot_after = 0\ndivisor = 8\nkill_bound = \"500ms\"\ntick = \"50ms\"\nttl = \"30s\"\n"
+        ))
+        .unwrap();
+        let StoreConfig::Redis {
+            slices: Some(s), ..
+        } = c.store
+        else {
+            panic!("no slices");
+        };
+        assert_eq!(
+            (s.hot_after, s.divisor, s.kill_bound_ms, s.tick_ms, s.ttl_ms),
+            (0, 8, 500, 50, Some(30_000))
+        );
+        assert!(err_of("[store.slices]\n").starts_with("store.slices:"));
+        assert!(err_of(&format!("{redis}divisor = 0\n")).starts_with("store.slices.divisor:"));
+        assert!(err_of(&format!("{redis}tick = \"2s\"\n")).starts_with("store.slices.tick:"));
+        assert!(err_of(&format!("{redis}ttl = \"10ms\"\n")).starts_with("store.slices.ttl:"));
+        assert!(err_of(&format!("{redis}shards = 2\n")).contains("unknown field"));
     }
 }
