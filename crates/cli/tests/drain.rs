@@ -35,6 +35,11 @@ struct Env {
 }
 
 async fn env(drain_timeout: &str, token_delay: Duration) -> Env {
+    env_with(drain_timeout, token_delay, "").await
+}
+
+/// The same, with `store` added to `[store]` (its sub-tables).
+async fn env_with(drain_timeout: &str, token_delay: Duration, store: &str) -> Env {
     let sim = Sim::start(SimConfig {
         latency: Duration::from_millis(5),
         token_delay,
@@ -52,7 +57,7 @@ async fn env(drain_timeout: &str, token_delay: Duration) -> Env {
         format!(
             "[server]\ndrain_timeout = \"{drain_timeout}\"\n\
              [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = {:?}\n\
-             [store]\nurl = \"{}\"\nprefix = \"drain\"\ncall_timeout = \"2s\"\n\
+             [store]\nurl = \"{}\"\nprefix = \"drain\"\ncall_timeout = \"2s\"\n{store}\
              [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
              [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
              [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = {{ limit = 4, lease_ttl = \"5m\" }}\n\
@@ -170,6 +175,55 @@ async fn sigterm_lets_a_stream_under_way_finish_and_settle() {
     assert!(signalled.elapsed() < Duration::from_secs(10));
     let u = usage(&env).await;
     assert_eq!((u.leases, u.reserved, u.settled), (0, 0, PROMPT + 100));
+}
+
+/// With leased slices: requests admitted against them settle locally, a stream under way at
+/// `SIGTERM` finishes, and before the process exits everything it held beyond them goes back:
+/// Redis holds no slot and no reservation, and has been told every charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_gives_the_slices_back() {
+    let mut env = env_with(
+        "20s",
+        Duration::from_millis(20),
+        "[store.slices]\nhot_after = 0\n",
+    )
+    .await;
+    for _ in 0..5 {
+        let body = start_stream(&env, 10)
+            .await
+            .into_body()
+            .collect()
+            .await
+            .unwrap();
+        assert!(String::from_utf8_lossy(&body.to_bytes()).contains("[DONE]"));
+    }
+    let resp = start_stream(&env, 100).await;
+    let held = usage(&env).await;
+    assert!(held.leases >= 1 && held.reserved > 0, "{held:?}");
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &env.redis.port().to_string(),
+            "--scan",
+            "--pattern",
+            "drain:ts:~s:*",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.stdout.is_empty(), "no slice was taken");
+    sigterm(&env);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&body)
+            .trim_end()
+            .ends_with("data: [DONE]")
+    );
+    assert!(exits_within(&mut env, Duration::from_secs(10)));
+    let u = usage(&env).await;
+    assert_eq!(
+        (u.leases, u.reserved, u.settled),
+        (0, 0, 5 * (PROMPT + 10) + PROMPT + 100)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

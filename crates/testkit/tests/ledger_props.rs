@@ -728,3 +728,149 @@ proptest! {
         instances::run(ops, instances::ROOMY)?;
     }
 }
+
+/// Instances with slices on one store, their requests racing on two threads (exchanges waiting
+/// on each other, maintenance ticking), a checker sampling the store: no budget or lease limit
+/// is ever exceeded, every instance's slices cover what it admitted, and once every request
+/// has ended and the slices have gone back, the store holds nothing and has charged exactly
+/// what the endings reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliced_instances_racing_never_overshoot() {
+    let p = Arc::new(policy(
+        r#"
+        reservation_ttl = "1h"
+        [[scopes]]
+        key = "user"
+        concurrency = { limit = 6, lease_ttl = "1h" }
+        [[scopes]]
+        name = "all"
+        key = "global"
+        concurrency = { limit = 16, lease_ttl = "1h" }
+        budget = { tokens = 30000, period = "1h" }
+        "#,
+    ));
+    let clock = ManualClock::new(T0);
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let cfg = SliceConfig {
+        hot_after: 0,
+        ..SliceConfig::default()
+    };
+    let inst: Vec<Arc<Sliced<Arc<MemoryStore<ManualClock>>, ManualClock>>> = (0..3)
+        .map(|_| Arc::new(Sliced::with_clock(store.clone(), clock.clone(), cfg)))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let violations = Arc::new(AtomicU64::new(0));
+    let checker = {
+        let (store, stop, violations, inst) = (
+            store.clone(),
+            stop.clone(),
+            violations.clone(),
+            inst.clone(),
+        );
+        tokio::spawn(async move {
+            let mut samples = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let u = store
+                    .usage_sync("all|global", Some(Period::Fixed(3_600_000)))
+                    .unwrap();
+                let uncovered = inst.iter().any(|s| s.audit().is_err());
+                if u.settled + u.reserved > 30_000 || u.leases > 16 || uncovered {
+                    violations.fetch_add(1, Ordering::Relaxed);
+                }
+                samples += 1;
+                tokio::task::yield_now().await;
+            }
+            samples
+        })
+    };
+    let tending: Vec<_> = inst
+        .iter()
+        .map(|s| {
+            let (s, stop, clock) = (s.clone(), stop.clone(), clock.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    clock.advance(20);
+                    let _ = s.maintain().await;
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    let workers: Vec<_> = (0..6)
+        .map(|w| {
+            let (s, p) = (inst[w % 3].clone(), p.clone());
+            tokio::spawn(async move {
+                let mut charged = 0u64;
+                let mut open = Vec::new();
+                for i in 0..400u64 {
+                    let id = format!("w{w}-{i}");
+                    let f = facts(&id, &format!("u{}", i % 4), 5 + i % 7, 10);
+                    if let Decision::Admit(_) = s.admit(&plan(&p, &f).unwrap()).await.unwrap() {
+                        open.push((id, 5 + i % 7));
+                    }
+                    if open.len() > 2 || (i % 5 == 0 && !open.is_empty()) {
+                        let (id, input) = open.remove(0);
+                        let u = Usage {
+                            input_tokens: input,
+                            output_tokens: i % 10,
+                            ..Usage::default()
+                        };
+                        let f = if i % 3 == 0 {
+                            s.release(&id, Some(u)).await
+                        } else {
+                            s.settle(&id, u).await
+                        };
+                        if let Finish::Done { charged: c } = f.unwrap() {
+                            charged += c.iter().sum::<u64>();
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                }
+                for (id, input) in open {
+                    let u = Usage {
+                        input_tokens: input,
+                        ..Usage::default()
+                    };
+                    if let Finish::Done { charged: c } = s.settle(&id, u).await.unwrap() {
+                        charged += c.iter().sum::<u64>();
+                    }
+                }
+                charged
+            })
+        })
+        .collect();
+    let mut charged = 0;
+    for w in workers {
+        charged += w.await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let samples = checker.await.unwrap();
+    for t in tending {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        violations.load(Ordering::Relaxed),
+        0,
+        "over {samples} samples"
+    );
+    assert!(samples > 100, "the checker ran ({samples} samples)");
+    for s in &inst {
+        s.return_all().await.unwrap();
+        s.return_all().await.unwrap();
+    }
+    let mut settled = 0;
+    for scope in ["all|global"] {
+        let u = store
+            .usage_sync(scope, Some(Period::Fixed(3_600_000)))
+            .unwrap();
+        assert_eq!((u.reserved, u.leases), (0, 0), "{scope}");
+        settled += u.settled;
+    }
+    // Each request is charged in the global budget (the users' rules have none).
+    assert_eq!(settled, charged);
+    let local: u64 = inst.iter().map(|s| s.stats().local).sum();
+    assert!(
+        local > 100,
+        "requests were admitted against slices: {local}"
+    );
+}
