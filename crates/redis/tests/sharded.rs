@@ -350,3 +350,71 @@ async fn a_dead_node_fails_its_requests_closed_and_leaks_nothing() {
     );
     assert_eq!(usage(&s, &us).await, (0, 20, 1));
 }
+
+/// Slices over a sharded store: each scope's slice is leased from its own shard, requests whose
+/// scopes sit on different nodes are admitted against them locally, and everything goes back.
+#[tokio::test]
+async fn slices_are_leased_shard_by_shard() {
+    use tollgate_core::{Finish, SliceConfig, Sliced};
+    let cluster = RedisCluster::start();
+    let store = sharded(&cluster, "slices").await;
+    let s = Sliced::new(
+        store.clone(),
+        SliceConfig {
+            hot_after: 0,
+            ..SliceConfig::default()
+        },
+    );
+    let p = policy(
+        r#"
+        [[scopes]]
+        key = "tenant"
+        concurrency = { limit = 100 }
+        budget = { tokens = 100000, period = "day" }
+        [[scopes]]
+        key = "user"
+        requests = { limit = 1000, window = "1m" }
+        budget = { tokens = 10000, period = "day" }
+        "#,
+    );
+    let users = ["a", "b", "c", "d"];
+    let mut charged = 0;
+    for i in 0..80 {
+        let id = format!("r{i}");
+        let d = s
+            .admit(&plan(&p, &facts(&id, users[i % 4], 10, 10)).unwrap())
+            .await
+            .unwrap();
+        assert!(matches!(d, Decision::Admit(_)), "{d:?}");
+        let u = Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            ..Usage::default()
+        };
+        let Finish::Done { charged: c } = s.settle(&id, u).await.unwrap() else {
+            panic!("{id} not ended");
+        };
+        charged += c[0];
+    }
+    let st = s.stats();
+    assert!(st.local > 60 && st.failed == 0, "{st:?}");
+    let scopes = users.map(|u| format!("user|tenant:acme/user:{u}"));
+    let shards: std::collections::BTreeSet<&str> = scopes
+        .iter()
+        .map(String::as_str)
+        .chain(["tenant|tenant:acme"])
+        .map(|scope| store.shard_prefix(scope))
+        .collect();
+    assert!(shards.len() > 1, "the scopes share one shard: {shards:?}");
+    s.return_all().await.unwrap();
+    s.return_all().await.unwrap();
+    let t = store.usage("tenant|tenant:acme", Some(DAY)).await.unwrap();
+    assert_eq!((t.settled, t.reserved, t.leases), (charged, 0, 0));
+    for u in users {
+        let got = store
+            .usage(&format!("user|tenant:acme/user:{u}"), Some(DAY))
+            .await
+            .unwrap();
+        assert_eq!((got.settled, got.reserved), (charged / 4, 0), "user {u}");
+    }
+}
