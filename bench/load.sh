@@ -5,7 +5,8 @@
 #   TOLLGATE_BENCH_OPERATION=1 bench/load.sh ...   (adds a fifth target: the memory store with
 #   a rule on the request's agent operation as well, each request naming one)
 #   TOLLGATE_BENCH_SHADOW=1 bench/load.sh ...      (adds the six controls with a shadow rule and
-#   alerts configured, on each store, each compared with the same store's run without them)
+#   alerts configured, on each store and on Redis with slices, each compared with the same
+#   store's run without them)
 #   TOLLGATE_BENCH_LEDGER=1 bench/load.sh ...      (adds the six controls on Redis with the spend
 #   ledger on a PostgreSQL of its own, compared with the Redis run without it, and checks that
 #   the ledger holds one ending per request served)
@@ -41,7 +42,8 @@ fi
 if [ "${TOLLGATE_BENCH_SHADOW:-0}" = 1 ]; then
   SHM=$(gateway shadow "" "$WITH_SHADOW")
   SHR=$(gateway shadow-redis "$(redis_store_toml "$REDIS")" "$WITH_SHADOW")
-  TARGETS+=("shadow $SHM" "shadow-redis $SHR")
+  SHS=$(gateway shadow-sliced "$(sliced_store_toml "$REDIS")" "$WITH_SHADOW")
+  TARGETS+=("shadow $SHM" "shadow-redis $SHR" "shadow-sliced $SHS")
 fi
 if [ "${TOLLGATE_BENCH_LEDGER:-0}" = 1 ]; then
   start_postgres
@@ -68,7 +70,7 @@ run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per
   # CPU per request is steadier than req/s on a shared machine: it does not depend on how much
   # of the cores the other processes took during the run.
   local gw; gw=$(cat "$tmp/pid-$1" 2>/dev/null || true)
-  local rd=""; case "$1" in redis|redis-sliced|shadow-redis|ledger-redis) rd=$REDIS_PID ;; esac
+  local rd=""; case "$1" in redis|redis-sliced|shadow-redis|shadow-sliced|ledger-redis) rd=$REDIS_PID ;; esac
   local g0 r0 g1 r1 m0 m1 q0 q1; g0=$(ticks "$gw"); r0=$(ticks "$rd"); m0=$(machine); q0=$(pg_ticks "$1")
   local script=bench/post.lua; [ "$1" = operation ] && script=bench/post-operation.lua
   local out; out=$(wrk -t2 -c"$CONN" -d"${DUR}s" --latency -s "$script" "http://127.0.0.1:$2/v1/chat/completions" 2>&1)
@@ -117,6 +119,7 @@ names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-t
          ("operation", "gateway, six controls and an operation rule, memory store"),
          ("shadow", "gateway, six controls, a shadow rule and alerts, memory store"),
          ("shadow-redis", "gateway, six controls, a shadow rule and alerts, Redis store"),
+         ("shadow-sliced", "gateway, six controls, a shadow rule and alerts, Redis store with leased slices"),
          ("ledger-redis", "gateway, six controls, Redis store, spend ledger in PostgreSQL")]
 names = [(t, label) for t, label in names if t in by]
 print("| target | req/s (median) | p50 | p99 | vs pass-through (median of rounds) | per round | gateway CPU per request | Redis CPU per request | machine idle |")
@@ -137,6 +140,7 @@ print(f"\npass-through left {100 * pass_idle:.0f}% of the cores idle: " +
        "NOT saturated (something other than the CPU bounds it), the ratios flatter the controls"))
 for t, base, what in (("shadow", "memory", "shadow rule and alerts"),
                       ("shadow-redis", "redis", "shadow rule and alerts"),
+                      ("shadow-sliced", "redis-sliced", "shadow rule and alerts"),
                       ("ledger-redis", "redis", "spend ledger")):
     if t in rps:
         ratios = [rps[t][r] / rps[base][r] for r in rps[t]]
