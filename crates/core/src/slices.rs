@@ -177,6 +177,8 @@ pub struct SliceStats {
     pub exchanges: u64,
     /// Exchanges that failed.
     pub failed: u64,
+    /// Answers of the store that granted more than was asked, cut down to it.
+    pub anomalies: u64,
 }
 
 fn instance_prefix() -> String {
@@ -245,6 +247,7 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
             store: n(&self.stats.store),
             exchanges: n(&self.stats.exchanges),
             failed: n(&self.stats.failed),
+            anomalies: self.lock().map_or(0, |st| st.book.anomalies),
         }
     }
 
@@ -279,7 +282,7 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
         let mut st = self.lock()?;
         match r {
             Ok(got) if got.granted.len() == p.marks.len() => {
-                st.book.apply(&p.marks, &got, sent_at, at);
+                st.book.apply(&p.marks, &ex.orders, &got, sent_at, at);
                 let (offset, floor) = st.book.offset();
                 self.shift.offset.store(offset, Ordering::Relaxed);
                 self.shift.floor.fetch_max(floor, Ordering::Relaxed);

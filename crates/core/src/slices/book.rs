@@ -214,6 +214,8 @@ pub(super) struct Book {
     hot: Hot,
     /// The store lost its state: nothing is sliced until it answers again.
     pub lost: bool,
+    /// Answers granting more than was asked (or attempts of another window), cut down.
+    pub anomalies: u64,
 }
 
 fn hash_of(parts: impl Iterator<Item = Arc<str>>) -> u64 {
@@ -254,6 +256,7 @@ impl Book {
             kills_at: None,
             hot: Hot::new(),
             lost: false,
+            anomalies: 0,
         }
     }
 

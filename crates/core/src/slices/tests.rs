@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{Exchange, Exchanged, SliceSource};
+use super::{Exchange, Exchanged, Granted, SliceSource};
 use crate::store::{KeyClaim, KeyUse, Renewal, ScopeUsage, ShadowOutcome, StoreError};
 use crate::{
     Decision, Dimension, Finish, Identity, ManualClock, MemoryStore, Period, Plan, Policy,
@@ -289,6 +289,8 @@ fn a_long_request_keeps_its_slices() {
 struct Forgetful {
     inner: MemoryStore<ManualClock>,
     lost: AtomicBool,
+    /// Answers a thousand times what it grants, in a window a day off.
+    lies: AtomicBool,
 }
 
 impl Forgetful {
@@ -304,7 +306,33 @@ impl Forgetful {
 impl SliceSource for Forgetful {
     async fn exchange(&self, ex: &Exchange) -> Result<Exchanged, StoreError> {
         self.check()?;
-        self.inner.exchange_sync(ex)
+        let mut got = self.inner.exchange_sync(ex)?;
+        if self.lies.load(Ordering::Relaxed) {
+            for g in &mut got.granted {
+                *g = match *g {
+                    Granted::Rate {
+                        granted,
+                        mut window,
+                    } => {
+                        window.start += 86_400_000;
+                        Granted::Rate {
+                            granted: granted * 1000,
+                            window,
+                        }
+                    }
+                    Granted::Lease { slots, held } => Granted::Lease {
+                        slots: slots * 1000 + 1,
+                        held,
+                    },
+                    Granted::Budget { amount, committed } => Granted::Budget {
+                        amount: amount * 1000 + 1,
+                        committed,
+                    },
+                    Granted::Gone => Granted::Gone,
+                };
+            }
+        }
+        Ok(got)
     }
 }
 
@@ -363,6 +391,7 @@ fn a_store_that_forgets_takes_the_slices_with_it() {
     let store = Forgetful {
         inner: MemoryStore::with_clock(clock.clone()),
         lost: AtomicBool::new(false),
+        lies: AtomicBool::new(false),
     };
     let s = Sliced::with_clock(
         store,
@@ -390,4 +419,44 @@ fn a_store_that_forgets_takes_the_slices_with_it() {
         ));
     }
     assert!(s.stats().local > local, "{:?}", s.stats());
+}
+
+/// A store that answers more than it grants (a bug, a proxy in the way, a hostile server) gets
+/// no more admitted than was asked of it: every answer is held to its order.
+#[test]
+fn a_store_answering_more_than_asked_is_held_to_the_order() {
+    let p = Policy::from_toml(
+        "[[scopes]]\nkey = \"tenant\"\nrequests = { limit = 1000, window = \"1m\" }\n\
+         concurrency = { limit = 10 }\nbudget = { tokens = 1000, period = \"day\" }\n",
+    )
+    .unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Forgetful {
+        inner: MemoryStore::with_clock(clock.clone()),
+        lost: AtomicBool::new(false),
+        lies: AtomicBool::new(true),
+    };
+    let s = Sliced::with_clock(
+        store,
+        clock.clone(),
+        SliceConfig {
+            hot_after: 0,
+            ..SliceConfig::default()
+        },
+    );
+    let mut admitted = 0;
+    for i in 0..200 {
+        if let Decision::Admit(_) = admit(&s, &p, &format!("r{i}"), "u") {
+            admitted += 1;
+        }
+    }
+    // Ten slots, and 1000 tokens at 20 each: ten requests in flight at most.
+    assert_eq!(admitted, 10, "{:?}", s.stats());
+    assert!(s.stats().anomalies > 0);
+    let u = s
+        .inner()
+        .inner
+        .usage_sync("tenant|tenant:acme", Some(DAY))
+        .unwrap();
+    assert!(u.reserved <= 1000 && u.leases <= 10, "{u:?}");
 }

@@ -7,9 +7,10 @@ use super::orders::{budget_order_of, lease_order_of, rate_order_of};
 use super::{Book, BudgetKey, LeaseKey, Map, Mark, Pending, RateKey};
 use crate::clock::{Clock, Millis};
 use crate::ledger::Period;
+use crate::ledger::RateWindow;
 use crate::memory::MemoryStore;
 use crate::slices::SliceConfig;
-use crate::slices::exchange::{Exchanged, Granted};
+use crate::slices::exchange::{Exchanged, Granted, Order};
 use crate::store::StoreError;
 
 impl Book {
@@ -139,9 +140,16 @@ impl Book {
         Ok(())
     }
 
-    /// Takes in the store's answer to `sent`, which was sent at local time `sent_at` and
+    /// Takes in the store's answer to `orders`, which were sent at local time `sent_at` and
     /// answered at `local_now`.
-    pub fn apply(&mut self, marks: &[Mark], ex: &Exchanged, sent_at: Millis, local_now: Millis) {
+    pub fn apply(
+        &mut self,
+        marks: &[Mark],
+        orders: &[Order],
+        ex: &Exchanged,
+        sent_at: Millis,
+        local_now: Millis,
+    ) {
         self.rtt_ms = local_now.saturating_sub(sent_at);
         // The store read its clock before it answered: this estimate is never ahead of it.
         self.offset = i64::try_from(i128::from(ex.clock) - i128::from(local_now)).unwrap_or(0);
@@ -152,9 +160,57 @@ impl Book {
             self.kills_at = Some(local_now);
         }
         self.lost = false;
-        for (mark, granted) in marks.iter().zip(&ex.granted) {
-            self.take_in(mark, *granted, ex.now.max(now));
+        for ((mark, order), granted) in marks.iter().zip(orders).zip(&ex.granted) {
+            let granted = self.held_to(order, *granted, ex.now);
+            self.take_in(mark, granted, ex.now.max(now));
         }
+    }
+
+    /// A store's answer is outside input: it never grants more than was asked, nor attempts
+    /// of another window than the one containing its time. Anything beyond is cut down to what
+    /// was asked (a window that does not fit grants nothing), and counted.
+    fn held_to(&mut self, order: &Order, g: Granted, now: Millis) -> Granted {
+        let (fixed, odd) = match (order, g) {
+            (Order::Rate(o), Granted::Rate { granted, window }) => {
+                let start = now - now % o.window_ms.max(1);
+                if window.start != start {
+                    let window = RateWindow { start, ..window };
+                    (Granted::Rate { granted: 0, window }, true)
+                } else {
+                    let fit = granted.min(o.take);
+                    (
+                        Granted::Rate {
+                            granted: fit,
+                            window,
+                        },
+                        fit != granted,
+                    )
+                }
+            }
+            (Order::Lease(o), Granted::Lease { slots, held }) => {
+                let fit = slots.min(o.slots);
+                (Granted::Lease { slots: fit, held }, fit != slots)
+            }
+            (Order::Budget(o), Granted::Budget { amount, committed }) => {
+                let fit = amount.min(o.amount.max(o.keep));
+                (
+                    Granted::Budget {
+                        amount: fit,
+                        committed,
+                    },
+                    fit != amount,
+                )
+            }
+            (_, Granted::Gone) => (Granted::Gone, false),
+            // An answer of another kind than its order: nothing granted.
+            (Order::Rate(_), _) | (Order::Lease(_), _) | (Order::Budget(_), _) => {
+                (Granted::Gone, true)
+            }
+        };
+        if odd {
+            self.anomalies += 1;
+        }
+        fixed
     }
 
     pub(super) fn take_in(&mut self, mark: &Mark, granted: Granted, now: Millis) {
