@@ -272,7 +272,8 @@ pub fn ledger_event(event: &'static str) {
 
 /// The slices' counts since `last`, added to their counters: admissions decided here
 /// (`path="slice"`) and by the store (`path="store"`), exchanges with the store and those that
-/// failed. Returns the counts now.
+/// failed, and answers that granted more than was asked (cut down to it). Returns the counts
+/// now.
 pub fn slices(
     now: tollgate_core::SliceStats,
     last: tollgate_core::SliceStats,
@@ -285,6 +286,8 @@ pub fn slices(
         .increment(now.exchanges.saturating_sub(last.exchanges));
     counter!("tollgate_slice_exchanges_total", "outcome" => "failed")
         .increment(now.failed.saturating_sub(last.failed));
+    counter!("tollgate_slice_answers_cut_total")
+        .increment(now.anomalies.saturating_sub(last.anomalies));
     now
 }
 
