@@ -462,6 +462,14 @@ impl Book {
             }
             return Ok(self.short(cfg, plan, shadow, now, want, last_try));
         }
+        if let (Some(s), Some(ShadowOutcome::Held)) = (shadow, &outcome) {
+            // The shadow's slices grow with their use too.
+            for b in &s.budget {
+                if let Some(slice) = self.budgets.get_mut(&Self::budget_key(b, now).0) {
+                    slice.used = slice.used.saturating_add(b.amount);
+                }
+            }
+        }
         Ok(Step::Done(
             self.translated(plan, decided, counted.as_deref()),
             outcome,

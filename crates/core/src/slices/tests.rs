@@ -460,3 +460,46 @@ fn a_store_answering_more_than_asked_is_held_to_the_order() {
         .unwrap();
     assert!(u.reserved <= 1000 && u.leases <= 10, "{u:?}");
 }
+
+/// A shadow rule's slices grow with its use as the enforced ones do: requests with a shadow
+/// plan are admitted here, and few of them wait for an exchange.
+#[test]
+fn shadow_slices_grow_with_their_use() {
+    let p = Policy::from_toml(
+        r#"
+        [[scopes]]
+        name = "per-key"
+        key = "key"
+        requests = { limit = 100000000, window = "1m" }
+        concurrency = { limit = 100000, lease_ttl = "1m" }
+        budget = { tokens = 1000000000000, period = "day" }
+        [[scopes]]
+        name = "per-key-trial"
+        key = "key"
+        mode = "shadow"
+        requests = { limit = 50000000, window = "1m" }
+        budget = { tokens = 500000000000, period = "day" }
+        "#,
+    )
+    .unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let s = instance(&store, &clock, SliceConfig::default());
+    for i in 0..1000 {
+        let id = format!("r{i}");
+        let mut f = facts(&id, "u", 10, 16);
+        f.identity = f.identity.with(Dimension::Key, "k1");
+        let e = plan(&p, &f).unwrap();
+        let mut sh = crate::shadow_plan(&p, &f).unwrap().unwrap();
+        sh.ttl_ms = e.ttl_ms;
+        let (d, o) = now(s.admit_shadowed(&e, &sh)).unwrap();
+        assert!(matches!(d, Decision::Admit(_)), "{d:?}");
+        assert_eq!(o, ShadowOutcome::Held);
+        assert!(matches!(
+            now(s.settle(&id, used(5))).unwrap(),
+            Finish::Done { .. }
+        ));
+    }
+    let st = s.stats();
+    assert!(st.local > 950 && st.exchanges < 40, "{st:?}");
+}
