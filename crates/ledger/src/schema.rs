@@ -42,6 +42,9 @@ const MIGRATIONS: &[&str] = &[
         reason text NOT NULL,
         at_ms bigint NOT NULL
     );",
+    // 2: a request's charges are written with its ending, and only when its ending is new
+    // (one statement), so they need no key of their own: a third of a write's index work.
+    "ALTER TABLE tollgate_charges DROP CONSTRAINT tollgate_charges_pkey;",
 ];
 
 /// An arbitrary constant: the advisory lock the migrations are run under.

@@ -89,67 +89,63 @@ impl Ledger {
 
     async fn write(&self, batch: &[Entry]) -> Result<(), LedgerError> {
         let c = self.inner.conn.get().await?;
-        c.batch_execute("BEGIN").await?;
-        match insert(&c, batch).await {
-            Ok(()) => Ok(c.batch_execute("COMMIT").await?),
-            Err(e) => {
-                let _ = c.batch_execute("ROLLBACK").await;
-                Err(e.into())
-            }
-        }
+        // One statement: atomic on its own, one round trip.
+        Ok(insert(&c, batch).await?)
     }
 }
 
-/// One statement per table for the whole batch (arrays unnested); an id already in the ledger
-/// is left as it is, with its charges.
+/// The whole batch in one statement (arrays unnested): the endings, then the charges of those
+/// endings that were new. An id already in the ledger is left as it is, with its charges (the
+/// stores end a request once; an expiry read by two instances is the same twice).
 async fn insert(c: &Client, batch: &[Entry]) -> Result<(), tokio_postgres::Error> {
-    let col = |f: fn(&Entry) -> Option<String>| batch.iter().map(f).collect::<Vec<_>>();
-    let num = |f: fn(&Entry) -> i64| batch.iter().map(f).collect::<Vec<_>>();
+    // An id twice in one batch: its first ending stands, as it does across batches.
+    let mut seen = std::collections::HashSet::with_capacity(batch.len());
+    let firsts: Vec<&Entry> = batch
+        .iter()
+        .filter(|e| seen.insert(e.request_id.as_str()))
+        .collect();
+    let batch = firsts.as_slice();
+    let col = |f: fn(&Entry) -> Option<&str>| batch.iter().map(|e| f(e)).collect::<Vec<_>>();
+    let num = |f: fn(&Entry) -> i64| batch.iter().map(|e| f(e)).collect::<Vec<_>>();
     let ids: Vec<&str> = batch.iter().map(|e| e.request_id.as_str()).collect();
     let endings: Vec<&str> = batch.iter().map(|e| e.ending).collect();
     let costs: Vec<Option<i64>> = batch.iter().map(|e| e.cost_micro_usd).collect();
+    let charges: Vec<(&str, &crate::Charge)> = batch
+        .iter()
+        .flat_map(|e| e.charges.iter().map(move |ch| (e.request_id.as_str(), ch)))
+        .collect();
+    let text =
+        |f: fn(&crate::Charge) -> &str| charges.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
+    let int = |f: fn(&crate::Charge) -> i64| charges.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
+    let charge_ids: Vec<&str> = charges.iter().map(|(id, _)| *id).collect();
     c.execute(
-        "INSERT INTO tollgate_endings (request_id, ending, at_ms, tenant, key_id, model, \
-             end_user, input_tokens, cached_tokens, output_tokens, tool_calls, cost_micro_usd) \
+        "WITH new AS (INSERT INTO tollgate_endings (request_id, ending, at_ms, tenant, key_id, \
+             model, end_user, input_tokens, cached_tokens, output_tokens, tool_calls, \
+             cost_micro_usd) \
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], \
              $6::text[], $7::text[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], \
-             $12::int8[]) ON CONFLICT (request_id) DO NOTHING",
+             $12::int8[]) ON CONFLICT (request_id) DO NOTHING RETURNING request_id) \
+         INSERT INTO tollgate_charges (request_id, scope, label, period_ms, period_id, \
+             period_start_ms, period_end_ms, unit, amount) \
+             SELECT c.* FROM UNNEST($13::text[], $14::text[], $15::text[], $16::int8[], \
+             $17::int8[], $18::int8[], $19::int8[], $20::text[], $21::int8[]) \
+             AS c(request_id, scope, label, period_ms, period_id, period_start_ms, \
+             period_end_ms, unit, amount) \
+             WHERE c.request_id IN (SELECT request_id FROM new)",
         &[
             &ids,
             &endings,
             &num(|e| e.at_ms),
-            &col(|e| e.tenant.clone()),
-            &col(|e| e.key_id.clone()),
-            &col(|e| e.model.clone()),
-            &col(|e| e.end_user.clone()),
+            &col(|e| e.tenant.as_deref()),
+            &col(|e| e.key_id.as_deref()),
+            &col(|e| e.model.as_deref()),
+            &col(|e| e.end_user.as_deref()),
             &num(|e| e.input_tokens),
             &num(|e| e.cached_tokens),
             &num(|e| e.output_tokens),
             &num(|e| e.tool_calls),
             &costs,
-        ],
-    )
-    .await?;
-    // A repeated id's charges are its first ending's (the stores end a request once; an expiry
-    // read by two instances is the same twice): the key leaves them as they are.
-    let charges: Vec<(&str, &crate::Charge)> = batch
-        .iter()
-        .flat_map(|e| e.charges.iter().map(move |ch| (e.request_id.as_str(), ch)))
-        .collect();
-    if charges.is_empty() {
-        return Ok(());
-    }
-    let text =
-        |f: fn(&crate::Charge) -> &str| charges.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
-    let int = |f: fn(&crate::Charge) -> i64| charges.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
-    let ids: Vec<&str> = charges.iter().map(|(id, _)| *id).collect();
-    c.execute(
-        "INSERT INTO tollgate_charges (request_id, scope, label, period_ms, period_id, \
-         period_start_ms, period_end_ms, unit, amount) \
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], \
-         $6::int8[], $7::int8[], $8::text[], $9::int8[]) ON CONFLICT DO NOTHING",
-        &[
-            &ids,
+            &charge_ids,
             &text(|c| &c.scope),
             &text(|c| &c.label),
             &int(|c| c.period_ms),
