@@ -145,14 +145,7 @@ fn idle_slices_go_back() {
     let p = policy();
     let clock = ManualClock::new(T0);
     let store = Arc::new(MemoryStore::with_clock(clock.clone()));
-    let s = instance(
-        &store,
-        &clock,
-        SliceConfig {
-            hot_after: 0,
-            ..SliceConfig::default()
-        },
-    );
+    let s = instance(&store, &clock, eager());
     let mut charged = 0;
     for i in 0..100 {
         let id = format!("r{i}");
@@ -184,14 +177,7 @@ fn a_dead_instance_gives_back_its_slots_and_pays_its_budget_slices() {
     let p = policy();
     let clock = ManualClock::new(T0);
     let store = Arc::new(MemoryStore::with_clock(clock.clone()));
-    let s = instance(
-        &store,
-        &clock,
-        SliceConfig {
-            hot_after: 0,
-            ..SliceConfig::default()
-        },
-    );
+    let s = instance(&store, &clock, eager());
     for i in 0..50 {
         assert!(matches!(
             admit(&s, &p, &format!("r{i}"), "u"),
@@ -231,10 +217,7 @@ fn the_kill_switch_reaches_a_leasing_instance_within_its_bound() {
     let p = policy();
     let clock = ManualClock::new(T0);
     let store = Arc::new(MemoryStore::with_clock(clock.clone()));
-    let cfg = SliceConfig {
-        hot_after: 0,
-        ..SliceConfig::default()
-    };
+    let cfg = eager();
     let (a, b) = (instance(&store, &clock, cfg), instance(&store, &clock, cfg));
     assert!(matches!(admit(&a, &p, "a0", "u"), Decision::Admit(_)));
     assert!(matches!(admit(&b, &p, "b0", "u"), Decision::Admit(_)));
@@ -258,14 +241,7 @@ fn a_long_request_keeps_its_slices() {
     let p = policy();
     let clock = ManualClock::new(T0);
     let store = Arc::new(MemoryStore::with_clock(clock.clone()));
-    let s = instance(
-        &store,
-        &clock,
-        SliceConfig {
-            hot_after: 0,
-            ..SliceConfig::default()
-        },
-    );
+    let s = instance(&store, &clock, eager());
     assert!(matches!(admit(&s, &p, "long", "u"), Decision::Admit(_)));
     for _ in 0..30 {
         clock.advance(3_000);
@@ -282,6 +258,24 @@ fn a_long_request_keeps_its_slices() {
         Finish::Done { charged: vec![15] }
     );
     assert_eq!(s.stats().failed, 0);
+}
+
+/// Slices from a plan's first request.
+fn eager() -> SliceConfig {
+    SliceConfig {
+        hot_after: 0,
+        ..SliceConfig::default()
+    }
+}
+
+/// An instance over a store that can be made to forget, and that lies when `lies`.
+fn forgetful(clock: &ManualClock, lies: bool) -> Sliced<Forgetful, ManualClock> {
+    let store = Forgetful {
+        inner: MemoryStore::with_clock(clock.clone()),
+        lost: AtomicBool::new(false),
+        lies: AtomicBool::new(lies),
+    };
+    Sliced::with_clock(store, clock.clone(), eager())
 }
 
 /// A store that can be made to forget (its state lost, as a Redis restarted empty).
@@ -388,19 +382,7 @@ impl Store for Forgetful {
 fn a_store_that_forgets_takes_the_slices_with_it() {
     let p = policy();
     let clock = ManualClock::new(T0);
-    let store = Forgetful {
-        inner: MemoryStore::with_clock(clock.clone()),
-        lost: AtomicBool::new(false),
-        lies: AtomicBool::new(false),
-    };
-    let s = Sliced::with_clock(
-        store,
-        clock.clone(),
-        SliceConfig {
-            hot_after: 0,
-            ..SliceConfig::default()
-        },
-    );
+    let s = forgetful(&clock, false);
     assert!(matches!(admit(&s, &p, "before", "u"), Decision::Admit(_)));
     s.inner().lost.store(true, Ordering::Relaxed);
     assert_eq!(now(s.maintain()), Err(StoreError::StateLost));
@@ -431,19 +413,7 @@ fn a_store_answering_more_than_asked_is_held_to_the_order() {
     )
     .unwrap();
     let clock = ManualClock::new(T0);
-    let store = Forgetful {
-        inner: MemoryStore::with_clock(clock.clone()),
-        lost: AtomicBool::new(false),
-        lies: AtomicBool::new(true),
-    };
-    let s = Sliced::with_clock(
-        store,
-        clock.clone(),
-        SliceConfig {
-            hot_after: 0,
-            ..SliceConfig::default()
-        },
-    );
+    let s = forgetful(&clock, true);
     let mut admitted = 0;
     for i in 0..200 {
         if let Decision::Admit(_) = admit(&s, &p, &format!("r{i}"), "u") {
