@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Instructions the gateway process spends per request under load, counted by Valgrind
 # (callgrind, user space only), for pass-through (no scopes), all six controls on the memory
-# store, and all six on Redis: what the controls add to a request, in a unit that a shared
+# store, all six on Redis one call per admission, and on Redis with leased slices: what the controls add to a request, in a unit that a shared
 # machine's load does not move (bench/load.sh measures the same setups in requests per second).
 #
 #   bench/gateway-cost.sh [DURATION_SECONDS=10] [CONNECTIONS=64]
+#   TOLLGATE_BENCH_SHADOW=1 bench/gateway-cost.sh ...   (adds the six controls with a shadow rule
+#   and alerts configured on each store, each compared with the same store without them)
 #
 # Each gateway runs under callgrind; wrk sends the load bench's request (bench/post.lua) over
 # CONNECTIONS connections for DURATION seconds after a warm-up, and the count covers exactly that
@@ -33,7 +35,9 @@ start_upstreams
 count() { # name store policy -> "requests instructions-per-request"
   local port; port=$(free_port)
   gateway_config "$1" "$port" "$SIM" "$2" "$3"
-  valgrind --tool=callgrind --callgrind-out-file="$tmp/$1.cg.%p" \
+  # One worker thread: under Valgrind threads take turns anyway, and a second worker's search for
+  # work costs instructions that follow the clock, not the requests (they doubled the counts).
+  TOKIO_WORKER_THREADS=1 valgrind --tool=callgrind --callgrind-out-file="$tmp/$1.cg.%p" \
     "$BIN/tollgate" serve --config "$tmp/$1.toml" >/dev/null 2>"$tmp/$1.valgrind.log" &
   local vg=$!
   pids+=($vg)
@@ -54,11 +58,28 @@ count() { # name store policy -> "requests instructions-per-request"
 echo "gateway instructions per request (callgrind), wrk -t2 -c$CONN -d${DUR}s after a 3 s warm-up; $(date -u +%F)"
 echo
 read -r pn pi <<< "$(count pass "" "")"
-read -r mn mi <<< "$(count memory "" "$ALL_SIX")"
-read -r rn ri <<< "$(count redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")"
+rows=("memory|gateway, six controls, memory store|$(count memory "" "$ALL_SIX")"
+      "redis|gateway, six controls, Redis store|$(count redis "$(redis_store_toml "$REDIS")" "$ALL_SIX")"
+      "redis-sliced|gateway, six controls, Redis store with leased slices|$(count redis-sliced "$(sliced_store_toml "$REDIS")" "$ALL_SIX")")
+if [ "${TOLLGATE_BENCH_SHADOW:-0}" = 1 ]; then
+  rows+=("shadow|gateway, six controls, a shadow rule and alerts, memory store|$(count shadow "" "$WITH_SHADOW")"
+         "shadow-redis|gateway, six controls, a shadow rule and alerts, Redis store|$(count shadow-redis "$(redis_store_toml "$REDIS")" "$WITH_SHADOW")"
+         "shadow-sliced|gateway, six controls, a shadow rule and alerts, Redis store with leased slices|$(count shadow-sliced "$(sliced_store_toml "$REDIS")" "$WITH_SHADOW")")
+fi
 echo "| setup | requests counted | instructions per request | added to pass-through | pass-through / setup |"
 echo "|---|---|---|---|---|"
-row() { echo "| $1 | $2 | $3 | $4 | $(python3 -c "print(f'{$pi / $3:.3f}')") |"; }
-row "gateway, controls off (pass-through)" "$pn" "$pi" "—"
-row "gateway, six controls, memory store" "$mn" "$mi" "+$((mi - pi))"
-row "gateway, six controls, Redis store" "$rn" "$ri" "+$((ri - pi))"
+echo "| gateway, controls off (pass-through) | $pn | $pi | — | 1.000 |"
+declare -A per
+for row in "${rows[@]}"; do
+  IFS='|' read -r name label counted <<< "$row"
+  read -r n i <<< "$counted"
+  per[$name]=$i
+  echo "| $label | $n | $i | +$((i - pi)) | $(python3 -c "print(f'{$pi / $i:.3f}')") |"
+done
+# What a shadow rule and alerts add to the same store's request, in the gateway.
+for pair in "shadow memory" "shadow-redis redis" "shadow-sliced redis-sliced"; do
+  set -- $pair
+  [ -n "${per[$1]:-}" ] || continue
+  echo
+  echo "a shadow rule and alerts against the same store without them ($2): +$((per[$1] - per[$2])) instructions per request, $(python3 -c "print(f'{${per[$1]} / ${per[$2]}:.3f}')")x"
+done

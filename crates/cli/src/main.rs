@@ -28,8 +28,8 @@ use crate::cli::{Cli, Command, Format};
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
+    // One worker thread per core unless TOKIO_WORKER_THREADS says otherwise (tokio reads it).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
         .enable_all()
         .build()
     {
