@@ -217,10 +217,7 @@ pub enum PlanError {
 pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
     let mut scopes = matched_scopes(policy, facts);
     scopes.retain(|(i, _)| !policy.scopes[*i].shadow);
-    let granted = granted_cap(policy, &scopes, facts.max_output_tokens);
-    let mut p = build(policy, facts, &scopes, granted)?;
-    p.kill_targets = KillTargets::of(&facts.identity);
-    Ok(p)
+    enforced(policy, facts, &scopes)
 }
 
 /// The suffix of a shadow plan's request id.
@@ -235,16 +232,49 @@ pub fn shadow_plan(policy: &Policy, facts: &RequestFacts) -> Result<Option<Plan>
     if !policy.has_shadow {
         return Ok(None);
     }
+    let mut scopes = matched_scopes(policy, facts);
+    let granted = granted_cap(policy, &scopes, facts.max_output_tokens);
+    scopes.retain(|(i, _)| policy.scopes[*i].shadow);
+    shadowed(policy, facts, &scopes, granted)
+}
+
+/// [`plan`] and [`shadow_plan`] of one request, its rules matched and its scope keys derived
+/// once for both: a request under shadow rules would otherwise derive its enforced scopes'
+/// keys twice. The shadow plan's error is its own, so that a caller can skip it.
+pub fn plans(
+    policy: &Policy,
+    facts: &RequestFacts,
+) -> Result<(Plan, Result<Option<Plan>, PlanError>), PlanError> {
     let all = matched_scopes(policy, facts);
-    if !all.iter().any(|(i, _)| policy.scopes[*i].shadow) {
-        return Ok(None);
+    if !policy.has_shadow {
+        return Ok((enforced(policy, facts, &all)?, Ok(None)));
     }
     let granted = granted_cap(policy, &all, facts.max_output_tokens);
-    let shadow: Matched = all
-        .into_iter()
-        .filter(|(i, _)| policy.scopes[*i].shadow)
-        .collect();
-    let mut p = build(policy, facts, &shadow, granted)?;
+    let (shadow, kept): (Matched, Matched) =
+        all.into_iter().partition(|(i, _)| policy.scopes[*i].shadow);
+    let p = enforced(policy, facts, &kept)?;
+    Ok((p, shadowed(policy, facts, &shadow, granted)))
+}
+
+/// The enforced plan under the (enforced) rules `scopes`.
+fn enforced(policy: &Policy, facts: &RequestFacts, scopes: &Matched) -> Result<Plan, PlanError> {
+    let granted = granted_cap(policy, scopes, facts.max_output_tokens);
+    let mut p = build(policy, facts, scopes, granted)?;
+    p.kill_targets = KillTargets::of(&facts.identity);
+    Ok(p)
+}
+
+/// The shadow plan under the shadow rules `shadow`, with the cap granted under all rules.
+fn shadowed(
+    policy: &Policy,
+    facts: &RequestFacts,
+    shadow: &Matched,
+    granted: u64,
+) -> Result<Option<Plan>, PlanError> {
+    if shadow.is_empty() {
+        return Ok(None);
+    }
+    let mut p = build(policy, facts, shadow, granted)?;
     p.request_id = format!("{}{SHADOW_ID_SUFFIX}", facts.request_id);
     p.fail_open = false;
     Ok(Some(p))

@@ -228,7 +228,7 @@ fn shadow_rules_are_planned_apart_and_never_enforced() {
     assert_eq!(shadow.budget[0].scope.rule(), "watch");
     assert_eq!(shadow.budget[0].amount, 540, "granted as under both rules");
     assert_eq!(
-        shadow.token_verdict.map(|d| d.reason),
+        shadow.token_verdict.as_ref().map(|d| d.reason),
         Some(Reason::OutputTokenLimit)
     );
     assert!(shadow.kill_targets.is_empty() && !shadow.fail_open);
@@ -236,4 +236,52 @@ fn shadow_rules_are_planned_apart_and_never_enforced() {
     let mut anonymous = f.clone();
     anonymous.identity = Identity::default().with(Dimension::Tenant, "t");
     assert!(matches!(shadow_plan(&p, &anonymous), Ok(None)));
+    // Both at once, the rules matched once: the same two plans.
+    assert_eq!(plans(&p, &f), Ok((enforced, Ok(Some(shadow)))));
+    assert_eq!(
+        plans(&p, &anonymous),
+        Ok((
+            plan(&p, &anonymous).unwrap_or_else(|e| unreachable!("{e}")),
+            Ok(None)
+        ))
+    );
+}
+
+#[test]
+fn both_plans_at_once_are_the_two_plans() {
+    // Without shadow rules; and a shadow rule that cannot be priced, whose error is its own.
+    let plain = policy(
+        r#"
+        [[scopes]]
+        name = "enforced"
+        key = "user"
+        requests = { limit = 5, window = "1m" }
+        "#,
+    );
+    let f = facts(40, Some(800));
+    let alone = plan(&plain, &f).unwrap_or_else(|e| unreachable!("{e}"));
+    assert_eq!(plans(&plain, &f), Ok((alone, Ok(None))));
+    let unpriced = policy(
+        r#"
+        [prices."another-model"]
+        input = 1
+        output = 1
+        [[scopes]]
+        name = "enforced"
+        key = "user"
+        requests = { limit = 5, window = "1m" }
+        [[scopes]]
+        name = "watch"
+        key = "user"
+        mode = "shadow"
+        budget = { micro_usd = 1000000, period = "day" }
+        "#,
+    );
+    let (p, shadow) = plans(&unpriced, &f).unwrap_or_else(|e| unreachable!("{e}"));
+    assert_eq!(
+        p,
+        plan(&unpriced, &f).unwrap_or_else(|e| unreachable!("{e}"))
+    );
+    assert_eq!(shadow, shadow_plan(&unpriced, &f));
+    assert!(matches!(shadow, Err(PlanError::UnpricedModel { .. })));
 }

@@ -239,4 +239,7 @@ fn alert_thresholds_are_per_cents_of_the_limit() {
     assert_eq!(a.reached(799, 1000).collect::<Vec<_>>(), [50]);
     assert_eq!(a.reached(800, 1000).collect::<Vec<_>>(), [50, 80]);
     assert_eq!(a.reached(u64::MAX, u64::MAX).count(), 3, "no overflow");
+    let edges = AlertAt::of(&[100, 1]).unwrap_or_else(|e| unreachable!("{e}"));
+    assert_eq!(edges.iter().collect::<Vec<_>>(), [1, 100]);
+    assert_eq!(AlertAt::default().iter().count(), 0);
 }

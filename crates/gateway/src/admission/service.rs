@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::Request;
 use http_body_util::{BodyExt, Limited};
-use tollgate_core::{Decision, Dimension, RequestFacts, Store, Usage, plan};
+use tollgate_core::{Decision, Dimension, RequestFacts, Store, Usage};
 
 use super::future::ResponseFuture;
 use super::layer::AdmissionLayer;
@@ -91,7 +91,7 @@ where
                 Ok(f) => f,
                 Err(resp) => return Ok(resp),
             };
-            let mut p = match plan(&layer.policy, &facts) {
+            let (mut p, shadow) = match crate::path::plans(&layer.policy, &facts) {
                 Ok(p) => p,
                 Err(e) => return Ok(respond::unpriced_model(e).into_response()),
             };
@@ -108,7 +108,6 @@ where
                 queue_key,
                 alerts: layer.alerts.as_ref(),
             };
-            let shadow = crate::path::shadow_plan(&layer.policy, &p, &facts);
             let (admitted, shadowed) = match controls.decide_shadowed(&mut p, shadow).await {
                 Ok((Decision::Admit(a), s)) => (a, s),
                 Ok((refused, _)) => return Ok(respond::refusal(&refused).into_response()),

@@ -26,7 +26,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, Request};
 use axum::response::Response;
 use tollgate_core::record::DecisionRecord;
-use tollgate_core::{Admitted, Decision, Plan, Reason, Unit, plan};
+use tollgate_core::{Admitted, Decision, Plan, PlanError, Reason, Unit};
 
 use self::admit::Controls;
 use self::count::Counted;
@@ -107,8 +107,10 @@ async fn steps(
     // `upstream_timeout`) and settles its true usage, its lease held while the upstream may
     // still be working. A stream is cancelled when its client leaves (the response body that
     // holds it is dropped), its lease held `cancel_grace` longer. Before this point (intake,
-    // count, admission, the queue) a client that leaves ends the request at once.
-    match tokio::spawn(forward::forward_and_settle(f)).await {
+    // count, admission, the queue) a client that leaves ends the request at once. The task's
+    // future is boxed: tokio keeps one of up to 16 KiB inline in its task and copies it whole
+    // at spawn and again when the output is taken.
+    match tokio::spawn(Box::pin(forward::forward_and_settle(f))).await {
         Ok(r) => r,
         Err(_) => Err(respond::internal(
             "internal",
@@ -133,12 +135,11 @@ async fn admit_counted(
     key: &crate::config::KeyConfig,
     counted: &Counted,
 ) -> Result<Admission, ApiError> {
-    let mut p = plan(&cfg.policy, &counted.facts).map_err(respond::unpriced_model)?;
+    let (mut p, shadow) = plans(&cfg.policy, &counted.facts).map_err(respond::unpriced_model)?;
     if gw.books.as_ref().is_some_and(|b| !b.ledger.accepting()) {
         crate::telemetry::ledger_event("refused");
         return Err(respond::ledger_full());
     }
-    let shadow = shadow_plan(&cfg.policy, &p, &counted.facts);
     let controls = Controls {
         store: &gw.store,
         exempt: &key.exempt,
@@ -217,17 +218,19 @@ async fn admit_counted(
     })
 }
 
-/// The plan of the request's shadow rules, if any, living as long as the enforced plan `p`:
-/// the request's renewals, paced by its own lifetime, keep both, and the enforced plan's
+/// The request's plan, and that of its shadow rules if any, living as long as the enforced
+/// plan: the request's renewals, paced by its own lifetime, keep both, and the enforced plan's
 /// lifetime stays what the enforced rules say. A shadow plan that cannot be priced is skipped.
-pub(crate) fn shadow_plan(
+pub(crate) fn plans(
     policy: &tollgate_core::Policy,
-    p: &Plan,
     facts: &tollgate_core::RequestFacts,
-) -> Option<Plan> {
-    let mut s = tollgate_core::shadow_plan(policy, facts).ok().flatten()?;
-    s.ttl_ms = p.ttl_ms;
-    Some(s)
+) -> Result<(Plan, Option<Plan>), PlanError> {
+    let (p, shadow) = tollgate_core::plans(policy, facts)?;
+    let shadow = shadow.ok().flatten().map(|mut s| {
+        s.ttl_ms = p.ttl_ms;
+        s
+    });
+    Ok((p, shadow))
 }
 
 /// The error of a refused request, with what its input count included and, for a money budget,
