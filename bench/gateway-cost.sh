@@ -7,6 +7,8 @@
 #   bench/gateway-cost.sh [DURATION_SECONDS=10] [CONNECTIONS=64]
 #   TOLLGATE_BENCH_SHADOW=1 bench/gateway-cost.sh ...   (adds the six controls with a shadow rule
 #   and alerts configured on each store, each compared with the same store without them)
+#   TOLLGATE_BENCH_LEDGER=1 bench/gateway-cost.sh ...   (adds Redis with the spend ledger on a
+#   PostgreSQL of its own, compared with Redis without it: the gateway's part of the ledger)
 #
 # Each gateway runs under callgrind; wrk sends the load bench's request (bench/post.lua) over
 # CONNECTIONS connections for DURATION seconds after a warm-up, and the count covers exactly that
@@ -66,6 +68,12 @@ if [ "${TOLLGATE_BENCH_SHADOW:-0}" = 1 ]; then
          "shadow-redis|gateway, six controls, a shadow rule and alerts, Redis store|$(count shadow-redis "$(redis_store_toml "$REDIS")" "$WITH_SHADOW")"
          "shadow-sliced|gateway, six controls, a shadow rule and alerts, Redis store with leased slices|$(count shadow-sliced "$(sliced_store_toml "$REDIS")" "$WITH_SHADOW")")
 fi
+if [ "${TOLLGATE_BENCH_LEDGER:-0}" = 1 ]; then
+  start_postgres
+  rows+=("ledger-redis|gateway, six controls, Redis store, spend ledger in PostgreSQL|$(count ledger-redis "$(redis_store_toml "$REDIS")
+[ledger]
+url = \"$PG_URL\"" "$ALL_SIX")")
+fi
 echo "| setup | requests counted | instructions per request | added to pass-through | pass-through / setup |"
 echo "|---|---|---|---|---|"
 echo "| gateway, controls off (pass-through) | $pn | $pi | — | 1.000 |"
@@ -76,10 +84,11 @@ for row in "${rows[@]}"; do
   per[$name]=$i
   echo "| $label | $n | $i | +$((i - pi)) | $(python3 -c "print(f'{$pi / $i:.3f}')") |"
 done
-# What a shadow rule and alerts add to the same store's request, in the gateway.
-for pair in "shadow memory" "shadow-redis redis" "shadow-sliced redis-sliced"; do
+# What a shadow rule and alerts, or the ledger, add to the same store's request, in the gateway.
+for pair in "shadow memory" "shadow-redis redis" "shadow-sliced redis-sliced" "ledger-redis redis"; do
   set -- $pair
   [ -n "${per[$1]:-}" ] || continue
+  what="a shadow rule and alerts"; [ "$1" = ledger-redis ] && what="the spend ledger"
   echo
-  echo "a shadow rule and alerts against the same store without them ($2): +$((per[$1] - per[$2])) instructions per request, $(python3 -c "print(f'{${per[$1]} / ${per[$2]}:.3f}')")x"
+  echo "$what against the same store without them ($2): +$((per[$1] - per[$2])) instructions per request, $(python3 -c "print(f'{${per[$1]} / ${per[$2]}:.3f}')")x"
 done
