@@ -11,7 +11,7 @@
 #   lease count, lease, budget read and reservation, ticket, expiry index), no logic;
 # - floor, all in one call: bench/floor/batch.lua, every caller's admission in one call with one
 #   call in flight (a perfect batch), seven commands per admission and three per call;
-# - ledger, one per call: the store's own batch script (common_v4 + batch_v3) with one admission,
+# - ledger, one per call: the store's own batch script (common_v7 + batch_v4) with one admission,
 #   the throughput bench's policy and arguments;
 # - ledger, all in one call: the same script with every caller's admission in one call, users
 #   spread over 16 as in the throughput bench.
@@ -32,7 +32,7 @@ load() { redis-cli -p "$port" SCRIPT LOAD "$1"; }
 trivial=$(load 'return 1')
 one=$(load "$(cat bench/floor/one.lua)")
 batch=$(load "$(cat bench/floor/batch.lua)")
-ledger=$(load "$(cat crates/redis/src/lua/common_v4.lua crates/redis/src/lua/batch_v3.lua)")
+ledger=$(load "$(cat crates/redis/src/lua/common_v7.lua crates/redis/src/lua/batch_v4.lua)")
 # redis-benchmark -q prints progress lines ended by \r; the last one holds the total.
 rps() { tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}'; }
 bench() { # clients requests command... -> calls per second
@@ -41,12 +41,12 @@ bench() { # clients requests command... -> calls per second
   redis-benchmark -p "$port" -n "$n" -c "$c" -r 100000000 -q "$@" | rps
 }
 P=bf
-# One admission as batch_v3 takes it (see bench/call-cost.sh): op, argument count, then the
+# One admission as batch_v4 takes it (see bench/call-cost.sh): op, argument count, then the
 # throughput bench's: id, ttl, retention, token verdict, one rate, lease and budget scope, price,
-# expired usage, three kill-switch targets, the three scopes.
+# expired usage, three kill-switch targets, no repeats, no loop verdict, the three scopes.
 item() { # user [id] -> the item's arguments
   local u="user|tenant:acme/user:u$1" id="${2:-b__rand_int__}"
-  echo "a 28 $id 60000 3600000 0 1 1 1 0 0 0 100 0 100 3 all tenant:acme user:u$1" \
+  echo "a 30 $id 60000 3600000 0 1 1 1 0 0 0 100 0 100 3 0 0 all tenant:acme user:u$1" \
     "$P:r:$u 1000000000 60000 $P:l:$u 1000000 $P:b:$u 1000000000000 t 86400000 fixed:86400000 200"
 }
 item_keys() { local u="user|tenant:acme/user:u$1"; echo "$P:ts:${2:-b__rand_int__} $P:r:$u $P:l:$u $P:b:$u"; }
