@@ -19,19 +19,39 @@ pub(crate) struct Lane {
     /// Script calls in flight (`RedisConfig::batches_in_flight`), shared by the batch task and
     /// by callers that find the lane idle.
     pub(crate) slots: Arc<Semaphore>,
+    /// The shard's prefix and the keys every call on it names.
+    pub(crate) head: Arc<HeadKeys>,
 }
 
 impl Lane {
-    fn new(config: &RedisConfig) -> Self {
+    fn new(config: &RedisConfig, prefix: &str) -> Self {
         Self {
             queue: OnceLock::new(),
             slots: Arc::new(Semaphore::new(config.batches_in_flight.max(1))),
+            head: Arc::new(HeadKeys::new(prefix)),
         }
     }
 }
 
-pub(crate) fn lanes(config: &RedisConfig, shards: usize) -> Arc<[Lane]> {
-    (0..shards).map(|_| Lane::new(config)).collect()
+pub(crate) fn lanes(config: &RedisConfig, shards: &[String]) -> Arc<[Lane]> {
+    shards.iter().map(|p| Lane::new(config, p)).collect()
+}
+
+/// A shard's prefix and the five keys of its batch calls, made once per shard: a caller that
+/// finds the lane idle makes a call of its own, and formatting them per call cost more than the
+/// rest of the call's head.
+pub(crate) struct HeadKeys {
+    prefix: String,
+    keys: [String; 5],
+}
+
+impl HeadKeys {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+            keys: ["x", "clock", "kill", "marker", "lost"].map(|k| format!("{prefix}:{k}")),
+        }
+    }
 }
 
 /// An admission (`a`) or a settlement (`f`) waiting for a batch call.
@@ -49,7 +69,7 @@ pub(crate) async fn run_batches(
     conn: Conn,
     config: Arc<RedisConfig>,
     marker: Arc<AtomicBool>,
-    prefix: Arc<str>,
+    head: Arc<HeadKeys>,
     clock: Option<Arc<dyn Clock>>,
 ) {
     while let Some(first) = rx.recv().await {
@@ -63,54 +83,47 @@ pub(crate) async fn run_batches(
                 Err(_) => break,
             }
         }
-        let (conn, config, prefix, marker) =
-            (conn.clone(), config.clone(), prefix.clone(), marker.clone());
+        let (conn, config, head, marker) =
+            (conn.clone(), config.clone(), head.clone(), marker.clone());
         let now = clock.as_ref().map_or(0, |c| c.now().max(1));
         tokio::spawn(async move {
-            call_batch(conn, &config, &marker, &prefix, now, jobs).await;
+            call_batch(conn, &config, &marker, &head, now, jobs).await;
             drop(permit);
         });
     }
 }
 
 /// The parts of a batch call that are not its items'.
-pub(crate) struct BatchHead {
-    keys: [String; 5],
-    args: [String; 4],
+pub(crate) struct BatchHead<'a> {
+    keys: &'a HeadKeys,
+    args: [String; 2],
+    marker_seen: bool,
 }
 
-impl BatchHead {
-    fn new(prefix: &str, now: u64, retention_ms: u64, marker_seen: bool) -> Self {
+impl<'a> BatchHead<'a> {
+    fn new(keys: &'a HeadKeys, now: u64, retention_ms: u64, marker_seen: bool) -> Self {
         Self {
-            keys: [
-                format!("{prefix}:x"),
-                format!("{prefix}:clock"),
-                format!("{prefix}:kill"),
-                format!("{prefix}:marker"),
-                format!("{prefix}:lost"),
-            ],
-            args: [
-                prefix.to_owned(),
-                num(now),
-                num(retention_ms),
-                if marker_seen { "1" } else { "0" }.to_owned(),
-            ],
+            keys,
+            args: [num(now), num(retention_ms)],
+            marker_seen,
         }
     }
 
     /// KEYS and ARGV of the call, borrowed from the head, the items and their argument counts.
-    fn layout<'a>(
+    fn layout(
         &'a self,
         items: &[(&'a str, &'a Invocation)],
         counts: &'a [String],
     ) -> (Vec<&'a str>, Vec<&'a str>) {
-        let mut keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
-        let mut args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let mut keys: Vec<&str> = self.keys.keys.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = vec![self.keys.prefix.as_str()];
+        args.extend(self.args.iter().map(String::as_str));
+        args.push(if self.marker_seen { "1" } else { "0" });
         for (&(op, inv), n) in items.iter().zip(counts) {
-            keys.extend(inv.keys.iter().map(String::as_str));
+            keys.extend(inv.keys.iter());
             args.push(op);
             args.push(n);
-            args.extend(inv.args.iter().map(String::as_str));
+            args.extend(inv.args.iter());
         }
         (keys, args)
     }
@@ -130,11 +143,12 @@ pub fn batch_invocation<'a>(
 ) -> Invocation {
     let items: Vec<_> = items.into_iter().collect();
     let counts = arg_counts(&items);
-    let head = BatchHead::new(prefix, now, retention_ms, marker_seen);
+    let keys = HeadKeys::new(prefix);
+    let head = BatchHead::new(&keys, now, retention_ms, marker_seen);
     let (keys, args) = head.layout(&items, &counts);
     Invocation {
-        keys: keys.into_iter().map(str::to_owned).collect(),
-        args: args.into_iter().map(str::to_owned).collect(),
+        keys: keys.into_iter().collect(),
+        args: args.into_iter().collect(),
     }
 }
 
@@ -143,13 +157,13 @@ pub(crate) async fn call_items(
     mut conn: Conn,
     config: &RedisConfig,
     marker: &AtomicBool,
-    prefix: &str,
+    head: &HeadKeys,
     now: u64,
     parts: &[(&str, &Invocation)],
 ) -> Result<Vec<Value>, StoreError> {
     let counts = arg_counts(parts);
     let seen = marker.load(Ordering::Relaxed);
-    let head = BatchHead::new(prefix, now, config.retention_ms, seen);
+    let head = BatchHead::new(head, now, config.retention_ms, seen);
     let (keys, args) = head.layout(parts, &counts);
     // Callers stop waiting at their own timeout; this one only ends calls that never return.
     let replies = tokio::time::timeout(
@@ -183,12 +197,12 @@ pub(crate) async fn call_batch(
     conn: Conn,
     config: &RedisConfig,
     marker: &AtomicBool,
-    prefix: &str,
+    head: &HeadKeys,
     now: u64,
     jobs: Vec<Job>,
 ) {
     let parts: Vec<(&str, &Invocation)> = jobs.iter().map(|j| (j.op, &j.inv)).collect();
-    match call_items(conn, config, marker, prefix, now, &parts).await {
+    match call_items(conn, config, marker, head, now, &parts).await {
         Ok(replies) => {
             for (job, reply) in jobs.into_iter().zip(replies) {
                 let _ = job.reply.send(item_reply(reply));

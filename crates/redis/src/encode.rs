@@ -5,21 +5,32 @@ use tollgate_core::pipeline::Plan;
 use tollgate_core::policy::Unit;
 use tollgate_core::{Period, Usage};
 
+pub use crate::strs::Strs;
+
 /// The keys and arguments of one script call.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Invocation {
     /// KEYS.
-    pub keys: Vec<String>,
+    pub keys: Strs,
     /// ARGV.
-    pub args: Vec<String>,
+    pub args: Strs,
 }
 
-pub(crate) fn usage_args(u: &Usage) -> [String; 3] {
-    [
-        num(u.input_tokens),
-        num(u.cached_input_tokens),
-        num(u.output_tokens),
-    ]
+impl Invocation {
+    /// These keys and arguments (for the calls made now and then; an admission's and a
+    /// settlement's are pushed one by one).
+    pub fn of(keys: &[&str], args: &[&str]) -> Self {
+        Self {
+            keys: keys.iter().copied().collect(),
+            args: args.iter().copied().collect(),
+        }
+    }
+}
+
+pub(crate) fn usage_args(args: &mut Strs, u: &Usage) {
+    args.push_num(u.input_tokens);
+    args.push_num(u.cached_input_tokens);
+    args.push_num(u.output_tokens);
 }
 
 pub(crate) fn period_arg(p: Period) -> (u64, String) {
@@ -29,14 +40,14 @@ pub(crate) fn period_arg(p: Period) -> (u64, String) {
     }
 }
 
-/// A number as an argument, written by `itoa`: an admission has some twenty, and the formatting
-/// machinery of `to_string` costs several times as much per number.
+/// A number as an argument, written by `itoa`: the formatting machinery of `to_string` costs
+/// several times as much per number.
 pub(crate) fn num(n: impl itoa::Integer) -> String {
     itoa::Buffer::new().format(n).to_owned()
 }
 
-/// `{prefix}:{kind}:{id}`, made in one allocation of the right size: every per-request and
-/// per-scope key (`docs/redis.md` lists the kinds) is made here.
+/// `{prefix}:{kind}:{id}`, made in one allocation of the right size (keys outside a call's
+/// [`Strs`]; those are made by [`Strs::push_key`]).
 pub(crate) fn key(prefix: &str, kind: &str, id: &str) -> String {
     let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 2);
     k.push_str(prefix);
@@ -47,67 +58,73 @@ pub(crate) fn key(prefix: &str, kind: &str, id: &str) -> String {
     k
 }
 
+/// Bytes a call's strings take, roughly: a capacity that spares most of a buffer's regrowth.
+const BYTES_PER_STRING: usize = 24;
+
+fn strs(items: usize) -> Strs {
+    Strs::with_capacity(items, items * BYTES_PER_STRING)
+}
+
 /// The exact KEYS and ARGV of an admission, as one item of a batch call.
 pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocation {
-    let mut keys = Vec::with_capacity(
-        1 + plan.rate.len() + plan.repeats.len() + plan.concurrency.len() + plan.budget.len(),
-    );
-    keys.push(key(prefix, "ts", &plan.request_id));
+    let mut keys =
+        strs(1 + plan.rate.len() + plan.repeats.len() + plan.concurrency.len() + plan.budget.len());
+    keys.push_key(prefix, "ts", &plan.request_id);
     let price = plan
         .price
         .map_or([0, 0, 0], |p| [p.input, p.cached_input, p.output]);
-    let mut args = Vec::with_capacity(
+    let mut args = strs(
         16 + plan.kill_targets.len()
             + 3 * (plan.rate.len() + plan.repeats.len())
             + 2 * plan.concurrency.len()
             + 6 * plan.budget.len(),
     );
-    args.extend([
-        plan.request_id.clone(),
-        num(plan.ttl_ms),
-        num(retention_ms),
-        flag(plan.token_verdict.is_some()),
-        num(plan.rate.len()),
-        num(plan.concurrency.len()),
-        num(plan.budget.len()),
-    ]);
-    args.extend(price.map(num));
-    args.extend(usage_args(&plan.expired_usage));
-    args.push(num(plan.kill_targets.len()));
-    args.push(num(plan.repeats.len()));
-    args.push(flag(plan.loop_verdict.is_some()));
-    args.extend(plan.kill_targets.iter().map(str::to_owned));
+    args.push(&plan.request_id);
+    args.push_num(plan.ttl_ms);
+    args.push_num(retention_ms);
+    args.push_flag(plan.token_verdict.is_some());
+    args.push_num(plan.rate.len());
+    args.push_num(plan.concurrency.len());
+    args.push_num(plan.budget.len());
+    for n in price {
+        args.push_num(n);
+    }
+    usage_args(&mut args, &plan.expired_usage);
+    args.push_num(plan.kill_targets.len());
+    args.push_num(plan.repeats.len());
+    args.push_flag(plan.loop_verdict.is_some());
+    args.extend(plan.kill_targets.iter());
     scope_args(prefix, plan, &mut keys, &mut args);
     Invocation { keys, args }
 }
 
-fn flag(on: bool) -> String {
-    if on { "1" } else { "0" }.to_owned()
-}
-
 /// A plan's scopes, each with its limits, in the layout `admit_one` reads after the header.
-fn scope_args(prefix: &str, plan: &Plan, keys: &mut Vec<String>, args: &mut Vec<String>) {
+fn scope_args(prefix: &str, plan: &Plan, keys: &mut Strs, args: &mut Strs) {
     for r in plan.rate.iter().chain(&plan.repeats) {
-        let k = key(prefix, "r", r.scope.id());
-        keys.push(k.clone());
-        args.extend([k, num(r.limit), num(r.window_ms)]);
+        keys.push_key(prefix, "r", r.scope.id());
+        args.push_key(prefix, "r", r.scope.id());
+        args.push_num(r.limit);
+        args.push_num(r.window_ms);
     }
     for c in &plan.concurrency {
-        let k = key(prefix, "l", c.scope.id());
-        keys.push(k.clone());
-        args.extend([k, num(c.limit)]);
+        keys.push_key(prefix, "l", c.scope.id());
+        args.push_key(prefix, "l", c.scope.id());
+        args.push_num(c.limit);
     }
     for b in &plan.budget {
-        let k = key(prefix, "b", b.scope.id());
-        keys.push(k.clone());
-        let (len, label) = period_arg(b.period);
-        let unit = match b.unit {
-            Unit::Tokens => "t".to_owned(),
-            Unit::MicroUsd => "m".to_owned(),
+        keys.push_key(prefix, "b", b.scope.id());
+        args.push_key(prefix, "b", b.scope.id());
+        args.push_num(b.limit);
+        match b.unit {
+            Unit::Tokens => args.push("t"),
+            Unit::MicroUsd => args.push("m"),
             // With what the round is charged when it ends without an answer.
-            Unit::ToolCalls => format!("c{}", plan.expired_usage.tool_calls),
-        };
-        args.extend([k, num(b.limit), unit, num(len), label, num(b.amount)]);
+            Unit::ToolCalls => args.push(&format!("c{}", plan.expired_usage.tool_calls)),
+        }
+        let (len, label) = period_arg(b.period);
+        args.push_num(len);
+        args.push(&label);
+        args.push_num(b.amount);
     }
 }
 
@@ -119,25 +136,21 @@ pub(crate) fn finish_invocation(
     usage: Option<Usage>,
     ending: &str,
 ) -> Invocation {
-    let mut args = vec![
-        id.to_owned(),
-        num(retention_ms),
-        ending.to_owned(),
-        if usage.is_some() { "1" } else { "0" }.to_owned(),
-    ];
+    let mut args = strs(10);
+    args.push(id);
+    args.push_num(retention_ms);
+    args.push(ending);
+    args.push_flag(usage.is_some());
     // Bounded before it is written: the script computes in doubles, and a number past 2^63
     // would be formatted negative there.
     let u = usage.unwrap_or_default().bounded();
-    args.extend(usage_args(&u));
-    args.extend([
-        num(u.cache_write_tokens),
-        num(u.cache_write_1h_tokens),
-        num(u.tool_calls),
-    ]);
-    Invocation {
-        keys: vec![key(prefix, "ts", id)],
-        args,
-    }
+    usage_args(&mut args, &u);
+    args.push_num(u.cache_write_tokens);
+    args.push_num(u.cache_write_1h_tokens);
+    args.push_num(u.tool_calls);
+    let mut keys = strs(1);
+    keys.push_key(prefix, "ts", id);
+    Invocation { keys, args }
 }
 
 /// The KEYS and ARGV of an admission with its shadow plan (`admit_shadowed`): the number of the
@@ -151,22 +164,20 @@ pub(crate) fn admit_shadowed_invocation(
 ) -> Invocation {
     let Invocation { mut keys, args } = admit_invocation(prefix, plan, retention_ms);
     let s = shadow;
-    let mut all = Vec::with_capacity(
+    let mut all = strs(
         7 + args.len()
             + 3 * (s.rate.len() + s.repeats.len())
             + 2 * s.concurrency.len()
             + 6 * s.budget.len(),
     );
-    all.push(num(args.len()));
-    all.extend(args);
-    all.extend([
-        flag(s.token_verdict.is_some()),
-        num(s.rate.len()),
-        num(s.concurrency.len()),
-        num(s.budget.len()),
-        num(s.repeats.len()),
-        flag(s.loop_verdict.is_some()),
-    ]);
+    all.push_num(args.len());
+    all.extend(args.iter());
+    all.push_flag(s.token_verdict.is_some());
+    all.push_num(s.rate.len());
+    all.push_num(s.concurrency.len());
+    all.push_num(s.budget.len());
+    all.push_num(s.repeats.len());
+    all.push_flag(s.loop_verdict.is_some());
     scope_args(prefix, s, &mut keys, &mut all);
     Invocation { keys, args: all }
 }

@@ -43,6 +43,7 @@ mod encode;
 mod keys;
 mod sharded;
 mod slices;
+mod strs;
 
 use sharded::Admissions;
 #[cfg(test)]
@@ -68,14 +69,14 @@ pub use config::{RedisConfig, redacted};
 pub use decode::{
     ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, SHADOW_REPLIES, STORE_REASONS,
 };
-pub use encode::{Invocation, admit_invocation};
+pub use encode::{Invocation, Strs, admit_invocation};
 pub use keys::KEY_REPLIES;
 pub use slices::{SLICE_REPLIES, SLICE_TICKETS, slice_invocation};
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};
 use conn::{Conn, evalsha, no_answer, scripts, unavailable};
 use decode::{decision, finish_reply, int, items, shadowed, text};
-use encode::{admit_shadowed_invocation, finish_invocation, key, period_arg};
+use encode::{admit_shadowed_invocation, finish_invocation, key, num, period_arg};
 
 /// Wraps a prefix in a hash tag (cluster mode): every key then lives in one slot.
 fn tagged(prefix: &str) -> String {
@@ -173,7 +174,7 @@ impl RedisStore {
         let shards = shard_prefixes(&config.prefix, config.shards);
         Self {
             conn,
-            lanes: lanes(&config, shards.len()),
+            lanes: lanes(&config, &shards),
             config: Arc::new(config),
             clock: None,
             markers: shards.iter().map(|_| Arc::default()).collect(),
@@ -187,7 +188,7 @@ impl RedisStore {
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
-        self.lanes = lanes(&self.config, self.shards.len());
+        self.lanes = lanes(&self.config, &self.shards);
         self
     }
 
@@ -265,11 +266,7 @@ impl RedisStore {
         op: &'static str,
         inv: Invocation,
     ) -> Result<Vec<Value>, StoreError> {
-        let (Some(lane), Some(prefix), Some(marker)) = (
-            self.lanes.get(shard),
-            self.shards.get(shard),
-            self.markers.get(shard),
-        ) else {
+        let (Some(lane), Some(marker)) = (self.lanes.get(shard), self.markers.get(shard)) else {
             return Err(StoreError::Protocol(format!("no shard {shard}")));
         };
         let queue = lane.queue.get_or_init(|| {
@@ -282,7 +279,7 @@ impl RedisStore {
                 conn,
                 config,
                 marker.clone(),
-                Arc::from(prefix.as_str()),
+                lane.head.clone(),
                 clock,
             ));
             tx
@@ -299,7 +296,7 @@ impl RedisStore {
                     self.conn.clone(),
                     &self.config,
                     marker,
-                    prefix,
+                    &lane.head,
                     self.now_arg(),
                     &parts,
                 );
@@ -341,8 +338,7 @@ impl RedisStore {
         inv: Invocation,
     ) -> Result<T, StoreError> {
         let mut conn = self.conn.clone();
-        let keys: Vec<&str> = inv.keys.iter().map(String::as_str).collect();
-        let args: Vec<&str> = inv.args.iter().map(String::as_str).collect();
+        let (keys, args) = (inv.keys.to_vec(), inv.args.to_vec());
         tokio::time::timeout(
             self.config.call_timeout,
             evalsha::<T>(&mut conn, script, &keys, &args),
@@ -357,15 +353,15 @@ impl RedisStore {
     pub async fn sweep_expired(&self, max: u64) -> Result<u64, StoreError> {
         let mut swept = 0;
         for p in self.shards.iter() {
-            let inv = Invocation {
-                keys: vec![format!("{p}:x"), format!("{p}:clock")],
-                args: vec![
-                    p.clone(),
-                    self.now_arg().to_string(),
-                    self.config.retention_ms.to_string(),
-                    max.to_string(),
+            let inv = Invocation::of(
+                &[&format!("{p}:x"), &format!("{p}:clock")],
+                &[
+                    p,
+                    &num(self.now_arg()),
+                    &num(self.config.retention_ms),
+                    &num(max),
                 ],
-            };
+            );
             let n: i64 = self.invoke(&scripts().sweep, inv).await?;
             swept += n.max(0) as u64;
         }
@@ -421,15 +417,10 @@ impl RedisStore {
     /// Renews a request's leases and reservations on one shard.
     async fn renew_on(&self, shard: usize, id: &str) -> Result<Renewal, StoreError> {
         let p = &self.shards[shard];
-        let inv = Invocation {
-            keys: vec![key(p, "ts", id), format!("{p}:x"), format!("{p}:clock")],
-            args: vec![
-                p.clone(),
-                self.now_arg().to_string(),
-                id.to_owned(),
-                self.config.retention_ms.to_string(),
-            ],
-        };
+        let inv = Invocation::of(
+            &[&key(p, "ts", id), &format!("{p}:x"), &format!("{p}:clock")],
+            &[p, &num(self.now_arg()), id, &num(self.config.retention_ms)],
+        );
         let reply = self.call(&scripts().renew, inv).await?;
         match reply.first().map(text).transpose()?.as_deref() {
             Some("renewed") => Ok(Renewal::Renewed {
@@ -554,21 +545,21 @@ impl Store for RedisStore {
             let (len, label) = period_arg(per);
             (i64::try_from(len).unwrap_or(i64::MAX), label)
         });
-        let inv = Invocation {
-            keys: vec![
-                key(p, "l", scope_id),
-                key(p, "b", scope_id),
-                format!("{p}:x"),
-                format!("{p}:clock"),
+        let inv = Invocation::of(
+            &[
+                &key(p, "l", scope_id),
+                &key(p, "b", scope_id),
+                &format!("{p}:x"),
+                &format!("{p}:clock"),
             ],
-            args: vec![
-                p.clone(),
-                self.now_arg().to_string(),
-                len.to_string(),
-                label,
-                self.config.retention_ms.to_string(),
+            &[
+                p,
+                &num(self.now_arg()),
+                &num(len),
+                &label,
+                &num(self.config.retention_ms),
             ],
-        };
+        );
         async move {
             let reply = self.call(&scripts().usage, inv).await?;
             let n = |i: usize| {

@@ -159,10 +159,7 @@ impl RedisStore {
     /// policy says for an abandoned request.
     async fn undo(&self, id: &str, shards: impl Iterator<Item = usize>) {
         let calls = shards.map(|shard| {
-            let inv = Invocation {
-                keys: vec![format!("{}:ts:{id}", self.shards[shard])],
-                args: vec![id.to_owned()],
-            };
+            let inv = Invocation::of(&[&crate::encode::key(&self.shards[shard], "ts", id)], &[id]);
             self.batched(shard, "u", inv)
         });
         futures_util::future::join_all(calls).await;

@@ -10,17 +10,13 @@ use tollgate_core::{SliceSource, StoreError};
 use crate::RedisStore;
 use crate::batch::is_lost;
 use crate::decode::{int, items, text};
-use crate::encode::{Invocation, key, num, period_arg};
+use crate::encode::{Invocation, period_arg};
 
 /// Every reply kind of a slice item: its own, and a slice the store no longer holds.
 pub const SLICE_REPLIES: [&str; 2] = ["sliced", "gone"];
 /// The kinds of slice tickets the scripts write (slots, budget), which the reply check of the
 /// scripts' sources meets too.
 pub const SLICE_TICKETS: [&str; 2] = ["~L", "~B"];
-
-fn flag(on: bool) -> String {
-    if on { "1" } else { "0" }.to_owned()
-}
 
 fn unit_arg(u: Unit) -> &'static str {
     match u {
@@ -40,60 +36,51 @@ fn scope_of(o: &Order) -> &str {
 
 /// The keys and arguments of one shard's slice item: `orders` in the given order.
 pub fn slice_invocation(prefix: &str, divisor: u64, kills: bool, orders: &[&Order]) -> Invocation {
-    let mut keys = Vec::with_capacity(2 * orders.len());
-    let mut args = vec![num(divisor.max(1)), flag(kills)];
+    let mut inv = Invocation::default();
+    let (keys, args) = (&mut inv.keys, &mut inv.args);
+    args.push_num(divisor.max(1));
+    args.push_flag(kills);
     for o in orders {
         match o {
             Order::Rate(r) => {
-                let k = key(prefix, "r", &r.scope);
-                keys.push(k.clone());
-                args.extend([
-                    "r".to_owned(),
-                    k,
-                    num(r.limit),
-                    num(r.window_ms),
-                    num(r.take),
-                    num(r.back),
-                    num(r.back_start),
-                ]);
+                keys.push_key(prefix, "r", &r.scope);
+                args.push("r");
+                args.push_key(prefix, "r", &r.scope);
+                for n in [r.limit, r.window_ms, r.take, r.back, r.back_start] {
+                    args.push_num(n);
+                }
             }
             Order::Lease(l) => {
-                let k = key(prefix, "l", &l.scope);
-                keys.extend([k.clone(), key(prefix, "ts", &l.slice)]);
-                args.extend([
-                    "l".to_owned(),
-                    l.slice.to_string(),
-                    k,
-                    num(l.limit),
-                    num(l.slots),
-                    num(l.ttl_ms),
-                    flag(l.create),
-                ]);
+                keys.push_key(prefix, "l", &l.scope);
+                keys.push_key(prefix, "ts", &l.slice);
+                args.push("l");
+                args.push(&l.slice);
+                args.push_key(prefix, "l", &l.scope);
+                for n in [l.limit, l.slots, l.ttl_ms] {
+                    args.push_num(n);
+                }
+                args.push_flag(l.create);
             }
             Order::Budget(b) => {
-                let k = key(prefix, "b", &b.scope);
-                keys.extend([k.clone(), key(prefix, "ts", &b.slice)]);
+                keys.push_key(prefix, "b", &b.scope);
+                keys.push_key(prefix, "ts", &b.slice);
                 let (len, label) = period_arg(b.period);
-                args.extend([
-                    "b".to_owned(),
-                    b.slice.to_string(),
-                    k,
-                    num(b.limit),
-                    unit_arg(b.unit).to_owned(),
-                    num(len),
-                    label,
-                    num(b.period_id),
-                    num(b.amount),
-                    num(b.keep),
-                    num(b.settled),
-                    num(b.ttl_ms),
-                    flag(b.create),
-                ]);
+                args.push("b");
+                args.push(&b.slice);
+                args.push_key(prefix, "b", &b.scope);
+                args.push_num(b.limit);
+                args.push(unit_arg(b.unit));
+                args.push_num(len);
+                args.push(&label);
+                for n in [b.period_id, b.amount, b.keep, b.settled, b.ttl_ms] {
+                    args.push_num(n);
+                }
+                args.push_flag(b.create);
             }
         }
     }
-    keys.push(format!("{prefix}:x"));
-    Invocation { keys, args }
+    keys.push(&format!("{prefix}:x"));
+    inv
 }
 
 fn count(v: &Value) -> Result<u64, StoreError> {

@@ -115,15 +115,15 @@ fn admit_sends_exactly_these_arguments() {
     };
     let settle = finish_invocation("tg", "req-0", 3_600_000, Some(usage), "settled");
     let both = batch_invocation("tg", 0, 3_600_000, true, [("f", &settle), ("a", &item)]);
-    assert_eq!(both.keys[5..6], ["tg:ts:req-0"]);
-    assert_eq!(both.keys[6..], inv.keys[5..]);
+    assert_eq!(both.keys.to_vec()[5..6], ["tg:ts:req-0"]);
+    assert_eq!(both.keys.to_vec()[6..], inv.keys.to_vec()[5..]);
     assert_eq!(
-        both.args[4..16],
+        both.args.to_vec()[4..16],
         [
             "f", "10", "req-0", "3600000", "settled", "1", "40", "0", "25", "7", "3", "2"
         ]
     );
-    assert_eq!(both.args[16..], inv.args[4..]);
+    assert_eq!(both.args.to_vec()[16..], inv.args.to_vec()[4..]);
 }
 
 /// A sharded store forgets remembered admissions long past their expiry once it holds many:

@@ -45,6 +45,18 @@ fn calendar_round_trips() {
 }
 
 #[test]
+fn period_labels_name_the_length_or_the_month() {
+    for (period, label) in [
+        (Period::Fixed(86_400_000), "fixed:86400000"),
+        (Period::Fixed(0), "fixed:0"),
+        (Period::Fixed(u64::MAX), "fixed:18446744073709551615"),
+        (Period::CalendarMonth, "month"),
+    ] {
+        assert_eq!(period.label(), label);
+    }
+}
+
+#[test]
 fn cost_rounds_up() {
     let p = Price {
         input: 2_500_000,
