@@ -47,15 +47,19 @@ pub(crate) fn num(n: impl itoa::Integer) -> String {
 }
 
 /// `{prefix}:{kind}:{id}`, made in one allocation of the right size (keys outside a call's
-/// [`Strs`]; those are made by [`Strs::push_key`]).
+/// [`Strs`]; those are pushed by [`Strs::push_key`]).
 pub(crate) fn key(prefix: &str, kind: &str, id: &str) -> String {
     let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 2);
-    k.push_str(prefix);
-    k.push(':');
-    k.push_str(kind);
-    k.push(':');
-    k.push_str(id);
+    write_key(&mut k, prefix, kind, id);
     k
+}
+
+/// Appends `{prefix}:{kind}:{id}` to `to`: every per-request and per-scope key
+/// (`docs/redis.md` lists the kinds) is written here.
+pub(crate) fn write_key(to: &mut String, prefix: &str, kind: &str, id: &str) {
+    for part in [prefix, ":", kind, ":", id] {
+        to.push_str(part);
+    }
 }
 
 /// Bytes a call's strings take, roughly: a capacity that spares most of a buffer's regrowth.

@@ -37,12 +37,9 @@ impl Strs {
         self.push(if on { "1" } else { "0" });
     }
 
-    /// Appends the key `{prefix}:{kind}:{id}`: every per-request and per-scope key
-    /// (`docs/redis.md` lists the kinds) is made here.
+    /// Appends the key `{prefix}:{kind}:{id}`.
     pub fn push_key(&mut self, prefix: &str, kind: &str, id: &str) {
-        for part in [prefix, ":", kind, ":", id] {
-            self.text.push_str(part);
-        }
+        crate::encode::write_key(&mut self.text, prefix, kind, id);
         self.ends.push(self.text.len());
     }
 
