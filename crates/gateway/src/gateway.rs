@@ -25,9 +25,7 @@ pub struct Gateway {
     pub store: AnyStore,
     pub(crate) counter: TokenCounter,
     /// 48 random bits per gateway process: ids stay unique across the instances that share a
-    /// store, and `tg-` + 12 hex digits + `-` + the sequence number in hex fits in the 23 bytes
-    /// the memory store keeps inline (up to 268 million requests per process; beyond, an id
-    /// is one allocation longer, nothing else changes).
+    /// store (see [`request_id`]).
     nonce: u64,
     seq: AtomicU64,
     /// The bounded queue of requests waiting for a concurrency slot.
@@ -166,13 +164,33 @@ impl Gateway {
     }
 
     pub(crate) fn next_id(&self) -> String {
-        format!(
-            "tg-{:012x}-{:x}",
-            self.nonce,
-            self.seq.fetch_add(1, Ordering::Relaxed)
-        )
+        request_id(self.nonce, self.seq.fetch_add(1, Ordering::Relaxed))
     }
+}
+
+/// `tg-`, the process's nonce in 12 hex digits, `-`, the sequence number in at least 7: 23
+/// bytes, what the memory store keeps inline (for 268 million requests per process; beyond,
+/// an id is one allocation longer). The padding makes a process's ids ascend as text, so that
+/// the spend ledger's key on them grows at its right edge instead of splitting pages across
+/// the index.
+fn request_id(nonce: u64, seq: u64) -> String {
+    format!("tg-{nonce:012x}-{seq:07x}")
 }
 
 /// Shared gateway state for handlers.
 pub type Shared = Arc<Gateway>;
+
+#[cfg(test)]
+mod tests {
+    use super::request_id;
+
+    #[test]
+    fn a_process_ids_ascend_as_text_and_fit_inline() {
+        let nonce = 0xa1b2_c3d4_e5f6;
+        let seqs = (0..0x1_0000).chain([0x0fff_fffe, 0x0fff_ffff]);
+        let ids: Vec<String> = seqs.map(|s| request_id(nonce, s)).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+        assert!(ids.iter().all(|id| id.len() == 23), "{:?}", ids.last());
+        assert_eq!(ids[0x1a], "tg-a1b2c3d4e5f6-000001a");
+    }
+}

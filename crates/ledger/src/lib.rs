@@ -150,7 +150,8 @@ impl Settings {
     }
 }
 
-/// The ledger: cheap to clone, one buffer and one connection shared.
+/// The ledger: cheap to clone, one buffer and two connections shared (one for the writes'
+/// transactions, one for everything else).
 #[derive(Clone)]
 pub struct Ledger {
     inner: Arc<Inner>,
@@ -165,7 +166,10 @@ impl std::fmt::Debug for Ledger {
 }
 
 struct Inner {
+    /// Reads and kill switches: statements of their own, shared by any number of callers.
     conn: Conn,
+    /// Batches of endings: a transaction each, one at a time ([`Conn::exclusive`]).
+    writes: Conn,
     settings: Settings,
     queue: std::sync::Mutex<VecDeque<Entry>>,
     /// Entries appended and not yet written (queued, or in a batch on its way): read on every
@@ -184,6 +188,7 @@ impl Ledger {
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
+                writes: Conn::new(settings.url.clone()),
                 settings,
                 queue: std::sync::Mutex::default(),
                 buffered: AtomicUsize::new(0),

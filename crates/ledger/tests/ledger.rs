@@ -117,3 +117,30 @@ async fn nothing_buffered_is_lost_while_postgres_is_down() {
     assert_eq!(ledger.counts().await.unwrap(), (50, 50));
     assert_eq!(ledger.written(), 50);
 }
+
+/// A batch holding an id the ledger already has (an expiry two instances read, a batch written
+/// again after its commit went unconfirmed): the other endings of the batch are written, the
+/// id's first ending and its charges stand.
+#[tokio::test]
+async fn a_batch_repeating_a_written_id_writes_the_rest() {
+    let pg = PgServer::start();
+    let mut s = Settings::new(pg.url());
+    s.flush_every = Duration::from_millis(20);
+    let ledger = Ledger::open(s).await.unwrap();
+    ledger.spawn_writer(None);
+    assert!(ledger.append(entry("first", "acme", 10, T0)));
+    assert!(ledger.flush(Duration::from_secs(10)).await);
+    for (id, tokens) in [("new-1", 1), ("first", 500), ("new-2", 2)] {
+        assert!(ledger.append(entry(id, "acme", tokens, T0 + 1)));
+    }
+    assert!(ledger.flush(Duration::from_secs(10)).await);
+    assert_eq!(ledger.counts().await.unwrap(), (3, 3));
+    assert_eq!(
+        ledger
+            .total("tenants|tenant:acme", "day", T0 / DAY)
+            .await
+            .unwrap(),
+        13
+    );
+    assert_eq!(ledger.written(), 4);
+}
