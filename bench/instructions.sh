@@ -28,7 +28,9 @@ echo "| operation | instructions | ratio to \`check()\` | ratio to \`check_key()
 echo "|---|---|---|---|"
 echo "| governor \`check()\` (direct limiter) | $gov | 1x | |"
 echo "| governor \`check_key()\` (keyed limiter, 64 keys) | $keyed | $(ratio "$keyed" "$gov") | 1x |"
-for op in "plan1 plan(), 1 scope" "plan5 plan(), 5 scopes" "store1 admit + settle, 1 scope" "store5 admit + settle, 5 scopes"; do
+for op in "plan1 plan(), 1 scope" "plan5 plan(), 5 scopes" "store1 admit + settle, 1 scope" "store5 admit + settle, 5 scopes" \
+  "plans1 plans(), 1 scope" "plans_shadow plans(), 1 scope and a shadow rule" \
+  "store_shadow admit with the shadow plan + settle, 1 scope and a shadow rule"; do
   set -- $op
   c=$(count "$1")
   shift

@@ -5,7 +5,9 @@
 //! `instructions OP N`: OP is `governor` (a direct limiter's `check()`), `governor_keyed` (a
 //! keyed limiter's `check_key()` over 64 keys, as in the admit bench), `plan1` / `plan5`
 //! (`plan()` for one scope / five, its plan dropped), `store1` / `store5` (admit + settle on the
-//! memory store of a plan built beforehand); N operations.
+//! memory store of a plan built beforehand); `plans1` / `plans_shadow` (`plans()` for one scope,
+//! without and with a shadow rule) and `store_shadow` (admit with the shadow plan + settle): what a
+//! shadow rule adds; N operations.
 
 #![allow(
     clippy::unwrap_used,
@@ -17,7 +19,7 @@
 use std::num::NonZeroU32;
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate_core::{Decision, MemoryStore, Plan, Policy, RequestFacts, SystemClock, plan};
+use tollgate_core::{Decision, MemoryStore, Plan, Policy, RequestFacts, SystemClock, plan, plans};
 
 mod common;
 use common::USAGE;
@@ -31,7 +33,9 @@ enum Work<'a> {
     Governor(&'a DefaultDirectRateLimiter, u64),
     GovernorKeyed(&'a DefaultKeyedRateLimiter<u64>, u64),
     Plan(&'a Policy, &'a [RequestFacts]),
+    Plans(&'a Policy, &'a [RequestFacts]),
     Store(&'a MemoryStore<SystemClock>, &'a [Plan]),
+    Shadowed(&'a MemoryStore<SystemClock>, &'a [(Plan, Plan)]),
 }
 
 /// The only function whose instructions are counted.
@@ -53,6 +57,19 @@ fn measured(work: &Work<'_>) {
                 drop(std::hint::black_box(plan(policy, f).unwrap()));
             }
         }
+        Work::Plans(policy, facts) => {
+            for f in *facts {
+                drop(std::hint::black_box(plans(policy, f).unwrap()));
+            }
+        }
+        Work::Shadowed(store, plans) => {
+            for (p, shadow) in *plans {
+                let (Decision::Admit(_), _) = store.admit_shadowed_sync(p, shadow).unwrap() else {
+                    panic!("benchmark policy refused");
+                };
+                std::hint::black_box(store.settle_sync(&p.request_id, USAGE).unwrap());
+            }
+        }
         Work::Store(store, plans) => {
             for p in *plans {
                 let Decision::Admit(_) = store.admit_sync(p).unwrap() else {
@@ -69,7 +86,7 @@ fn main() {
     // `cargo bench` runs every bench target with `--bench`: nothing to do without an OP.
     let (Some(op), Some(n)) = (args.get(1), args.get(2).and_then(|n| n.parse::<u64>().ok())) else {
         println!(
-            "usage: instructions governor|governor_keyed|plan1|plan5|store1|store5 N (see bench/instructions.sh)"
+            "usage: instructions governor|governor_keyed|plan1|plan5|store1|store5|plans1|plans_shadow|store_shadow N (see bench/instructions.sh)"
         );
         return;
     };
@@ -104,6 +121,26 @@ fn main() {
             assert!(matches!(store.admit_sync(&warm), Ok(Decision::Admit(_))));
             store.settle_sync(&warm.request_id, USAGE).unwrap();
             measured(&Work::Store(&store, &plans));
+        }
+        "plans1" | "plans_shadow" => {
+            let policy = common::policy(op);
+            let facts: Vec<_> = (0..n).map(facts).collect();
+            measured(&Work::Plans(&policy, &facts));
+        }
+        "store_shadow" => {
+            let policy = common::policy(op);
+            let store = MemoryStore::new().retention_ms(1_000);
+            let both = |i| {
+                let (p, shadow) = plans(&policy, &facts(i)).unwrap();
+                (p, shadow.unwrap().unwrap())
+            };
+            let all: Vec<_> = (0..n).map(both).collect();
+            // Both plans' scopes made before counting, as for `store1`.
+            let (p, shadow) = both(n);
+            let (decision, _) = store.admit_shadowed_sync(&p, &shadow).unwrap();
+            assert!(matches!(decision, Decision::Admit(_)));
+            store.settle_sync(&p.request_id, USAGE).unwrap();
+            measured(&Work::Shadowed(&store, &all));
         }
         other => panic!("unknown operation {other}"),
     }

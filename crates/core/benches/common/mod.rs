@@ -64,10 +64,29 @@ pub fn facts(request_id: String, user: u64) -> RequestFacts {
     }
 }
 
-/// The one-scope policy, or the five-scope one when `scopes` names five (`"5 scopes"`, `"plan5"`).
+/// The one-scope policy and a shadow rule trying a stricter rate and budget on the same users.
+pub const ONE_SCOPE_AND_SHADOW: &str = r#"
+    [[scopes]]
+    key = "user"
+    requests = { limit = 1000000000, window = "1s" }
+    input_tokens = 100000
+    concurrency = { limit = 1000000 }
+    budget = { tokens = 1000000000000, period = "day" }
+    [[scopes]]
+    name = "user-trial"
+    key = "user"
+    mode = "shadow"
+    requests = { limit = 500000000, window = "1s" }
+    budget = { tokens = 500000000000, period = "day" }
+"#;
+
+/// The one-scope policy, the five-scope one when `scopes` names five (`"5 scopes"`, `"plan5"`),
+/// or the one-scope policy with a shadow rule when it names `shadow`.
 pub fn policy(scopes: &str) -> Policy {
     let text = if scopes.contains('5') {
         FIVE_SCOPES
+    } else if scopes.contains("shadow") {
+        ONE_SCOPE_AND_SHADOW
     } else {
         ONE_SCOPE
     };
