@@ -64,14 +64,8 @@ pub fn facts(request_id: String, user: u64) -> RequestFacts {
     }
 }
 
-/// The one-scope policy and a shadow rule trying a stricter rate and budget on the same users.
-pub const ONE_SCOPE_AND_SHADOW: &str = r#"
-    [[scopes]]
-    key = "user"
-    requests = { limit = 1000000000, window = "1s" }
-    input_tokens = 100000
-    concurrency = { limit = 1000000 }
-    budget = { tokens = 1000000000000, period = "day" }
+/// A shadow rule trying a stricter rate and budget on the users of [`ONE_SCOPE`].
+pub const SHADOW_RULE: &str = r#"
     [[scopes]]
     name = "user-trial"
     key = "user"
@@ -84,11 +78,11 @@ pub const ONE_SCOPE_AND_SHADOW: &str = r#"
 /// or the one-scope policy with a shadow rule when it names `shadow`.
 pub fn policy(scopes: &str) -> Policy {
     let text = if scopes.contains('5') {
-        FIVE_SCOPES
+        FIVE_SCOPES.to_owned()
     } else if scopes.contains("shadow") {
-        ONE_SCOPE_AND_SHADOW
+        format!("{ONE_SCOPE}{SHADOW_RULE}")
     } else {
-        ONE_SCOPE
+        ONE_SCOPE.to_owned()
     };
-    Policy::from_toml(text).unwrap()
+    Policy::from_toml(&text).unwrap()
 }
