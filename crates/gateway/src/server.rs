@@ -212,10 +212,41 @@ pub async fn serve_with(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let admin = match &gw.config().admin {
+        Some(admin) => Some(TcpListener::bind(admin.listen).await?),
+        None => None,
+    };
+    serve_listening(gw, listener, admin, shutdown).await
+}
+
+/// [`serve_with`] on an admin listener the caller has bound already, in place of `[admin]
+/// listen` (whose token it serves with): an embedder that picks its own ports, or tests, which
+/// would otherwise release a free port and bind it again, a moment in which another process
+/// may take it.
+pub async fn serve_with_admin(
+    gw: Gateway,
+    listener: TcpListener,
+    admin: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    if gw.config().admin.is_none() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "an admin listener needs an [admin] section (its token)",
+        ));
+    }
+    serve_listening(gw, listener, Some(admin), shutdown).await
+}
+
+async fn serve_listening(
+    gw: Gateway,
+    listener: TcpListener,
+    admin_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let gw = Arc::new(gw);
     let cfg = gw.config();
-    if let Some(admin) = &cfg.admin {
-        let l = TcpListener::bind(admin.listen).await?;
+    if let (Some(l), Some(admin)) = (admin_listener, &cfg.admin) {
         let app = crate::admin::router(gw.clone(), admin.token.clone());
         tokio::spawn(crate::conn::accept(
             l,

@@ -62,6 +62,8 @@ fn config_text(
     )
 }
 
+/// A port for the configuration's `[admin] listen`, which `instance` replaces with a listener
+/// of its own.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -72,15 +74,21 @@ fn free_port() -> u16 {
 
 /// Starts an instance from a config file; returns (gateway URL, admin URL).
 async fn instance(path: &Path) -> (String, String) {
-    let config = GatewayConfig::from_toml(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let admin = format!("http://{}", config.admin.as_ref().unwrap().listen);
+    let mut config = GatewayConfig::from_toml(&std::fs::read_to_string(path).unwrap()).unwrap();
+    // The admin listener is bound here and handed over, in place of the file's `listen`: a
+    // port released and bound again may be taken in between.
+    let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_addr = admin_listener.local_addr().unwrap();
+    config.admin.as_mut().unwrap().listen = admin_addr;
+    let admin = format!("http://{admin_addr}");
     let store = tollgate_gateway::start_store(&config).await.unwrap();
     let gw = Gateway::new(config, store).with_config_path(path.to_owned());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(tollgate_gateway::serve_with(
+    tokio::spawn(tollgate_gateway::serve_with_admin(
         gw,
         listener,
+        admin_listener,
         std::future::pending(),
     ));
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -312,4 +320,28 @@ async fn in_flight_requests_settle_against_their_reservations_across_a_reload() 
         "{u}"
     );
     assert_eq!(u["policy_version"], "price-10000000");
+}
+
+/// An admin listener handed over to a gateway with no `[admin]` section (no token to serve it
+/// with) is refused, not served open.
+#[tokio::test]
+async fn an_admin_listener_without_an_admin_section_is_refused() {
+    let config = GatewayConfig::from_toml(
+        "[[upstreams]]\nname = \"sim\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [\"gpt-4o\"]\n",
+    )
+    .unwrap();
+    let store = tollgate_gateway::start_store(&config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let served = tollgate_gateway::serve_with_admin(
+        Gateway::new(config, store),
+        listener,
+        admin,
+        std::future::pending(),
+    )
+    .await;
+    assert_eq!(
+        served.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::InvalidInput)
+    );
 }

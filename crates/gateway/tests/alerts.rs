@@ -57,16 +57,14 @@ async fn receiver() -> (String, Arc<Received>) {
 
 /// A gateway instance of `text` with an admin listener: (gateway URL, admin URL).
 async fn instance(text: &str) -> (String, String) {
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Bound here and handed over: a port released and bound again may be taken in between.
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_addr = admin.local_addr().unwrap();
     let dir = tempfile::tempdir().unwrap().keep();
     let token = dir.join("token");
     std::fs::write(&token, TOKEN).unwrap();
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"{}\"\n{text}",
+        "[admin]\nlisten = \"{admin_addr}\"\ntoken_file = \"{}\"\n{text}",
         token.display()
     );
     let mut config = GatewayConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -74,21 +72,13 @@ async fn instance(text: &str) -> (String, String) {
     let store = tollgate_gateway::start_store(&config).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(tollgate_gateway::serve_with(
+    tokio::spawn(tollgate_gateway::serve_with_admin(
         Gateway::new(config, store),
         listener,
+        admin,
         std::future::pending(),
     ));
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(format!("127.0.0.1:{admin_port}"))
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    (url, format!("127.0.0.1:{admin_port}"))
+    (url, admin_addr.to_string())
 }
 
 async fn chat(url: &str) -> u16 {

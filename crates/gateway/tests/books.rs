@@ -22,15 +22,13 @@ const SCOPE: &str = "tenant|tenant:acme";
 
 /// An instance of `text`, with an admin listener: (address, admin address).
 async fn instance(text: &str) -> (std::net::SocketAddr, String) {
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Bound here and handed over: a port released and bound again may be taken in between.
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_addr = admin.local_addr().unwrap();
     let dir = tempfile::tempdir().unwrap().keep();
     std::fs::write(dir.join("token"), TOKEN).unwrap();
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"{}\"\n{text}",
+        "[admin]\nlisten = \"{admin_addr}\"\ntoken_file = \"{}\"\n{text}",
         dir.join("token").display()
     );
     let mut config = GatewayConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -45,21 +43,13 @@ async fn instance(text: &str) -> (std::net::SocketAddr, String) {
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(tollgate_gateway::serve_with(
+    tokio::spawn(tollgate_gateway::serve_with_admin(
         gw,
         listener,
+        admin,
         std::future::pending(),
     ));
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", admin_port))
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    (addr, format!("127.0.0.1:{admin_port}"))
+    (addr, admin_addr.to_string())
 }
 
 async fn ask(addr: std::net::SocketAddr, key: &str) -> (u16, String) {

@@ -526,11 +526,9 @@ async fn a_store_that_forgets_fails_closed_until_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let token = "admin-token-0123456789";
     std::fs::write(dir.path().join("token"), token).unwrap();
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Bound here and handed over: a port released and bound again may be taken in between.
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_addr = admin.local_addr().unwrap();
     let keys: String = [
         ("sk-acme", "acme"),
         ("sk-beta", "beta"),
@@ -545,7 +543,7 @@ async fn a_store_that_forgets_fails_closed_until_acknowledged() {
     })
     .collect();
     let text = format!(
-        "{}[admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = \"{}\"\n\
+        "{}[admin]\nlisten = \"{admin_addr}\"\ntoken_file = \"{}\"\n\
          [[kill]]\ntarget = \"tenant:beta\"\nreason = \"held in the file\"\n\
          [[upstreams]]\nname = \"up\"\nbase_url = \"http://{}\"\nmodels = [\"gpt-4o\"]\n\
          {keys}[policy]\n[[policy.scopes]]\nkey = \"tenant\"\nbudget = {{ tokens = 100, period = \"day\" }}\n",
@@ -558,9 +556,10 @@ async fn a_store_that_forgets_fails_closed_until_acknowledged() {
     let gw = tollgate_gateway::Gateway::new(config, store.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(tollgate_gateway::serve_with(
+    tokio::spawn(tollgate_gateway::serve_with_admin(
         gw,
         listener,
+        admin,
         std::future::pending(),
     ));
     let ask = |key: &'static str| async move {
@@ -602,12 +601,10 @@ async fn a_store_that_forgets_fails_closed_until_acknowledged() {
     // the file's kill switch still holds.
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Full<Bytes>>();
-    let ack = hyper::Request::post(format!(
-        "http://127.0.0.1:{admin_port}/admin/store/acknowledge-loss"
-    ))
-    .header("authorization", format!("Bearer {token}"))
-    .body(http_body_util::Full::new(Bytes::new()))
-    .unwrap();
+    let ack = hyper::Request::post(format!("http://{admin_addr}/admin/store/acknowledge-loss"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
     assert_eq!(client.request(ack).await.unwrap().status(), 200);
     assert_eq!(ask("sk-acme").await.status, 200);
     assert_eq!(code(&ask("sk-beta").await), (503, "kill_switch".into()));
