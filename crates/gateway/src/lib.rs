@@ -52,5 +52,6 @@ pub use gateway::{Gateway, Shared};
 pub use path::fuzz_agents;
 pub use path::intake::{MAX_OPERATION_BYTES, MAX_USER_BYTES};
 pub use server::{
-    open_books, router, serve, serve_with, serve_with_admin, start_store, start_store_with_warnings,
+    Bound, open_books, router, serve, serve_bound, serve_with, start_store,
+    start_store_with_warnings,
 };

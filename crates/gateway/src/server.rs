@@ -205,6 +205,18 @@ pub async fn serve(
     serve_with(gw, listener, shutdown).await
 }
 
+/// Listeners the caller has bound already, served in place of the configuration's
+/// `[admin] listen` and `[metrics] listen`: for an embedder that picks its own ports, and for
+/// tests, which would otherwise release a free port and bind it again, a moment in which
+/// another process may take it.
+#[derive(Debug, Default)]
+pub struct Bound {
+    /// The admin listener (served with `[admin]`'s token, so only with an `[admin]` section).
+    pub admin: Option<TcpListener>,
+    /// The metrics listener (`/metrics`, `/readyz`).
+    pub metrics: Option<TcpListener>,
+}
+
 /// Serves a gateway built by the caller (e.g. with a config path for reloads): also starts the
 /// admin listener when configured, and reloads the configuration on SIGHUP.
 pub async fn serve_with(
@@ -212,41 +224,31 @@ pub async fn serve_with(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let admin = match &gw.config().admin {
-        Some(admin) => Some(TcpListener::bind(admin.listen).await?),
-        None => None,
-    };
-    serve_listening(gw, listener, admin, shutdown).await
+    serve_bound(gw, listener, Bound::default(), shutdown).await
 }
 
-/// [`serve_with`] on an admin listener the caller has bound already, in place of `[admin]
-/// listen` (whose token it serves with): an embedder that picks its own ports, or tests, which
-/// would otherwise release a free port and bind it again, a moment in which another process
-/// may take it.
-pub async fn serve_with_admin(
+/// [`serve_with`], on the listeners in `bound` where it has them, binding the others the
+/// configuration names.
+pub async fn serve_bound(
     gw: Gateway,
     listener: TcpListener,
-    admin: TcpListener,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    if gw.config().admin.is_none() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "an admin listener needs an [admin] section (its token)",
-        ));
-    }
-    serve_listening(gw, listener, Some(admin), shutdown).await
-}
-
-async fn serve_listening(
-    gw: Gateway,
-    listener: TcpListener,
-    admin_listener: Option<TcpListener>,
+    bound: Bound,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let gw = Arc::new(gw);
     let cfg = gw.config();
-    if let (Some(l), Some(admin)) = (admin_listener, &cfg.admin) {
+    let admin = match (bound.admin, &cfg.admin) {
+        (Some(l), Some(_)) => Some(l),
+        (Some(_), None) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "an admin listener needs an [admin] section (its token)",
+            ));
+        }
+        (None, Some(admin)) => Some(TcpListener::bind(admin.listen).await?),
+        (None, None) => None,
+    };
+    if let (Some(l), Some(admin)) = (admin, &cfg.admin) {
         let app = crate::admin::router(gw.clone(), admin.token.clone());
         tokio::spawn(crate::conn::accept(
             l,
@@ -269,7 +271,7 @@ async fn serve_listening(
             });
         }
     }
-    serve_gateway(gw, listener, shutdown).await
+    serve_shared(gw, listener, bound.metrics, shutdown).await
 }
 
 /// Serves an existing gateway until `shutdown` completes, then drains: no new connection is
@@ -282,6 +284,16 @@ pub async fn serve_gateway(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_shared(gw, listener, None, shutdown).await
+}
+
+/// [`serve_gateway`], on `metrics` as the metrics listener when given.
+async fn serve_shared(
+    gw: Shared,
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let app = router(gw.clone());
     crate::telemetry::spawn_budget_refresh(gw.clone());
     gw.alerts.spawn();
@@ -290,8 +302,12 @@ pub async fn serve_gateway(
         b.spawn_writer(gw.store.clone());
     }
     let cfg = gw.config();
-    if let Some(listen) = cfg.metrics.listen {
-        let l = TcpListener::bind(listen).await?;
+    let metrics = match (metrics, cfg.metrics.listen) {
+        (Some(l), _) => Some(l),
+        (None, Some(listen)) => Some(TcpListener::bind(listen).await?),
+        (None, None) => None,
+    };
+    if let Some(l) = metrics {
         tokio::spawn(crate::conn::accept(
             l,
             metrics_router(gw.clone()),

@@ -85,10 +85,13 @@ async fn instance(path: &Path) -> (String, String) {
     let gw = Gateway::new(config, store).with_config_path(path.to_owned());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(tollgate_gateway::serve_with_admin(
+    tokio::spawn(tollgate_gateway::serve_bound(
         gw,
         listener,
-        admin_listener,
+        tollgate_gateway::Bound {
+            admin: Some(admin_listener),
+            metrics: None,
+        },
         std::future::pending(),
     ));
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -333,10 +336,13 @@ async fn an_admin_listener_without_an_admin_section_is_refused() {
     let store = tollgate_gateway::start_store(&config).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let served = tollgate_gateway::serve_with_admin(
+    let served = tollgate_gateway::serve_bound(
         Gateway::new(config, store),
         listener,
-        admin,
+        tollgate_gateway::Bound {
+            admin: Some(admin),
+            metrics: None,
+        },
         std::future::pending(),
     )
     .await;

@@ -72,10 +72,13 @@ async fn instance(text: &str) -> (String, String) {
     let store = tollgate_gateway::start_store(&config).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(tollgate_gateway::serve_with_admin(
+    tokio::spawn(tollgate_gateway::serve_bound(
         Gateway::new(config, store),
         listener,
-        admin,
+        tollgate_gateway::Bound {
+            admin: Some(admin),
+            metrics: None,
+        },
         std::future::pending(),
     ));
     (url, admin_addr.to_string())

@@ -43,10 +43,13 @@ async fn instance(text: &str) -> (std::net::SocketAddr, String) {
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(tollgate_gateway::serve_with_admin(
+    tokio::spawn(tollgate_gateway::serve_bound(
         gw,
         listener,
-        admin,
+        tollgate_gateway::Bound {
+            admin: Some(admin),
+            metrics: None,
+        },
         std::future::pending(),
     ));
     (addr, admin_addr.to_string())

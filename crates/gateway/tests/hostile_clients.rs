@@ -558,17 +558,13 @@ key = "tenant"
 match = { tenant = "acme" }
 budget = { tokens = 50000, period = "day" }
 "#;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let extra = format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\nrefresh = \"1h\"\n");
-    let env = env(true, policy, &extra).await;
+    // The metrics listener is one of the harness's (`env.metrics`), bound before the gateway
+    // starts.
+    let env = env(true, policy, "[metrics]\nrefresh = \"1h\"\n").await;
     for path in ["/metrics", "/readyz"] {
         assert_eq!(common::get(env.addr, path).await.status, 404, "{path}");
     }
-    let metrics = start_metrics(port).await;
+    let metrics = env.metrics;
     // The first refresh runs at start-up.
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
@@ -595,18 +591,6 @@ budget = { tokens = 50000, period = "day" }
         after - before
     );
     assert_eq!(common::get(metrics, "/readyz").await.status, 200);
-}
-
-/// The metrics listener, once it answers.
-async fn start_metrics(port: u16) -> SocketAddr {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    for _ in 0..100 {
-        if TcpStream::connect(addr).await.is_ok() {
-            return addr;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("no metrics listener on {addr}");
 }
 
 fn commands_processed(port: u16) -> u64 {

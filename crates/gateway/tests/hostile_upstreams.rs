@@ -556,10 +556,13 @@ async fn a_store_that_forgets_fails_closed_until_acknowledged() {
     let gw = tollgate_gateway::Gateway::new(config, store.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(tollgate_gateway::serve_with_admin(
+    tokio::spawn(tollgate_gateway::serve_bound(
         gw,
         listener,
-        admin,
+        tollgate_gateway::Bound {
+            admin: Some(admin),
+            metrics: None,
+        },
         std::future::pending(),
     ));
     let ask = |key: &'static str| async move {

@@ -3,7 +3,6 @@
 #![allow(clippy::unwrap_used, clippy::panic, dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -55,19 +54,20 @@ pub async fn spawn_gateway(text: &str, upstream_key: &str) -> (SocketAddr, AnySt
 }
 
 /// [`spawn_gateway`], with the address of its metrics listener (one on a free port unless the
-/// configuration names one).
+/// configuration names one), bound before the gateway starts.
 pub async fn spawn_gateway_with_metrics(
     text: &str,
     upstream_key: &str,
 ) -> (SocketAddr, AnyStore, SocketAddr) {
     let mut config = GatewayConfig::from_toml(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     config.upstreams[0].api_key = Some(upstream_key.into());
-    let metrics = *config.metrics.listen.get_or_insert_with(|| {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-    });
+    // Bound here and handed over: a port released and bound again may be taken in between.
+    let metrics_listener = match config.metrics.listen {
+        Some(addr) => tokio::net::TcpListener::bind(addr).await.unwrap(),
+        None => tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    };
+    let metrics = metrics_listener.local_addr().unwrap();
+    config.metrics.listen = Some(metrics);
     let store = tollgate_gateway::start_store(&config).await.unwrap();
     let records = config.records.clone();
     let mut gw = Gateway::new(config, store.clone());
@@ -76,18 +76,15 @@ pub async fn spawn_gateway_with_metrics(
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(tollgate_gateway::server::serve_gateway(
-        Arc::new(gw),
+    tokio::spawn(tollgate_gateway::serve_bound(
+        gw,
         listener,
+        tollgate_gateway::Bound {
+            admin: None,
+            metrics: Some(metrics_listener),
+        },
         std::future::pending(),
     ));
-    // The metrics listener is bound as the gateway starts.
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(metrics).await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
     (addr, store, metrics)
 }
 
