@@ -553,17 +553,21 @@ fn redis_killed_and_restarted_mid_run_fails_closed_then_recovers() {
     .spawn()
     .unwrap();
     std::thread::sleep(Duration::from_millis(700));
-    let killed_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    };
+    // Both instants are read while Redis is certainly down: after it was killed and reaped,
+    // and before it is started again (read on the other side of either, a test thread that a
+    // busy machine pauses for a moment would count a live Redis's admissions as the dead
+    // one's).
     server.kill();
+    let killed_at = now();
     std::thread::sleep(Duration::from_millis(1_000));
+    let restarted_at = now();
     server.restart();
-    let restarted_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
     let status = child.wait().unwrap();
     assert!(status.success(), "the worker survived (no panic): {status}");
     let h = history(&hist);
