@@ -238,17 +238,17 @@ pub async fn serve_bound(
     let gw = Arc::new(gw);
     let cfg = gw.config();
     let admin = match (bound.admin, &cfg.admin) {
-        (Some(l), Some(_)) => Some(l),
+        (Some(l), Some(admin)) => Some((l, admin)),
         (Some(_), None) => {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 "an admin listener needs an [admin] section (its token)",
             ));
         }
-        (None, Some(admin)) => Some(TcpListener::bind(admin.listen).await?),
+        (None, Some(admin)) => Some((TcpListener::bind(admin.listen).await?, admin)),
         (None, None) => None,
     };
-    if let (Some(l), Some(admin)) = (admin, &cfg.admin) {
+    if let Some((l, admin)) = admin {
         let app = crate::admin::router(gw.clone(), admin.token.clone());
         tokio::spawn(crate::conn::accept(
             l,
