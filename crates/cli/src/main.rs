@@ -125,6 +125,7 @@ async fn serve(
         .await
         .with_context(|| format!("listening on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
+    let bound = bind_side_listeners(&cfg).await?;
     let (store, warnings) = tollgate_gateway::start_store_with_warnings(&cfg).await?;
     for w in warnings {
         writeln!(std::io::stderr(), "tollgate: warning: {w}")?;
@@ -144,9 +145,35 @@ async fn serve(
         Some(sim) => write!(out, "{}", demo::banner(addr, &sim.base_url()))?,
         None => writeln!(out, "tollgate: serving on http://{addr}")?,
     }
+    for (what, l) in [("admin", &bound.admin), ("metrics", &bound.metrics)] {
+        if let Some(l) = l {
+            writeln!(out, "tollgate: {what} on http://{}", l.local_addr()?)?;
+        }
+    }
     out.flush()?;
-    tollgate_gateway::serve_with(gw, listener, shutdown_signal()).await?;
+    tollgate_gateway::serve_bound(gw, listener, bound, shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The admin and metrics listeners the configuration names, bound before serving so that their
+/// addresses can be printed (a port 0 in the configuration takes a free one).
+async fn bind_side_listeners(
+    cfg: &tollgate_gateway::GatewayConfig,
+) -> anyhow::Result<tollgate_gateway::Bound> {
+    let bind = |addr: std::net::SocketAddr, what: &'static str| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("{what} listening on {addr}"))
+    };
+    let admin = match &cfg.admin {
+        Some(a) => Some(bind(a.listen, "admin").await?),
+        None => None,
+    };
+    let metrics = match cfg.metrics.listen {
+        Some(m) => Some(bind(m, "metrics").await?),
+        None => None,
+    };
+    Ok(tollgate_gateway::Bound { admin, metrics })
 }
 
 /// SIGINT or SIGTERM (what container runtimes and systemd send): the drain starts.

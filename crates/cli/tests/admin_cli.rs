@@ -10,7 +10,7 @@ use std::process::Command;
 use serde_json::Value;
 use tollgate_sim::{Sim, SimConfig};
 
-use common::start_instance;
+use common::start_instance_with;
 
 const TOKEN: &str = "admin-cli-token-0123456789";
 
@@ -42,11 +42,10 @@ fn json_of(url: &str, args: &[&str]) -> Value {
 async fn the_admin_cli_reads_and_switches_a_running_gateway() {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let (dir, token_file) = common::admin_token_file(TOKEN);
-    let port = common::free_port();
     let config = dir.path().join("gateway.toml");
     let text = |version: &str| {
         format!(
-            "[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = \"{}\"\n\
+            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
              [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
              [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
              [policy]\nversion = \"{version}\"\n[[policy.scopes]]\nkey = \"tenant\"\n\
@@ -58,8 +57,8 @@ async fn the_admin_cli_reads_and_switches_a_running_gateway() {
         )
     };
     std::fs::write(&config, text("v1")).unwrap();
-    let _gateway = start_instance(&config);
-    let url = format!("http://127.0.0.1:{port}");
+    let (_gateway, mut urls) = start_instance_with(&config, &["admin"]);
+    let url = urls.remove(1);
 
     let status = json_of(&url, &["status"]);
     assert_eq!(status["policy_version"], "v1");

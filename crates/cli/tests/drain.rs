@@ -19,7 +19,7 @@ use tollgate_sim::{Sim, SimConfig};
 use tollgate_testkit::redis_server::RedisServer;
 
 mod common;
-use common::{Instance, start_instance};
+use common::{Instance, start_instance_with};
 
 /// Prompt tokens of the request below, as the simulator reports them.
 const PROMPT: u64 = 10;
@@ -50,13 +50,12 @@ async fn env_with(drain_timeout: &str, token_delay: Duration, store: &str) -> En
     .unwrap();
     let redis = RedisServer::start();
     let (dir, token) = common::admin_token_file("admin-token-0123456789");
-    let admin_port = common::free_port();
     let config = dir.path().join("gateway.toml");
     std::fs::write(
         &config,
         format!(
             "[server]\ndrain_timeout = \"{drain_timeout}\"\n\
-             [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken_file = {:?}\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n\
              [store]\nurl = \"{}\"\nprefix = \"drain\"\ncall_timeout = \"2s\"\n{store}\
              [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
              [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
@@ -69,14 +68,15 @@ async fn env_with(drain_timeout: &str, token_delay: Duration, store: &str) -> En
         ),
     )
     .unwrap();
-    let (instance, url) = start_instance(&config);
+    let (instance, urls) = start_instance_with(&config, &["admin"]);
+    let [url, admin] = <[String; 2]>::try_from(urls).unwrap();
     Env {
         _sim: sim,
         redis,
         _dir: dir,
         instance,
         url,
-        admin: format!("http://127.0.0.1:{admin_port}"),
+        admin,
     }
 }
 

@@ -16,7 +16,7 @@ use std::process::Command;
 use serde_json::Value;
 use tollgate_sim::{Sim, SimConfig};
 
-use common::start_instance;
+use common::start_instance_with;
 
 const TOKEN: &str = "status-page-token-0123456789";
 const KEY: &str = "sk-page-acme";
@@ -148,12 +148,11 @@ fn form_token(dom: &str) -> String {
 async fn the_status_page_shows_the_books_and_switches_kill_switches() {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
     let (dir, token_file) = common::admin_token_file(TOKEN);
-    let port = common::free_port();
     let config = dir.path().join("gateway.toml");
     std::fs::write(
         &config,
         format!(
-            "[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = \"{}\"\n\
+            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
              [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
              [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
              [policy]\nversion = \"page-v7\"\n\
@@ -168,8 +167,9 @@ async fn the_status_page_shows_the_books_and_switches_kill_switches() {
         ),
     )
     .unwrap();
-    let (_gateway, url) = start_instance(&config);
-    let admin = format!("127.0.0.1:{port}");
+    let (_gateway, urls) = start_instance_with(&config, &["admin"]);
+    let [url, admin] = <[String; 2]>::try_from(urls).unwrap();
+    let admin = admin.trim_start_matches("http://").to_owned();
     // Three served, two refused by the rate.
     let answers: Vec<u16> = (0..5).map(|_| chat(&url)).collect();
     assert_eq!(answers, [200, 200, 200, 429, 429]);

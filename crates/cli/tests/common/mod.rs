@@ -17,28 +17,42 @@ impl Drop for Instance {
 
 /// Starts `tollgate serve --config CONFIG` on a free loopback port; returns it and its URL.
 pub fn start_instance(config: &std::path::Path) -> (Instance, String) {
+    let (instance, mut urls) = start_instance_with(config, &[]);
+    (instance, urls.remove(0))
+}
+
+/// The same, its main URL followed by the URL of each side listener named in `also` (`admin`,
+/// `metrics`) as the process printed it: a configuration naming port 0 for them has the process
+/// bind free ports itself, so that no test releases a port for another to take.
+pub fn start_instance_with(config: &std::path::Path, also: &[&str]) -> (Instance, Vec<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(config)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_owned();
-    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
-    (Instance(child), url)
-}
-
-/// A free loopback port, for a listener a configuration names.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = Vec::new();
+    for _ in 0..=also.len() {
+        printed.push(lines.next().unwrap().unwrap());
+    }
+    let url_of = |line: &str| line.trim().rsplit(' ').next().unwrap().to_owned();
+    assert!(
+        printed[0].starts_with("tollgate: serving on "),
+        "{printed:?}"
+    );
+    let mut urls = vec![url_of(&printed[0])];
+    for what in also {
+        let line = printed
+            .iter()
+            .find(|l| l.starts_with(&format!("tollgate: {what} on ")))
+            .unwrap_or_else(|| panic!("no {what} listener printed: {printed:?}"));
+        urls.push(url_of(line));
+    }
+    for url in &urls {
+        assert!(url.starts_with("http://127.0.0.1:"), "{printed:?}");
+    }
+    (Instance(child), urls)
 }
 
 /// A temporary directory holding the admin token `token` in a file: (the directory, the file).
