@@ -245,21 +245,24 @@ pub fn plans(
     policy: &Policy,
     facts: &RequestFacts,
 ) -> Result<(Plan, Result<Option<Plan>, PlanError>), PlanError> {
-    let all = matched_scopes(policy, facts);
+    let mut all = matched_scopes(policy, facts);
     if !policy.has_shadow {
         return Ok((enforced(policy, facts, &all)?, Ok(None)));
     }
     let granted = granted_cap(policy, &all, facts.max_output_tokens);
-    let (shadow, kept): (Matched, Matched) =
-        all.into_iter().partition(|(i, _)| policy.scopes[*i].shadow);
-    let p = enforced(policy, facts, &kept)?;
-    Ok((p, shadowed(policy, facts, &shadow, granted)))
+    // Enforced rules first, each part still in policy order: split in place (a stable sort of a
+    // policy's few rules allocates nothing), not copied into two new lists.
+    let is_shadow = |(i, _): &Scoped| policy.scopes[*i].shadow;
+    all.sort_by_key(is_shadow);
+    let (kept, shadow) = all.split_at(all.partition_point(|s| !is_shadow(s)));
+    let p = enforced(policy, facts, kept)?;
+    Ok((p, shadowed(policy, facts, shadow, granted)))
 }
 
 /// The enforced plan under the (enforced) rules `scopes`.
-fn enforced(policy: &Policy, facts: &RequestFacts, scopes: &Matched) -> Result<Plan, PlanError> {
+fn enforced(policy: &Policy, facts: &RequestFacts, scopes: &[Scoped]) -> Result<Plan, PlanError> {
     let granted = granted_cap(policy, scopes, facts.max_output_tokens);
-    let mut p = build(policy, facts, scopes, granted)?;
+    let mut p = build(policy, facts, scopes, granted, "")?;
     p.kill_targets = KillTargets::of(&facts.identity);
     Ok(p)
 }
@@ -268,25 +271,25 @@ fn enforced(policy: &Policy, facts: &RequestFacts, scopes: &Matched) -> Result<P
 fn shadowed(
     policy: &Policy,
     facts: &RequestFacts,
-    shadow: &Matched,
+    shadow: &[Scoped],
     granted: u64,
 ) -> Result<Option<Plan>, PlanError> {
     if shadow.is_empty() {
         return Ok(None);
     }
-    let mut p = build(policy, facts, shadow, granted)?;
-    // Appended to the id `build` copied: formatting it anew cost a sixth of the shadow plan.
-    p.request_id.push_str(SHADOW_ID_SUFFIX);
+    let mut p = build(policy, facts, shadow, granted, SHADOW_ID_SUFFIX)?;
     p.fail_open = false;
     Ok(Some(p))
 }
 
-/// The plan of `facts` under the rules `scopes`, with output cap `granted`.
+/// The plan of `facts` under the rules `scopes`, with output cap `granted`, its request id the
+/// request's followed by `id_suffix`.
 fn build(
     policy: &Policy,
     facts: &RequestFacts,
-    scopes: &Matched,
+    scopes: &[Scoped],
     granted: u64,
+    id_suffix: &str,
 ) -> Result<Plan, PlanError> {
     let rule = |i: usize| &policy.scopes[i];
     let rate: Vec<RateCheck> = scopes
@@ -327,6 +330,11 @@ fn build(
     };
     let budget = budgets(policy, scopes, model, price, &estimate)?;
     let (repeats, loop_verdict) = loops(policy, scopes, facts);
+    // Made at its length: a suffix pushed onto a copy moved it once more.
+    let request_id = match id_suffix {
+        "" => facts.request_id.clone(),
+        s => [facts.request_id.as_str(), s].concat(),
+    };
     let open = |r: Reason| policy.fail_open.contains(&r);
     let fail_open = (rate.is_empty() || open(Reason::RequestRateLimit))
         && (concurrency.is_empty() || open(Reason::ConcurrencyLimit))
@@ -335,7 +343,7 @@ fn build(
     Ok(Plan {
         fail_open,
         kill_targets: KillTargets::default(),
-        request_id: facts.request_id.clone(),
+        request_id,
         policy_version: policy.version.clone(),
         input_tokens: input,
         max_output_tokens: granted,
@@ -351,42 +359,45 @@ fn build(
     })
 }
 
-/// The rules a request falls under, by index, with the scope each puts it in.
-type Matched = Vec<(usize, ScopeKey)>;
+/// A rule a request falls under, by index, with the scope it puts the request in.
+type Scoped = (usize, ScopeKey);
+
+/// The rules a request falls under, in policy order.
+type Matched = Vec<Scoped>;
 
 /// The rules whose matches the identity meets and whose dimensions it has.
 fn matched_scopes(policy: &Policy, facts: &RequestFacts) -> Matched {
     // Sized for every rule: growing past four scopes moved the list once per request.
     let mut scopes: Matched = Vec::with_capacity(policy.scopes.len());
-    scopes.extend(
-        policy
-            .scopes
+    for (i, rule) in policy.scopes.iter().enumerate() {
+        let applies = rule
+            .matches
             .iter()
-            .enumerate()
-            .filter(|(_, rule)| {
-                rule.matches
-                    .iter()
-                    .all(|(d, v)| facts.identity.get(*d) == Some(v.as_str()))
-            })
-            .filter_map(|(i, rule)| {
-                let key = match &rule.global_key {
-                    Some(k) => k.clone(),
-                    None => ScopeKey::derive_in(
-                        &rule.name,
-                        &rule.dims,
-                        &facts.identity,
-                        rule.ip_prefix,
-                    )?,
-                };
-                Some((i, key))
-            }),
-    );
+            .all(|(d, v)| facts.identity.get(*d) == Some(v.as_str()));
+        if !applies {
+            continue;
+        }
+        // A rule over an earlier matched rule's dimensions takes its key renamed.
+        let same = rule
+            .same_key_as
+            .and_then(|j| scopes.iter().find(|(m, _)| *m == j));
+        let key = match (&rule.global_key, same) {
+            (Some(k), _) => Some(k.clone()),
+            (None, Some((_, k))) => Some(k.renamed(&rule.name)),
+            (None, None) => {
+                ScopeKey::derive_in(&rule.name, &rule.dims, &facts.identity, rule.ip_prefix)
+            }
+        };
+        if let Some(key) = key {
+            scopes.push((i, key));
+        }
+    }
     scopes
 }
 
 /// The granted output cap: the request's own, or the tightest default; clamped where a
 /// clamping scope says so. Reject-mode caps are checked against the request's own value.
-fn granted_cap(policy: &Policy, scopes: &Matched, requested: Option<u64>) -> u64 {
+fn granted_cap(policy: &Policy, scopes: &[Scoped], requested: Option<u64>) -> u64 {
     let rule = |i: usize| &policy.scopes[i];
     let mut granted = match requested {
         Some(m) => m,
@@ -408,7 +419,7 @@ fn granted_cap(policy: &Policy, scopes: &Matched, requested: Option<u64>) -> u64
 
 /// Controls 2 to 4, decided here without a store: the first input limit exceeded, else the
 /// first output cap, else the first total limit.
-fn token_verdict(policy: &Policy, scopes: &Matched, input: u64, granted: u64) -> Option<Deny> {
+fn token_verdict(policy: &Policy, scopes: &[Scoped], input: u64, granted: u64) -> Option<Deny> {
     let rule = |i: usize| &policy.scopes[i];
     let token_deny = |reason: Reason, scope: &ScopeKey, limit: u64, requested: u64| Deny {
         reason,
@@ -450,7 +461,7 @@ fn token_verdict(policy: &Policy, scopes: &Matched, input: u64, granted: u64) ->
 /// the estimate in money (a model without a price cannot be reserved in money).
 fn budgets(
     policy: &Policy,
-    scopes: &Matched,
+    scopes: &[Scoped],
     model: &str,
     price: Option<Price>,
     estimate: &Usage,
@@ -504,7 +515,7 @@ fn budgets(
 /// counter of the scope's own per fingerprint, and the verdict on its history's tool calls.
 fn loops(
     policy: &Policy,
-    scopes: &Matched,
+    scopes: &[Scoped],
     facts: &RequestFacts,
 ) -> (Vec<RateCheck>, Option<Deny>) {
     let mut repeats = Vec::new();

@@ -128,6 +128,10 @@ pub struct ScopeRule {
     /// The one key of a rule with no dimensions (`name|global`), derived once here so that
     /// a plan shares it instead of building it per request.
     pub global_key: Option<ScopeKey>,
+    /// The first earlier rule over the same dimensions and address grouping: where both apply,
+    /// this rule's key is that rule's renamed ([`ScopeKey::renamed`]), not derived again (a
+    /// shadow rule trying other limits on an enforced rule's scopes is the common case).
+    pub same_key_as: Option<usize>,
 }
 
 /// Attempts per sliding window.
@@ -347,13 +351,22 @@ impl Policy {
         }
         let mut scopes: Vec<ScopeRule> = Vec::with_capacity(raw.scopes.len());
         for (i, s) in raw.scopes.into_iter().enumerate() {
-            let rule = validate_scope(s, &format!("{root}.scopes[{i}]"), &prices)?;
+            let mut rule = validate_scope(s, &format!("{root}.scopes[{i}]"), &prices)?;
             if scopes.iter().any(|r| r.name == rule.name) {
                 return Err(PolicyError::new(
                     format!("{root}.scopes[{i}].name"),
                     format!("duplicate scope name {:?}", &*rule.name),
                 ));
             }
+            rule.same_key_as = rule
+                .global_key
+                .is_none()
+                .then(|| {
+                    scopes
+                        .iter()
+                        .position(|r| r.dims == rule.dims && r.ip_prefix == rule.ip_prefix)
+                })
+                .flatten();
             scopes.push(rule);
         }
         Ok(Policy(Arc::new(PolicyInner {
@@ -539,6 +552,7 @@ fn validate_scope(
         .flatten();
     Ok(ScopeRule {
         global_key,
+        same_key_as: None,
         ip_prefix,
         name,
         dims,

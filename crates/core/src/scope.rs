@@ -247,6 +247,21 @@ impl ScopeKey {
         })
     }
 
+    /// This scope's key under another rule, `rule|key`: what [`ScopeKey::derive_in`] makes for
+    /// a rule with the same dimensions and address grouping, copied instead of derived again
+    /// (its values are escaped once). A child's tag is not carried over.
+    pub fn renamed(&self, rule: &str) -> Self {
+        let key = self.id.get(self.rule_len..self.key_end).unwrap_or_default();
+        let mut id = String::with_capacity(rule.len() + key.len());
+        id.push_str(rule);
+        id.push_str(key);
+        Self {
+            key_end: id.len(),
+            id: Arc::from(id),
+            rule_len: rule.len(),
+        }
+    }
+
     /// A counter of its own inside this scope, `rule|key?tag`: a rule's tool calls beside its
     /// budget, or one request's repeats. No value or rule name holds a `?` (values escape it),
     /// so no scope's id equals a child's. Shown as its parent.

@@ -71,18 +71,37 @@ fn strs(items: usize) -> Strs {
 
 /// The exact KEYS and ARGV of an admission, as one item of a batch call.
 pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocation {
-    let mut keys =
-        strs(1 + plan.rate.len() + plan.repeats.len() + plan.concurrency.len() + plan.budget.len());
+    let mut keys = strs(key_count(plan));
+    let mut args = strs(admit_arg_count(plan));
+    admit_args(prefix, plan, retention_ms, &mut keys, &mut args);
+    Invocation { keys, args }
+}
+
+/// How many keys a plan's admission names: its ticket's and one per scope.
+fn key_count(plan: &Plan) -> usize {
+    1 + scope_count(plan)
+}
+
+fn scope_count(plan: &Plan) -> usize {
+    plan.rate.len() + plan.repeats.len() + plan.concurrency.len() + plan.budget.len()
+}
+
+/// How many arguments [`admit_args`] pushes for `plan`: the sixteen of the header, the kill
+/// targets, then three per rate or repeat scope, two per lease scope and six per budget.
+fn admit_arg_count(plan: &Plan) -> usize {
+    16 + plan.kill_targets.len() + scope_arg_count(plan)
+}
+
+fn scope_arg_count(plan: &Plan) -> usize {
+    3 * (plan.rate.len() + plan.repeats.len()) + 2 * plan.concurrency.len() + 6 * plan.budget.len()
+}
+
+/// Pushes an admission's keys and arguments, in the layout `admit_one` reads.
+fn admit_args(prefix: &str, plan: &Plan, retention_ms: u64, keys: &mut Strs, args: &mut Strs) {
     keys.push_key(prefix, "ts", &plan.request_id);
     let price = plan
         .price
         .map_or([0, 0, 0], |p| [p.input, p.cached_input, p.output]);
-    let mut args = strs(
-        16 + plan.kill_targets.len()
-            + 3 * (plan.rate.len() + plan.repeats.len())
-            + 2 * plan.concurrency.len()
-            + 6 * plan.budget.len(),
-    );
     args.push(&plan.request_id);
     args.push_num(plan.ttl_ms);
     args.push_num(retention_ms);
@@ -93,13 +112,12 @@ pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocat
     for n in price {
         args.push_num(n);
     }
-    usage_args(&mut args, &plan.expired_usage);
+    usage_args(args, &plan.expired_usage);
     args.push_num(plan.kill_targets.len());
     args.push_num(plan.repeats.len());
     args.push_flag(plan.loop_verdict.is_some());
     args.extend(plan.kill_targets.iter());
-    scope_args(prefix, plan, &mut keys, &mut args);
-    Invocation { keys, args }
+    scope_args(prefix, plan, keys, args);
 }
 
 /// A plan's scopes, each with its limits, in the layout `admit_one` reads after the header.
@@ -166,22 +184,19 @@ pub(crate) fn admit_shadowed_invocation(
     shadow: &Plan,
     retention_ms: u64,
 ) -> Invocation {
-    let Invocation { mut keys, args } = admit_invocation(prefix, plan, retention_ms);
     let s = shadow;
-    let mut all = strs(
-        7 + args.len()
-            + 3 * (s.rate.len() + s.repeats.len())
-            + 2 * s.concurrency.len()
-            + 6 * s.budget.len(),
-    );
-    all.push_num(args.len());
-    all.extend(args.iter());
-    all.push_flag(s.token_verdict.is_some());
-    all.push_num(s.rate.len());
-    all.push_num(s.concurrency.len());
-    all.push_num(s.budget.len());
-    all.push_num(s.repeats.len());
-    all.push_flag(s.loop_verdict.is_some());
-    scope_args(prefix, s, &mut keys, &mut all);
-    Invocation { keys, args: all }
+    let mut keys = strs(key_count(plan) + scope_count(s));
+    let n = admit_arg_count(plan);
+    let mut args = strs(1 + n + 6 + scope_arg_count(s));
+    // The request's arguments are pushed after their count, not copied in behind it.
+    args.push_num(n);
+    admit_args(prefix, plan, retention_ms, &mut keys, &mut args);
+    args.push_flag(s.token_verdict.is_some());
+    args.push_num(s.rate.len());
+    args.push_num(s.concurrency.len());
+    args.push_num(s.budget.len());
+    args.push_num(s.repeats.len());
+    args.push_flag(s.loop_verdict.is_some());
+    scope_args(prefix, s, &mut keys, &mut args);
+    Invocation { keys, args }
 }

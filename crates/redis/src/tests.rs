@@ -2,6 +2,20 @@ use super::*;
 use crate::sharded::Admission;
 use tollgate_core::{Dimension, Identity, Policy, RequestFacts, plan};
 
+/// Request `req-1` of user alice of tenant acme: 40 tokens in, at most 60 out, on gpt-4o.
+fn alice() -> RequestFacts {
+    RequestFacts {
+        request_id: "req-1".into(),
+        identity: Identity::default()
+            .with(Dimension::User, "alice")
+            .with(Dimension::Tenant, "acme")
+            .with(Dimension::Model, "gpt-4o"),
+        input_tokens: 40,
+        max_output_tokens: Some(60),
+        ..RequestFacts::default()
+    }
+}
+
 /// The exact KEYS and ARGV of a typical admission (one scope with every control), alone in a
 /// batch call and then next to a settlement.
 #[test]
@@ -24,16 +38,7 @@ fn admit_sends_exactly_these_arguments() {
         "#,
     )
     .unwrap_or_else(|e| unreachable!("{e}"));
-    let facts = RequestFacts {
-        request_id: "req-1".into(),
-        identity: Identity::default()
-            .with(Dimension::User, "alice")
-            .with(Dimension::Tenant, "acme")
-            .with(Dimension::Model, "gpt-4o"),
-        input_tokens: 40,
-        max_output_tokens: Some(60),
-        ..RequestFacts::default()
-    };
+    let facts = alice();
     let p = plan(&policy, &facts).unwrap_or_else(|e| unreachable!("{e}"));
     let item = admit_invocation("tg", &p, 3_600_000);
     let inv = batch_invocation("tg", 0, 3_600_000, true, [("a", &item)]);
@@ -124,6 +129,76 @@ fn admit_sends_exactly_these_arguments() {
         ]
     );
     assert_eq!(both.args.to_vec()[16..], inv.args.to_vec()[4..]);
+}
+
+/// An admission with its shadow plan: the request's argument count, its arguments exactly as
+/// alone, then the shadow plan's header and scopes; its keys after the request's.
+#[test]
+fn a_shadowed_admission_carries_the_request_then_its_shadow() {
+    let policy = Policy::from_toml(
+        r#"
+        [[scopes]]
+        key = "user"
+        requests = { limit = 5, window = "1m" }
+        concurrency = { limit = 2, lease_ttl = "30s" }
+        budget = { tokens = 300, period = "day" }
+        tool_calls = { limit = 9, period = "day" }
+        loops = { max_identical = 3, window = "1m" }
+        [[scopes]]
+        name = "trial"
+        key = "user"
+        mode = "shadow"
+        requests = { limit = 1, window = "1s" }
+        budget = { tokens = 50, period = "day" }
+        "#,
+    )
+    .unwrap_or_else(|e| unreachable!("{e}"));
+    let facts = RequestFacts {
+        fingerprint: Some(7),
+        ..alice()
+    };
+    let (p, shadow) = tollgate_core::plans(&policy, &facts).unwrap_or_else(|e| unreachable!("{e}"));
+    let shadow = shadow
+        .unwrap_or_else(|e| unreachable!("{e}"))
+        .unwrap_or_else(|| unreachable!("a shadow rule applies"));
+    assert!(!p.repeats.is_empty() && p.kill_targets.len() == 4);
+    let alone = admit_invocation("tg", &p, 3_600_000);
+    let both = admit_shadowed_invocation("tg", &p, &shadow, 3_600_000);
+    let n = alone.args.len();
+    assert_eq!(both.args.get(0), Some(num(n).as_str()));
+    assert_eq!(both.args.to_vec()[1..=n], alone.args.to_vec()[..]);
+    assert_eq!(
+        both.args.to_vec()[n + 1..],
+        [
+            // No token verdict; one rate scope, no lease, one budget, no repeats, no loop verdict.
+            "0",
+            "1",
+            "0",
+            "1",
+            "0",
+            "0",
+            "tg:r:trial|tenant:acme/user:alice",
+            "1",
+            "1000",
+            "tg:b:trial|tenant:acme/user:alice",
+            "50",
+            "t",
+            "86400000",
+            "fixed:86400000",
+            "100",
+        ]
+    );
+    assert_eq!(
+        both.keys.to_vec()[..alone.keys.len()],
+        alone.keys.to_vec()[..]
+    );
+    assert_eq!(
+        both.keys.to_vec()[alone.keys.len()..],
+        [
+            "tg:r:trial|tenant:acme/user:alice",
+            "tg:b:trial|tenant:acme/user:alice"
+        ]
+    );
 }
 
 /// A sharded store forgets remembered admissions long past their expiry once it holds many:

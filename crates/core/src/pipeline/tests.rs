@@ -285,3 +285,61 @@ fn both_plans_at_once_are_the_two_plans() {
     assert_eq!(shadow, shadow_plan(&unpriced, &f));
     assert!(matches!(shadow, Err(PlanError::UnpricedModel { .. })));
 }
+
+#[test]
+fn rules_over_the_same_dimensions_share_a_key_renamed() {
+    let p = policy(
+        r#"
+        [[scopes]]
+        name = "other-tenant"
+        key = "ip"
+        match = { tenant = "someone-else" }
+        requests = { limit = 5, window = "1m" }
+        [[scopes]]
+        name = "per-ip"
+        key = "ip"
+        requests = { limit = 5, window = "1m" }
+        [[scopes]]
+        name = "per-ip-trial"
+        key = "ip"
+        mode = "shadow"
+        requests = { limit = 1, window = "1m" }
+        [[scopes]]
+        name = "per-net"
+        key = "ip"
+        ip_prefix = { v4 = 24 }
+        requests = { limit = 5, window = "1m" }
+        [[scopes]]
+        name = "per-user"
+        key = "user"
+        requests = { limit = 5, window = "1m" }
+        "#,
+    );
+    let same: Vec<Option<usize>> = p.scopes.iter().map(|r| r.same_key_as).collect();
+    // The first rule over `ip` (which this request does not meet), none for another grouping.
+    assert_eq!(same, [None, Some(0), Some(0), None, None]);
+    let mut f = facts(40, Some(800));
+    f.identity = f.identity.with(Dimension::Ip, "203.0.113.7");
+    let (enforced, shadow) = plans(&p, &f).unwrap_or_else(|e| unreachable!("{e}"));
+    let shadow = shadow
+        .unwrap_or_else(|e| unreachable!("{e}"))
+        .unwrap_or_else(|| unreachable!("a shadow rule applies"));
+    let derived = |i: usize| {
+        let r = &p.scopes[i];
+        ScopeKey::derive_in(&r.name, &r.dims, &f.identity, r.ip_prefix)
+    };
+    let ids: Vec<&str> = enforced.rate.iter().map(|c| c.scope.id()).collect();
+    assert_eq!(
+        ids,
+        [
+            "per-ip|ip:203.0.113.7",
+            "per-net|ip:203.0.113.0/24",
+            "per-user|tenant:t/user:u"
+        ]
+    );
+    for (check, i) in enforced.rate.iter().zip([1, 3, 4]) {
+        assert_eq!(Some(&check.scope), derived(i).as_ref());
+    }
+    assert_eq!(Some(&shadow.rate[0].scope), derived(2).as_ref());
+    assert_eq!(shadow.rate[0].scope.id(), "per-ip-trial|ip:203.0.113.7");
+}

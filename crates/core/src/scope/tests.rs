@@ -61,3 +61,45 @@ fn escaping_is_injective_and_users_sit_in_their_tenant() {
     assert_eq!(key("carol\u{1}"), "tenant:acme/user:carol%01");
     assert_ne!(key("carol\u{1}"), key("carol\u{2}"));
 }
+
+proptest::proptest! {
+    /// A key renamed is the key derived under the other rule: same dimensions, same grouping,
+    /// whatever the values (hostile ones included) and whichever dimensions are known.
+    #[test]
+    fn a_renamed_key_is_the_key_derived_under_the_other_rule(
+        values in proptest::collection::vec(proptest::option::of("[a-z0-9:/|%?{}\u{1}é]{0,12}"), 6),
+        ip in proptest::option::of(proptest::prop_oneof![
+            proptest::strategy::Just("203.0.113.7".to_owned()),
+            proptest::strategy::Just("2001:db8::1".to_owned()),
+            "[0-9a-f.:]{0,10}",
+        ]),
+        picked in proptest::collection::vec(proptest::bool::ANY, 6),
+        v6 in 1u8..=128,
+    ) {
+        let mut id = Identity::default();
+        for (d, v) in Dimension::ALL.into_iter().zip(&values) {
+            if let Some(v) = v {
+                id = id.with(d, v.as_str());
+            }
+        }
+        if let Some(ip) = ip {
+            id = id.with(Dimension::Ip, ip);
+        }
+        let dims: Vec<Dimension> = Dimension::ALL
+            .into_iter()
+            .zip(&picked)
+            .filter_map(|(d, on)| on.then_some(d))
+            .collect();
+        let prefix = IpPrefix { v4: 24, v6 };
+        let first = ScopeKey::derive_in("enforced", &dims, &id, prefix);
+        let second = ScopeKey::derive_in("per-key-trial", &dims, &id, prefix);
+        proptest::prop_assert_eq!(first.map(|k| k.renamed("per-key-trial")), second.clone());
+        if let Some(k) = second {
+            let renamed = k.renamed("x");
+            proptest::prop_assert_eq!(renamed.rule(), "x");
+            proptest::prop_assert_eq!(renamed.key(), k.key());
+            // A child's tag is not carried over.
+            proptest::prop_assert_eq!(k.child("calls").renamed("x"), renamed);
+        }
+    }
+}
