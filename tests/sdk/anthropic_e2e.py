@@ -36,7 +36,7 @@ def main():
     with c.messages.stream(model=MODEL, max_tokens=5, messages=MSG) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
-    check(text == "tok " * 5, f"a streamed call streams ({text!r})")
+    check(text == " tok" * 5, f"a streamed call streams ({text!r})")
     check(final.usage.output_tokens == 5, f"with its usage ({final.usage.output_tokens})")
 
     # A 429 for the rate: the SDK waits the advertised time and retries, and then succeeds.

@@ -34,7 +34,7 @@ def main():
     with c.responses.stream(model="gpt-4o", input="Hello there!", max_output_tokens=20) as stream:
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
-    check("".join(deltas) == "tok " * 16, f"a stream streams ({len(deltas)} deltas)")
+    check("".join(deltas) == " tok" * 16, f"a stream streams ({len(deltas)} deltas)")
     check(final.status == "completed" and final.usage.output_tokens == 16, "and ends with its usage")
 
     # A 429 for the rate, retried by the SDK after the advertised delay.

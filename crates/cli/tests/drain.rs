@@ -168,7 +168,7 @@ async fn sigterm_lets_a_stream_under_way_finish_and_settle() {
             .to_vec(),
     )
     .unwrap();
-    assert_eq!(text.matches("\"content\":\"tok \"").count(), 100, "{text}");
+    assert_eq!(text.matches("\"content\":\" tok\"").count(), 100, "{text}");
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     // Then the process exits by itself, long before its 20 s drain timeout.
     assert!(exits_within(&mut env, Duration::from_secs(10)));
@@ -237,7 +237,7 @@ async fn a_stream_that_outlasts_the_drain_is_released_not_left_to_expire() {
         let frame = body.frame().await.unwrap().unwrap();
         if let Ok(data) = frame.into_data() {
             seen += String::from_utf8_lossy(&data)
-                .matches("\"content\":\"tok \"")
+                .matches("\"content\":\" tok\"")
                 .count();
         }
     }
@@ -250,7 +250,7 @@ async fn a_stream_that_outlasts_the_drain_is_released_not_left_to_expire() {
         .unwrap_or_default();
     let streamed = seen
         + String::from_utf8_lossy(&rest)
-            .matches("\"content\":\"tok \"")
+            .matches("\"content\":\" tok\"")
             .count();
     assert!(streamed < 1000, "{streamed}");
     assert!(exits_within(&mut env, Duration::from_secs(8)));

@@ -32,6 +32,12 @@ pub struct RequestFacts {
     /// How often the most repeated tool call (name and arguments) appears in the request's
     /// history.
     pub tool_call_repeats: u64,
+    /// Output the provider may bill beyond the output cap: predicted output that the model
+    /// rejects is billed as output. Granted on top of the cap and checked with it.
+    pub extra_output_tokens: u64,
+    /// The service tier the request asks for when it is not the standard one: it is reserved and
+    /// settled at that tier's price, and refused under a money budget when it has none.
+    pub price_tier: Option<String>,
 }
 
 /// A rate check in one scope.
@@ -211,6 +217,18 @@ pub enum PlanError {
         /// The scope with the money budget.
         scope: String,
     },
+    /// A money budget applies but the service tier asked for has no price for the model.
+    #[error(
+        "service tier {tier:?} has no price for model {model:?}, and scope {scope} has a money budget"
+    )]
+    UnpricedTier {
+        /// The model.
+        model: String,
+        /// The tier.
+        tier: String,
+        /// The scope with the money budget.
+        scope: String,
+    },
 }
 
 /// Builds the plan of one request under `policy`'s enforced rules.
@@ -233,7 +251,7 @@ pub fn shadow_plan(policy: &Policy, facts: &RequestFacts) -> Result<Option<Plan>
         return Ok(None);
     }
     let mut scopes = matched_scopes(policy, facts);
-    let granted = granted_cap(policy, &scopes, facts.max_output_tokens);
+    let granted = granted_cap(policy, &scopes, facts);
     scopes.retain(|(i, _)| policy.scopes[*i].shadow);
     shadowed(policy, facts, &scopes, granted)
 }
@@ -249,7 +267,7 @@ pub fn plans(
     if !policy.has_shadow {
         return Ok((enforced(policy, facts, &all)?, Ok(None)));
     }
-    let granted = granted_cap(policy, &all, facts.max_output_tokens);
+    let granted = granted_cap(policy, &all, facts);
     // Enforced rules first, each part still in policy order: split in place (a stable sort of a
     // policy's few rules allocates nothing), not copied into two new lists.
     let is_shadow = |(i, _): &Scoped| policy.scopes[*i].shadow;
@@ -261,7 +279,7 @@ pub fn plans(
 
 /// The enforced plan under the (enforced) rules `scopes`.
 fn enforced(policy: &Policy, facts: &RequestFacts, scopes: &[Scoped]) -> Result<Plan, PlanError> {
-    let granted = granted_cap(policy, scopes, facts.max_output_tokens);
+    let granted = granted_cap(policy, scopes, facts);
     let mut p = build(policy, facts, scopes, granted, "")?;
     p.kill_targets = KillTargets::of(&facts.identity);
     Ok(p)
@@ -319,7 +337,15 @@ fn build(
         .min()
         .unwrap_or(policy.reservation_ttl.get());
     let model = facts.identity.model.as_deref().unwrap_or("");
-    let price = policy.prices.get(model).copied();
+    let tier = facts.price_tier.as_deref();
+    let price = match tier {
+        None => policy.prices.get(model).copied(),
+        Some(t) => policy
+            .tier_prices
+            .get(model)
+            .and_then(|m| m.get(t))
+            .copied(),
+    };
     let estimate = Usage {
         input_tokens: input,
         cached_input_tokens: 0,
@@ -328,7 +354,7 @@ fn build(
         cache_write_1h_tokens: facts.cache_write_tokens.min(input),
         tool_calls: 0,
     };
-    let budget = budgets(policy, scopes, model, price, &estimate)?;
+    let budget = budgets(policy, scopes, (model, tier), price, &estimate)?;
     let (repeats, loop_verdict) = loops(policy, scopes, facts);
     // Made at its length: a suffix pushed onto a copy moved it once more.
     let request_id = match id_suffix {
@@ -396,8 +422,10 @@ fn matched_scopes(policy: &Policy, facts: &RequestFacts) -> Matched {
 }
 
 /// The granted output cap: the request's own, or the tightest default; clamped where a
-/// clamping scope says so. Reject-mode caps are checked against the request's own value.
-fn granted_cap(policy: &Policy, scopes: &[Scoped], requested: Option<u64>) -> u64 {
+/// clamping scope says so; then the output billed beyond any cap (rejected predictions) added.
+/// Reject-mode caps are checked against the request's own value.
+fn granted_cap(policy: &Policy, scopes: &[Scoped], facts: &RequestFacts) -> u64 {
+    let requested = facts.max_output_tokens;
     let rule = |i: usize| &policy.scopes[i];
     let mut granted = match requested {
         Some(m) => m,
@@ -414,7 +442,7 @@ fn granted_cap(policy: &Policy, scopes: &[Scoped], requested: Option<u64>) -> u6
             }
         }
     }
-    granted
+    granted.saturating_add(facts.extra_output_tokens)
 }
 
 /// Controls 2 to 4, decided here without a store: the first input limit exceeded, else the
@@ -462,7 +490,7 @@ fn token_verdict(policy: &Policy, scopes: &[Scoped], input: u64, granted: u64) -
 fn budgets(
     policy: &Policy,
     scopes: &[Scoped],
-    model: &str,
+    (model, tier): (&str, Option<&str>),
     price: Option<Price>,
     estimate: &Usage,
 ) -> Result<Vec<BudgetCheck>, PlanError> {
@@ -477,9 +505,14 @@ fn budgets(
             Unit::MicroUsd => match price {
                 Some(p) => p.cost(estimate),
                 None => {
-                    return Err(PlanError::UnpricedModel {
-                        model: model.to_owned(),
-                        scope: k.to_string(),
+                    let (model, scope) = (model.to_owned(), k.to_string());
+                    return Err(match tier {
+                        Some(t) => PlanError::UnpricedTier {
+                            model,
+                            tier: t.to_owned(),
+                            scope,
+                        },
+                        None => PlanError::UnpricedModel { model, scope },
                     });
                 }
             },

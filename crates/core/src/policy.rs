@@ -11,6 +11,7 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod prices;
 mod raw;
 pub use raw::*;
 
@@ -56,6 +57,9 @@ pub struct PolicyInner {
     pub fail_open: Vec<crate::decision::Reason>,
     /// Prices by model name.
     pub prices: BTreeMap<String, Price>,
+    /// Prices of a model's service tiers (priority processing, a region of its own), by model
+    /// and tier name: a request for a tier is reserved and settled at its tier's price.
+    pub tier_prices: BTreeMap<String, BTreeMap<String, Price>>,
     /// The rules, in order.
     pub scopes: Vec<ScopeRule>,
     /// Whether any rule is a shadow rule: a request's shadow plan is not looked for otherwise.
@@ -329,26 +333,7 @@ impl Policy {
             }
             fail_open.push(r);
         }
-        let mut prices = BTreeMap::new();
-        for (model, p) in raw.prices {
-            let path = format!("{root}.prices.{model:?}");
-            for (field, v) in [("input", p.input), ("output", p.output)] {
-                if v > MAX_LIMIT {
-                    return Err(PolicyError::new(
-                        format!("{path}.{field}"),
-                        format!("must be at most {MAX_LIMIT}"),
-                    ));
-                }
-            }
-            prices.insert(
-                model,
-                Price {
-                    input: p.input,
-                    cached_input: p.cached_input.unwrap_or(p.input).min(MAX_LIMIT),
-                    output: p.output,
-                },
-            );
-        }
+        let (prices, tier_prices) = prices::validate(raw.prices, root)?;
         let mut scopes: Vec<ScopeRule> = Vec::with_capacity(raw.scopes.len());
         for (i, s) in raw.scopes.into_iter().enumerate() {
             let mut rule = validate_scope(s, &format!("{root}.scopes[{i}]"), &prices)?;
@@ -376,6 +361,7 @@ impl Policy {
             expired_charge,
             fail_open,
             prices,
+            tier_prices,
             has_shadow: scopes.iter().any(|r| r.shadow),
             scopes,
         })))
@@ -397,6 +383,7 @@ impl Policy {
                 expired_charge: ExpiredCharge::Full,
                 fail_open: Vec::new(),
                 prices: BTreeMap::new(),
+                tier_prices: BTreeMap::new(),
                 scopes: Vec::new(),
                 has_shadow: false,
             }))

@@ -61,6 +61,10 @@ pub struct DecisionRecord {
     /// the reservation was charged instead.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub usage_invalid: bool,
+    /// The output the upstream reported, when it was less than the output the gateway counted
+    /// passing through it (the count was charged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reported_output_tokens: Option<u64>,
     /// Store calls it took to end the request, when more than one (a failed settlement or
     /// release is retried until it lands or the ticket expires).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -118,6 +122,12 @@ pub struct RecordedFacts {
     /// Repeats of its history's most repeated tool call.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub tool_call_repeats: u64,
+    /// Output billed beyond the cap that it asked for (predicted output).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub extra_output_tokens: u64,
+    /// The service tier it asked for, when not the standard one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_tier: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -148,6 +158,8 @@ impl RecordedFacts {
             cache_write_tokens: facts.cache_write_tokens,
             fingerprint: facts.fingerprint.map(|f| format!("{f:016x}")),
             tool_call_repeats: facts.tool_call_repeats,
+            extra_output_tokens: facts.extra_output_tokens,
+            price_tier: facts.price_tier.clone(),
         }
     }
 
@@ -171,6 +183,8 @@ impl RecordedFacts {
                 .as_deref()
                 .and_then(|f| u64::from_str_radix(f, 16).ok()),
             tool_call_repeats: self.tool_call_repeats,
+            extra_output_tokens: self.extra_output_tokens,
+            price_tier: self.price_tier.clone(),
         }
     }
 }
@@ -220,6 +234,7 @@ impl DecisionRecord {
             fail_open: matches!(decision, Decision::Admit(a) if a.fail_open),
             over_reservation: false,
             usage_invalid: false,
+            reported_output_tokens: None,
             end_attempts: None,
             trimmed_turns: None,
             shadow: None,

@@ -19,8 +19,25 @@ pub struct SseMeter {
     model: String,
     /// Usage reported by the upstream: (prompt, cached, completion).
     pub usage: Option<(u64, u64, u64)>,
-    /// Output tokens counted from the streamed content.
+    /// Output tokens counted from the streamed output, every part of it (text, refusals,
+    /// reasoning, tool-call arguments), each event on its own: a running count, an upper bound
+    /// of [`Self::exact_output`] but for tokenizer differences at event boundaries.
     pub counted_output: u64,
+    /// The same count's floor ([`TokenCounter::count_output`]), summed event by event.
+    counted_floor: u64,
+    /// The running floor at which [`Self::past`] next counts the output exactly.
+    next_exact: u64,
+    /// The streamed output's text, each part of the answer apart (a choice's content, a tool
+    /// call's arguments, a content block), for its exact count ([`Self::exact_output`]); bounded
+    /// by the cap the stream is held to.
+    parts: Vec<(u64, String)>,
+    /// Chat: the chunks' `object` and `id`, and how many choices they carried, to end a stream
+    /// the gateway cuts off in the same shape.
+    object: Option<String>,
+    id: Option<String>,
+    choices: u64,
+    /// Anthropic: the content block open now, closed before a stream is cut off.
+    open_block: Option<u64>,
     /// Tool calls the stream began (counted at their first event, so a stream cut short still
     /// counts the calls it started).
     pub tool_calls: u64,
@@ -46,15 +63,15 @@ pub struct SseMeter {
     scanned: usize,
 }
 
-/// The output of Anthropic's content blocks as text to count when no usage came: text,
-/// thinking, and tool calls' input as JSON (all are billed as output).
-pub fn anthropic_output_text(content: &Value) -> String {
-    let mut out = String::new();
+/// The output of Anthropic's content blocks, each block's text apart (each is tokenized on its
+/// own): text, thinking, and tool calls' input as JSON (all are billed as output).
+pub fn anthropic_output_parts(content: &Value) -> Vec<String> {
+    let mut out = Vec::new();
     for block in content.as_array().into_iter().flatten() {
         if let Some(s) = block["text"].as_str().or(block["thinking"].as_str()) {
-            out.push_str(s);
+            out.push(s.to_owned());
         } else if block["type"] == "tool_use" {
-            out.push_str(&block["input"].to_string());
+            out.push(block["input"].to_string());
         }
     }
     out
@@ -150,13 +167,13 @@ pub fn chat_usage(u: &Value, estimate: u64, bad: &mut bool) -> Option<(u64, u64,
     Some((prompt, cached, completion))
 }
 
-/// The output of a Responses API response as text to count when no usage came: message text
-/// and refusals, function-call arguments, reasoning summaries (all billed as output).
-pub fn responses_output_text(output: &Value) -> String {
-    let mut out = String::new();
+/// The output of a Responses API response, each part's text apart: message text and
+/// refusals, function-call arguments, reasoning summaries (all billed as output).
+pub fn responses_output_parts(output: &Value) -> Vec<String> {
+    let mut out = Vec::new();
     for item in output.as_array().into_iter().flatten() {
         if let Some(a) = item["arguments"].as_str() {
-            out.push_str(a);
+            out.push(a.to_owned());
         }
         for part in ["content", "summary"]
             .iter()
@@ -164,7 +181,7 @@ pub fn responses_output_text(output: &Value) -> String {
             .flatten()
         {
             if let Some(s) = part["text"].as_str().or(part["refusal"].as_str()) {
-                out.push_str(s);
+                out.push(s.to_owned());
             }
         }
     }
@@ -181,6 +198,13 @@ impl SseMeter {
             model: model.to_owned(),
             usage: None,
             counted_output: 0,
+            counted_floor: 0,
+            next_exact: 0,
+            parts: Vec::new(),
+            object: None,
+            id: None,
+            choices: 0,
+            open_block: None,
             tool_calls: 0,
             done: false,
             anthropic: false,
@@ -270,18 +294,36 @@ impl SseMeter {
                     forward = false;
                 }
             }
+            if self.object.is_none() {
+                self.object = v["object"].as_str().map(str::to_owned);
+                self.id = v["id"].as_str().map(str::to_owned);
+            }
             for choice in v["choices"].as_array().into_iter().flatten() {
+                let index = choice["index"].as_u64().unwrap_or(0);
+                self.choices = self.choices.max(index.saturating_add(1));
                 let delta = &choice["delta"];
                 // A tool call's first chunk carries its id; its arguments follow without one.
-                let started = delta["tool_calls"].as_array().into_iter().flatten();
-                let started = started.filter(|c| c["id"].is_string()).count() as u64;
+                let calls = delta["tool_calls"].as_array().into_iter().flatten();
+                let started = calls.clone().filter(|c| c["id"].is_string()).count() as u64;
                 let legacy = u64::from(delta["function_call"]["name"].is_string());
                 self.tool_calls = self.tool_calls.saturating_add(started + legacy);
-                if let Some(s) = choice["delta"]["content"]
-                    .as_str()
-                    .or(choice["text"].as_str())
-                {
-                    self.counted_output += self.counter.count_text(&self.model, s, None).0;
+                // Every part of the answer is billed output, whichever field carries it; each
+                // part is its own text (a key per choice, field and tool call).
+                let fields = ["content", "refusal", "reasoning_content", "reasoning"]
+                    .into_iter()
+                    .map(|k| &delta[k])
+                    .chain([&choice["text"], &delta["function_call"]["arguments"]])
+                    .enumerate();
+                let calls = calls.map(|c| {
+                    let k = c["index"].as_u64().unwrap_or(0).saturating_add(8);
+                    (k as usize, &c["function"]["arguments"])
+                });
+                let parts: Vec<(u64, &str)> = fields
+                    .chain(calls)
+                    .filter_map(|(k, v)| Some(((index << 20) | k as u64, v.as_str()?)))
+                    .collect();
+                for (key, s) in parts {
+                    self.output(key, s);
                 }
             }
         }
@@ -293,6 +335,52 @@ impl SseMeter {
     pub fn usage_so_far(&self, estimate: u64) -> (u64, u64, u64) {
         let (input, cached) = self.anthropic_input.unwrap_or((estimate, 0));
         (input, cached, self.counted_output)
+    }
+
+    /// Counts a piece of the output passing through, of the part `key`.
+    fn output(&mut self, key: u64, s: &str) {
+        let (floor, count) = self.counter.count_output(&self.model, s);
+        self.counted_output = self.counted_output.saturating_add(count);
+        self.counted_floor = self.counted_floor.saturating_add(floor);
+        match self.parts.iter_mut().rev().find(|(k, _)| *k == key) {
+            Some((_, text)) => text.push_str(s),
+            None => self.parts.push((key, s.to_owned())),
+        }
+    }
+
+    /// The output that passed through, counted exactly: each part's text joined and counted
+    /// once, as the upstream tokenized it (for a model counted by estimate, the floor of
+    /// [`TokenCounter::count_output`]: the fewest tokens an honest report can say).
+    pub fn exact_output(&self) -> u64 {
+        self.parts
+            .iter()
+            .map(|(_, t)| self.counter.count_output(&self.model, t).0)
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Whether the output that passed through is certainly past `limit` tokens. The running
+    /// count, event by event, may overstate at the edges of events, so the exact count decides;
+    /// it is taken again only once the running count has grown by a sixteenth, so that a stream
+    /// of tiny events is not counted over and over.
+    pub fn past(&mut self, limit: u64) -> bool {
+        if self.counted_floor <= limit.max(self.next_exact) {
+            return false;
+        }
+        if self.exact_output() > limit {
+            return true;
+        }
+        self.next_exact = self
+            .counted_floor
+            .saturating_add((self.counted_floor / 16).max(16));
+        false
+    }
+
+    /// The events that end a stream the gateway cut off at its output cap, in the stream's own
+    /// format, as the upstream would have ended it there (finish reason `length`, Anthropic's
+    /// `max_tokens`, a Responses API response `incomplete` for `max_output_tokens`), with the
+    /// usage charged: (input, cached input, output).
+    pub fn cap_end(&self, (input, cached, output): (u64, u64, u64)) -> Bytes {
+        end::cap_end(self, (input, cached, output))
     }
 
     fn inspect_responses(&mut self, v: &Value) {
@@ -317,7 +405,12 @@ impl SseMeter {
             // are base64, not text: the usage that ends the stream counts them).
             _ if kind.ends_with(".delta") && !kind.contains("audio") => {
                 if let Some(s) = v["delta"].as_str() {
-                    self.counted_output += self.counter.count_text(&self.model, s, None).0;
+                    let item = v["output_index"].as_u64().unwrap_or(0);
+                    let part = v["content_index"]
+                        .as_u64()
+                        .or(v["summary_index"].as_u64())
+                        .unwrap_or(0);
+                    self.output((item << 20) | (part & 0xfffff), s);
                 }
             }
             _ => {}
@@ -331,9 +424,13 @@ impl SseMeter {
                 self.anthropic_input = anthropic_usage(u, &mut self.bad_usage);
                 self.cache_writes = anthropic_cache_writes(u, &mut self.bad_usage);
             }
-            Some("content_block_start") if is_anthropic_tool_call(&v["content_block"]) => {
-                self.tool_calls = self.tool_calls.saturating_add(1);
+            Some("content_block_start") => {
+                self.open_block = v["index"].as_u64();
+                if is_anthropic_tool_call(&v["content_block"]) {
+                    self.tool_calls = self.tool_calls.saturating_add(1);
+                }
             }
+            Some("content_block_stop") => self.open_block = None,
             Some("content_block_delta") => {
                 let d = &v["delta"];
                 // Text, thinking and tool input are all output.
@@ -342,7 +439,8 @@ impl SseMeter {
                     .or(d["partial_json"].as_str())
                     .or(d["thinking"].as_str())
                 {
-                    self.counted_output += self.counter.count_text(&self.model, s, None).0;
+                    let block = v["index"].as_u64().unwrap_or(0);
+                    self.output(block, s);
                 }
             }
             Some("message_delta") => {
@@ -439,5 +537,6 @@ fn find_event_end(buf: &[u8], from: usize) -> Option<usize> {
     }
 }
 
+mod end;
 #[cfg(test)]
 mod tests;

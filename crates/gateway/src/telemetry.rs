@@ -301,6 +301,17 @@ pub fn over_reservation() {
     counter!("tollgate_settled_over_reservation_total").increment(1);
 }
 
+/// An upstream's reported output below what the gateway counted passing through (the count was
+/// charged).
+pub fn usage_underreported() {
+    counter!("tollgate_upstream_usage_underreported_total").increment(1);
+}
+
+/// An answer cut off by the gateway once its output passed the granted cap.
+pub fn output_cap_held() {
+    counter!("tollgate_output_cap_held_total").increment(1);
+}
+
 /// An upstream usage number that was not a count (the reservation was charged).
 pub fn usage_invalid() {
     counter!("tollgate_upstream_usage_invalid_total").increment(1);

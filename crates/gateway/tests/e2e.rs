@@ -293,7 +293,7 @@ async fn streams_pass_through_and_settle(redis: bool) {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-type"), Some("text/event-stream"));
     let text = String::from_utf8_lossy(&r.body);
-    assert_eq!(text.matches("\"content\":\"tok \"").count(), 8);
+    assert_eq!(text.matches("\"content\":\" tok\"").count(), 8);
     assert!(text.trim_end().ends_with("data: [DONE]"));
     assert!(
         !text.contains("\"usage\""),
@@ -934,7 +934,7 @@ concurrency = { limit = 1, lease_ttl = "1s" }
     assert_eq!(done.status, 200);
     assert_eq!(
         String::from_utf8_lossy(&done.body)
-            .matches("\"content\":\"tok \"")
+            .matches("\"content\":\" tok\"")
             .count(),
         100
     );

@@ -214,7 +214,7 @@ async fn https_upstream_with_its_own_ca_serves_and_streams() {
     let (status, body) = send(&env, chat(true)).await;
     assert_eq!(status, 200);
     let text = String::from_utf8_lossy(&body);
-    assert_eq!(text.matches("\"content\":\"tok \"").count(), 8, "{text}");
+    assert_eq!(text.matches("\"content\":\" tok\"").count(), 8, "{text}");
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     // Both settled from the upstream's usage: 10 prompt tokens and 8 completion tokens each.
     let deadline = Instant::now() + Duration::from_secs(3);

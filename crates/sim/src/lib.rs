@@ -16,6 +16,8 @@
 //! This file is over 600 lines: the handlers of the five APIs share the simulator's state and
 //! counters, and each of them is short.
 
+mod billing;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -50,6 +52,12 @@ pub struct SimConfig {
     /// Calls to the first function tool a request offers (unless its `tool_choice` is `none`)
     /// that each answer makes: an agent's model that keeps asking for tools.
     pub function_calls: u64,
+    /// A model that runs past the cap it is given: it produces `output_tokens` whatever the
+    /// request's cap, and is billed for all of them.
+    pub ignore_cap: bool,
+    /// A usage report that says this many output tokens, whatever was billed (a report lower than
+    /// the truth); the stats keep what was billed.
+    pub reported_output: Option<u64>,
 }
 
 impl Default for SimConfig {
@@ -62,6 +70,8 @@ impl Default for SimConfig {
             tool_calls: 10,
             tool_call_input_tokens: 500,
             function_calls: 0,
+            ignore_cap: false,
+            reported_output: None,
         }
     }
 }
@@ -96,6 +106,8 @@ pub struct SimStats {
     pub last_body: Option<Value>,
     /// Function calls made in answers (streamed ones counted when their stream begins).
     pub function_calls: u64,
+    /// The service tiers requests asked for (`service_tier`), in order, where one was named.
+    pub service_tiers: Vec<String>,
 }
 
 /// A running simulator.
@@ -265,15 +277,21 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
     }
     let cap = req["max_completion_tokens"]
         .as_u64()
-        .or(req["max_tokens"].as_u64())
-        .unwrap_or(u64::MAX);
-    let n = state.config.output_tokens.min(cap);
+        .or(req["max_tokens"].as_u64());
+    let calls = function_calls(&state, &req, Format::ChatCompletions);
+    let out = billing::output(&state.config, &req, Format::ChatCompletions, cap, &calls);
+    let (n, billed) = (out.per_answer, out.billed());
+    let reported = out.reported(&state.config);
+    let tier = req["service_tier"].as_str().map(str::to_owned);
     let guard = InFlight::new(&state, &headers);
+    if let (Some(t), Ok(mut s)) = (&tier, state.stats.lock()) {
+        s.service_tiers.push(t.clone());
+    }
     pause(state.config.latency).await;
     let id = "chatcmpl-sim";
-    let usage = json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
-        "prompt_tokens_details": {"cached_tokens": 0}});
-    let calls = function_calls(&state, &req, Format::ChatCompletions);
+    let usage = json!({"prompt_tokens": prompt, "completion_tokens": reported,
+        "total_tokens": prompt + reported, "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": billing::details(&out)});
     let finish = if calls.is_empty() {
         "length"
     } else {
@@ -282,41 +300,51 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
     if req["stream"].as_bool() != Some(true) {
         // Tokens take time to produce whether streamed or not.
         pause(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
-        guard.done(prompt, n);
+        guard.done(prompt, billed);
         let content = "tok ".repeat(usize::try_from(n).unwrap_or(0));
-        let mut message = json!({"role": "assistant", "content": content.trim_end()});
-        if !calls.is_empty() {
-            message["tool_calls"] = calls
-                .iter()
-                .map(|(id, name, args)| {
-                    json!({"id": id,
-                "type": "function", "function": {"name": name, "arguments": args}})
-                })
-                .collect();
-        }
+        let choices: Vec<Value> = (0..out.answers)
+            .map(|i| {
+                let mut message = json!({"role": "assistant", "content": content.trim_end()});
+                if !calls.is_empty() && i == 0 {
+                    message["tool_calls"] = calls
+                        .iter()
+                        .map(|(id, name, args)| {
+                            json!({"id": id,
+                        "type": "function", "function": {"name": name, "arguments": args}})
+                        })
+                        .collect();
+                }
+                json!({"index": i, "message": message, "finish_reason": finish})
+            })
+            .collect();
         return Json(
             json!({"id": id, "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": usage}),
+            "choices": choices, "usage": usage, "service_tier": tier.as_deref().unwrap_or("default")}),
         )
         .into_response();
     }
     let include_usage = req["stream_options"]["include_usage"].as_bool() == Some(true);
     let delay = state.config.token_delay;
-    let chunk = move |delta: Value, finish: Value| {
+    let chunk = move |i: u64, delta: Value, finish: Value| {
         json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            "choices": [{"index": i, "delta": delta, "finish_reason": finish}]})
     };
-    // Events: role, n content tokens, finish, optional usage, [DONE].
-    let mut events: Vec<String> =
-        vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null).to_string()];
+    // Events: role, n content tokens per choice (each with a leading space, as tokens are),
+    // the calls, finish, optional usage, [DONE].
+    let answers = out.answers;
+    let mut events: Vec<String> = (0..answers)
+        .map(|i| chunk(i, json!({"role": "assistant", "content": ""}), Value::Null).to_string())
+        .collect();
     for _ in 0..n {
-        events.push(chunk(json!({"content": "tok "}), Value::Null).to_string());
+        for i in 0..answers {
+            events.push(chunk(i, json!({"content": " tok"}), Value::Null).to_string());
+        }
     }
     // A call's first chunk names it; its arguments follow in the next.
     for (k, (call, name, args)) in calls.iter().enumerate() {
         events.push(
             chunk(
+                0,
                 json!({"tool_calls": [{"index": k, "id": call, "type": "function",
             "function": {"name": name, "arguments": ""}}]}),
                 Value::Null,
@@ -325,6 +353,7 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
         );
         events.push(
             chunk(
+                0,
                 json!({"tool_calls": [{"index": k,
             "function": {"arguments": args}}]}),
                 Value::Null,
@@ -332,13 +361,15 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
             .to_string(),
         );
     }
-    events.push(chunk(json!({}), json!(finish)).to_string());
+    for i in 0..answers {
+        events.push(chunk(i, json!({}), json!(finish)).to_string());
+    }
     if include_usage {
         events.push(json!({"id": id, "object": "chat.completion.chunk", "created": 0, "choices": [], "usage": usage}).to_string());
     }
     events.push("[DONE]".to_owned());
     let frames = events.iter().map(|e| format!("data: {e}\n\n")).collect();
-    event_stream(frames, delay, guard, (prompt, n))
+    event_stream(frames, delay, guard, (prompt, billed))
 }
 
 /// Sends `frames` (whole server-sent events) one every `delay`, the request counted done with
@@ -428,11 +459,18 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
         );
     };
     let model = req["model"].as_str().unwrap_or("").to_owned();
-    let n = state.config.output_tokens.min(cap);
     let calls = function_calls(&state, &req, Format::AnthropicMessages);
+    let out = billing::output(
+        &state.config,
+        &req,
+        Format::AnthropicMessages,
+        Some(cap),
+        &calls,
+    );
+    let (n, billed, reported) = (out.per_answer, out.billed(), out.reported(&state.config));
     let stop = if !calls.is_empty() {
         "tool_use"
-    } else if n == cap {
+    } else if n >= cap {
         "max_tokens"
     } else {
         "end_turn"
@@ -443,7 +481,7 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
     pause(state.config.latency).await;
     if req["stream"].as_bool() != Some(true) {
         pause(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
-        guard.done(prompt, n);
+        guard.done(prompt, billed);
         let text = "tok ".repeat(usize::try_from(n).unwrap_or(0));
         let mut content = vec![json!({"type": "text", "text": text.trim_end()})];
         for c in &calls {
@@ -455,7 +493,7 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
         return Json(
             json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
             "content": content, "stop_reason": stop,
-            "stop_sequence": null, "usage": with_output(usage, n)}),
+            "stop_sequence": null, "usage": with_output(usage, reported)}),
         )
         .into_response();
     }
@@ -477,7 +515,7 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
         events.push((
             "content_block_delta",
             json!({"type": "content_block_delta", "index": 0,
-            "delta": {"type": "text_delta", "text": "tok "}}),
+            "delta": {"type": "text_delta", "text": " tok"}}),
         ));
     }
     events.push((
@@ -504,14 +542,14 @@ async fn messages(State(state): State<Arc<SimState>>, headers: HeaderMap, body: 
     events.push((
         "message_delta",
         json!({"type": "message_delta",
-        "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": n}}),
+        "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": reported}}),
     ));
     events.push(("message_stop", json!({"type": "message_stop"})));
     let frames = events
         .iter()
         .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
         .collect();
-    event_stream(frames, state.config.token_delay, guard, (prompt, n))
+    event_stream(frames, state.config.token_delay, guard, (prompt, billed))
 }
 
 /// Anthropic's usage object for a prompt of `prompt` tokens, without its output tokens. A request
@@ -594,20 +632,22 @@ async fn responses(
     let prompt = own + earlier;
     let model = req["model"].as_str().unwrap_or("").to_owned();
     let cap = req["max_output_tokens"].as_u64();
-    let n = state.config.output_tokens.min(cap.unwrap_or(u64::MAX));
-    let incomplete = Some(n) == cap;
+    let made = function_calls(&state, &req, Format::Responses);
+    let out = billing::output(&state.config, &req, Format::Responses, cap, &made);
+    let (n, billed, reported) = (out.per_answer, out.billed(), out.reported(&state.config));
+    let incomplete = cap.is_some_and(|c| n >= c);
     let id = {
         let mut c = match state.contexts.lock() {
             Ok(c) => c,
             Err(p) => p.into_inner(),
         };
         let id = format!("resp_sim_{}", c.len());
-        c.insert(id.clone(), prompt + n);
+        c.insert(id.clone(), prompt + billed);
         id
     };
     let guard = InFlight::new(&state, &headers);
     pause(state.config.latency).await;
-    let text = "tok ".repeat(usize::try_from(n).unwrap_or(0));
+    let text = " tok".repeat(usize::try_from(n).unwrap_or(0));
     let message = |text: &str, status: &str| {
         json!({"type": "message", "id": "msg_sim", "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
@@ -623,9 +663,9 @@ async fn responses(
             "usage": usage})
     };
     let usage = json!({"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + n});
-    let calls: Vec<Value> = function_calls(&state, &req, Format::Responses)
+        "output_tokens": reported, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + reported});
+    let calls: Vec<Value> = made
         .into_iter()
         .map(|(call, name, args)| {
             json!({"type": "function_call", "id": format!("fc_{call}"),
@@ -639,8 +679,8 @@ async fn responses(
     };
     if req["stream"].as_bool() != Some(true) {
         pause(state.config.token_delay * u32::try_from(n).unwrap_or(u32::MAX)).await;
-        guard.done(prompt, n);
-        let mut out = vec![message(text.trim_end(), "completed")];
+        guard.done(prompt, billed);
+        let mut out = vec![message(text.trim_start(), "completed")];
         out.extend(calls);
         return Json(response(status, Value::Array(out), usage)).into_response();
     }
@@ -650,7 +690,7 @@ async fn responses(
     let last = json!({"type": format!("response.{status}"),
         "response": response(status, Value::Array(out), usage)});
     let frames = responses_frames(n, &text, &message, &calls, opening, last);
-    event_stream(frames, state.config.token_delay, guard, (prompt, n))
+    event_stream(frames, state.config.token_delay, guard, (prompt, billed))
 }
 
 /// The Responses API's events of a streamed answer: the response begun (`opening`), its text
@@ -675,7 +715,7 @@ fn responses_frames(
     for _ in 0..n {
         events.push(
             json!({"type": "response.output_text.delta", "item_id": "msg_sim",
-            "output_index": 0, "content_index": 0, "delta": "tok ", "logprobs": []}),
+            "output_index": 0, "content_index": 0, "delta": " tok", "logprobs": []}),
         );
     }
     events.push(
@@ -691,9 +731,18 @@ fn responses_frames(
         json!({"type": "response.output_item.done", "output_index": 0,
         "item": message(text, "completed")}),
     );
+    // A call's item is added without its arguments, which follow as deltas.
     for (k, c) in calls.iter().enumerate() {
-        events
-            .push(json!({"type": "response.output_item.added", "output_index": k + 1, "item": c}));
+        let mut added = c.clone();
+        added["arguments"] = json!("");
+        added["status"] = json!("in_progress");
+        events.push(
+            json!({"type": "response.output_item.added", "output_index": k + 1, "item": added}),
+        );
+        events.push(json!({"type": "response.function_call_arguments.delta",
+            "item_id": c["id"], "output_index": k + 1, "delta": c["arguments"]}));
+        events.push(json!({"type": "response.function_call_arguments.done",
+            "item_id": c["id"], "output_index": k + 1, "arguments": c["arguments"]}));
         events.push(json!({"type": "response.output_item.done", "output_index": k + 1, "item": c}));
     }
     events.push(last);
@@ -805,16 +854,22 @@ async fn completions(
         Ok(r) => r,
         Err(e) => return *e,
     };
-    let n = state
-        .config
-        .output_tokens
-        .min(req["max_tokens"].as_u64().unwrap_or(u64::MAX));
+    let cap = req["max_tokens"].as_u64();
+    let out = billing::output(&state.config, &req, Format::Completions, cap, &[]);
+    let (billed, reported) = (out.billed(), out.reported(&state.config));
     let guard = InFlight::new(&state, &headers);
     pause(state.config.latency).await;
-    guard.done(prompt, n);
+    guard.done(prompt, billed);
+    // `best_of` answers are generated and billed; `n` of them are returned, for each prompt.
+    let n = req["n"].as_u64().unwrap_or(1).max(1);
+    let returned = out.answers / n.max(req["best_of"].as_u64().unwrap_or(1)) * n;
+    let text = "tok ".repeat(usize::try_from(out.per_answer).unwrap_or(0));
+    let choices: Vec<Value> = (0..returned.min(out.answers))
+        .map(|i| json!({"index": i, "text": text.trim_end(), "finish_reason": "length"}))
+        .collect();
     Json(json!({"id": "cmpl-sim", "object": "text_completion", "model": req["model"],
-        "choices": [{"index": 0, "text": "tok ".repeat(usize::try_from(n).unwrap_or(0)), "finish_reason": "length"}],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}}))
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt, "completion_tokens": reported, "total_tokens": prompt + reported}}))
     .into_response()
 }
 

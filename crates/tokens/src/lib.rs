@@ -174,6 +174,29 @@ impl TokenCounter {
         t.text(text);
         t.finish()
     }
+
+    /// Counts output that passed through as (floor, count): the count is [`Self::count_text`]'s;
+    /// the floor is the same where the model's tokenizer is known, and for a model counted by
+    /// estimate the `o200k_base` count without the estimate's margin, the fewest tokens an
+    /// upstream can honestly report for that text.
+    pub fn count_output(&self, model: &str, text: &str) -> (u64, u64) {
+        let counting = self.counting_for(model);
+        let estimated = matches!(counting, Counting::Estimate);
+        let floor_counting = if estimated {
+            Counting::Exact(Encoding::O200kBase)
+        } else {
+            counting
+        };
+        let mut t = Tally::new(floor_counting, None);
+        t.text(text);
+        let floor = t.finish().0;
+        let count = if estimated {
+            floor.saturating_mul(5).div_ceil(4)
+        } else {
+            floor
+        };
+        (floor, count)
+    }
 }
 
 /// A request body format.

@@ -393,6 +393,9 @@ struct CompletionRequest<'a> {
     model: Cow<'a, str>,
     #[serde(borrow)]
     prompt: &'a RawValue,
+    /// Text after the insertion point: input like the prompt.
+    #[serde(default, borrow)]
+    suffix: Option<Cow<'a, str>>,
     #[serde(default)]
     max_tokens: Option<u64>,
     #[serde(default)]
@@ -455,6 +458,9 @@ pub(crate) fn count_completions(
     let counting = counter.counting_for(&req.model);
     let mut t = Tally::new(counting.clone(), limit);
     text_or_tokens(&mut t, req.prompt, "prompt")?;
+    if let Some(s) = &req.suffix {
+        t.text(s);
+    }
     Ok(t.into_count(
         req.model.into_owned(),
         &counting,

@@ -38,6 +38,11 @@ pub struct RawPrice {
     pub cached_input: Option<u64>,
     /// Output tokens.
     pub output: u64,
+    /// The prices of the model's service tiers, by the tier's name as the request states it
+    /// (`priority`, `flex`; `inference_geo:us` for Anthropic's region): a request for a tier
+    /// that has no price here is refused under a money budget.
+    #[serde(default)]
+    pub tiers: BTreeMap<String, RawPrice>,
 }
 
 /// One scope rule as written.

@@ -255,6 +255,7 @@ impl Fixture {
                                 cache_write_tokens: 0,
                                 fingerprint: e.same_as.as_deref().map(label_hash),
                                 tool_call_repeats: e.tool_call_repeats.unwrap_or(0),
+                                ..RequestFacts::default()
                             }),
                             expect,
                             idempotency,

@@ -295,6 +295,8 @@ pub struct Upstream {
     pub api_key: Option<String>,
     /// Its client: a connection pool of its own and, for https, its trust anchors.
     pub client: UpstreamClient,
+    /// Body fields outside the gateway's lists that the operator declared free of cost here.
+    pub free_fields: Vec<String>,
 }
 
 /// A virtual API key.

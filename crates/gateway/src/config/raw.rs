@@ -339,6 +339,11 @@ pub struct RawUpstream {
     /// For an `https://` upstream: `http://[user:password@]host:port` of an HTTP proxy to reach
     /// it through (a `CONNECT` tunnel; TLS runs end to end inside it).
     pub proxy: Option<String>,
+    /// Body fields the gateway does not know that this upstream may receive all the same,
+    /// declared by the operator to cost nothing (each API's known fields and their costs are in
+    /// `docs/gateway.md`, "What a request costs"; any other field is refused).
+    #[serde(default)]
+    pub free_fields: Vec<String>,
 }
 
 /// `[[keys]]`

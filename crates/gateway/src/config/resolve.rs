@@ -65,6 +65,7 @@ pub(super) fn resolve(checked: Checked) -> Result<GatewayConfig, ConfigError> {
             base_url: u.base_url,
             api_key,
             client,
+            free_fields: u.free_fields,
         });
     }
     for (model, spec) in tokenizers {

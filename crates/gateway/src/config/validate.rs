@@ -52,6 +52,7 @@ pub(super) struct UpstreamSpec {
     pub api_key_env: Option<String>,
     pub ca_file: Option<String>,
     pub proxy: Option<String>,
+    pub free_fields: Vec<String>,
 }
 
 /// How a model's tokens are counted: known now, or a tokenizer file to load.
@@ -357,6 +358,7 @@ fn upstreams(
             api_key_env: u.api_key_env,
             ca_file: u.ca_file,
             proxy: u.proxy,
+            free_fields: u.free_fields,
         });
     }
     Ok((upstreams, models))

@@ -43,6 +43,17 @@ impl Dialect for Messages {
         Ok(())
     }
 
+    fn fields(&self) -> &'static [(&'static str, super::fields::Cost)] {
+        super::fields::MESSAGES
+    }
+
+    /// `auto` may use Priority Tier capacity, billed against the operator's commitment rather
+    /// than per token; a region of its own (`inference_geo`) other than `global` is priced
+    /// above the standard rate and needs a tier price.
+    fn standard_tiers(&self) -> &'static [&'static str] {
+        &["auto", "standard_only", "global"]
+    }
+
     /// A request that marks any block may write all of its input to the prompt cache.
     fn cache_write_tokens(&self, json: &Value, input: u64) -> u64 {
         if marks_cache(json) { input } else { 0 }
@@ -131,8 +142,8 @@ impl Dialect for Messages {
             .collect()
     }
 
-    fn output_text(&self, answer: &Value) -> String {
-        crate::sse::anthropic_output_text(&answer["content"])
+    fn output_parts(&self, answer: &Value) -> Vec<String> {
+        crate::sse::anthropic_output_parts(&answer["content"])
     }
 
     fn error_response(&self, e: ApiError) -> Response {

@@ -3,6 +3,7 @@
 use serde_json::{Map, Value};
 use tollgate_tokens::Format;
 
+use super::fields::{self, Cost};
 use super::{Dialect, choice_count};
 use crate::respond::ApiError;
 
@@ -22,13 +23,23 @@ impl Dialect for Chat {
         Ok(choice_count(json, "n")?.max(choice_count(json, "best_of")?))
     }
 
+    fn fields(&self) -> &'static [(&'static str, Cost)] {
+        fields::CHAT
+    }
+
+    fn predicted_text(&self, json: &Value) -> Result<Option<String>, ApiError> {
+        fields::predicted_text(json)
+    }
+
     fn set_cap(&self, body: &mut Map<String, Value>, per_choice: u64, stream: bool) -> bool {
-        // The newer field, when the client uses it; else the one every model reads.
-        let field = if body.contains_key("max_completion_tokens") {
-            "max_completion_tokens"
+        // The newer field, when the client uses it; else the one every model reads. The other
+        // is removed: an upstream that read it would get a cap nobody granted.
+        let (field, other) = if body.contains_key("max_completion_tokens") {
+            ("max_completion_tokens", "max_tokens")
         } else {
-            "max_tokens"
+            ("max_tokens", "max_completion_tokens")
         };
+        body.remove(other);
         body.insert(field.into(), per_choice.into());
         if !stream {
             return false;

@@ -3,6 +3,7 @@
 use serde_json::{Map, Value};
 use tollgate_tokens::Format;
 
+use super::fields::{self, Cost};
 use super::{Dialect, choice_count};
 use crate::respond::ApiError;
 
@@ -21,6 +22,15 @@ impl Dialect for Completions {
     fn choices(&self, json: &Value) -> Result<u64, ApiError> {
         // `best_of` generates that many server-side: each is output paid for.
         Ok(choice_count(json, "n")?.max(choice_count(json, "best_of")?))
+    }
+
+    fn fields(&self) -> &'static [(&'static str, Cost)] {
+        fields::COMPLETIONS
+    }
+
+    fn prompts(&self, json: &Value) -> u64 {
+        // Each prompt of a list is answered with its own choices.
+        fields::prompts(json.get("prompt"))
     }
 
     fn turn_list(&self) -> Option<&'static str> {

@@ -21,6 +21,10 @@ impl Dialect for Embeddings {
         false
     }
 
+    fn fields(&self) -> &'static [(&'static str, super::fields::Cost)] {
+        super::fields::EMBEDDINGS
+    }
+
     fn turn_list(&self) -> Option<&'static str> {
         None
     }

@@ -8,6 +8,7 @@ mod anthropic;
 mod chat;
 mod completions;
 mod embeddings;
+pub mod fields;
 mod responses;
 
 use axum::response::{IntoResponse, Response};
@@ -58,6 +59,24 @@ pub trait Dialect: Sync + Send + std::fmt::Debug {
     /// How many choices the request asks for: the output cap is shared among them.
     fn choices(&self, _json: &Value) -> Result<u64, ApiError> {
         Ok(1)
+    }
+
+    /// The body fields this API accepts, each with its cost ([`fields`]); any other is refused.
+    fn fields(&self) -> &'static [(&'static str, fields::Cost)];
+
+    /// The service-tier values billed at the model's standard price.
+    fn standard_tiers(&self) -> &'static [&'static str] {
+        &["auto", "default"]
+    }
+
+    /// How many prompts the request holds, each answered in full (completions' prompt lists).
+    fn prompts(&self, _json: &Value) -> u64 {
+        1
+    }
+
+    /// The predicted output's text, billed as output where the model rejects it.
+    fn predicted_text(&self, _json: &Value) -> Result<Option<String>, ApiError> {
+        Ok(None)
     }
 
     /// Whether the answer has output tokens at all (embeddings have none).
@@ -155,14 +174,21 @@ pub trait Dialect: Sync + Send + std::fmt::Debug {
         matches!(item["role"].as_str(), Some("system" | "developer"))
     }
 
-    /// The text of a non-streamed answer, counted when no usage is reported.
-    fn output_text(&self, answer: &Value) -> String {
-        answer["choices"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["message"]["content"].as_str().or(c["text"].as_str()))
-            .collect()
+    /// The output of a non-streamed answer, each part's text apart (each is tokenized on its
+    /// own): every choice's content, refusal and text, its tool calls' arguments. All are billed
+    /// as output, and counted whatever the upstream reports.
+    fn output_parts(&self, answer: &Value) -> Vec<String> {
+        let mut parts = Vec::new();
+        for c in answer["choices"].as_array().into_iter().flatten() {
+            let m = &c["message"];
+            let calls = m["tool_calls"].as_array().into_iter().flatten();
+            let texts = [&m["content"], &m["refusal"], &c["text"]]
+                .into_iter()
+                .chain([&m["function_call"]["arguments"]])
+                .chain(calls.map(|t| &t["function"]["arguments"]));
+            parts.extend(texts.filter_map(Value::as_str).map(str::to_owned));
+        }
+        parts
     }
 
     /// An error, in this API's format.

@@ -38,6 +38,10 @@ impl Dialect for Responses {
         true
     }
 
+    fn fields(&self) -> &'static [(&'static str, super::fields::Cost)] {
+        super::fields::RESPONSES
+    }
+
     fn stores_response(&self, json: &Value) -> bool {
         // The upstream stores a response unless told not to.
         json.get("store").and_then(Value::as_bool) != Some(false)
@@ -106,8 +110,8 @@ impl Dialect for Responses {
             .collect()
     }
 
-    fn output_text(&self, answer: &Value) -> String {
-        crate::sse::responses_output_text(&answer["output"])
+    fn output_parts(&self, answer: &Value) -> Vec<String> {
+        crate::sse::responses_output_parts(&answer["output"])
     }
 
     fn stream_error(&self, code: &str, message: &str) -> Bytes {

@@ -8,7 +8,7 @@ use tollgate_core::{Dimension, Identity, Reason, RequestFacts};
 use super::intake::{Intake, end_user, operation};
 use crate::config::{GatewayConfig, KeyConfig};
 use crate::contexts::{carried, hidden_input};
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, fields};
 use crate::gateway::Gateway;
 use crate::respond::{self, ApiError};
 
@@ -24,8 +24,10 @@ pub(crate) struct Counted {
     pub model: String,
     /// Index of the upstream that serves it.
     pub upstream: usize,
-    /// How many choices share the output cap.
+    /// How many whole answers share the output cap: choices, times prompts.
     pub choices: u64,
+    /// Output tokens granted beyond the cap, for a prediction the model may reject.
+    pub predicted: u64,
     /// What the admission decides on.
     pub facts: RequestFacts,
     /// Input the body does not hold, in order: the earlier context the upstream keeps, what the
@@ -74,6 +76,13 @@ pub(crate) async fn count(
     }
     let mut json: Value = serde_json::from_slice(&intake.body).map_err(respond::invalid_json)?;
     dialect.check_body(&json)?;
+    let free = &cfg.upstreams[upstream].free_fields;
+    fields::check(dialect.fields(), &json, free)?;
+    let price_tier = fields::price_tier(dialect.fields(), &json, dialect.standard_tiers())?;
+    let predicted = match dialect.predicted_text(&json)? {
+        Some(text) => gw.counter.count_text(&count.model, &text, None).0,
+        None => 0,
+    };
     let kept_context = if dialect.keeps_context() {
         kept_context(gw, cfg, &json).await
     } else {
@@ -114,6 +123,8 @@ pub(crate) async fn count(
     if choices > MAX_CHOICES {
         return Err(respond::too_many_choices(choices, MAX_CHOICES));
     }
+    // Each prompt of a list gets its own choices, each a whole answer up to the cap.
+    let choices = choices.saturating_mul(dialect.prompts(&json));
     let (fingerprint, tool_call_repeats) = if cfg.policy.scopes.iter().any(|r| r.loops.is_some()) {
         let (fp, repeats) = super::loops::facts(dialect, &json);
         (Some(fp), repeats)
@@ -132,12 +143,15 @@ pub(crate) async fn count(
         cache_write_tokens: dialect.cache_write_tokens(&json, input),
         fingerprint,
         tool_call_repeats,
+        extra_output_tokens: if dialect.has_output() { predicted } else { 0 },
+        price_tier,
     };
     Ok(Counted {
         json,
         model: count.model,
         upstream,
         choices,
+        predicted,
         facts,
         allowances: [kept_context, tool_input, remote_input],
         trimmed,

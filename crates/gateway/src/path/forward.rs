@@ -58,10 +58,12 @@ pub(crate) async fn prepare(
         model,
         upstream,
         choices,
+        predicted,
         facts,
         ..
     } = counted;
-    let per_choice = admitted.max_output_tokens / choices;
+    // A prediction's share of the grant is billed output, not room for the answer.
+    let per_choice = admitted.max_output_tokens.saturating_sub(predicted) / choices;
     if dialect.has_output() && per_choice == 0 {
         let _ = ticket.release(Some(Usage::default())).await;
         return Err(respond::no_tokens_per_choice(

@@ -47,7 +47,7 @@ pub(crate) async fn intake<'a>(
         .map(|c| c.0.ip())
         .unwrap_or(IpAddr::from([127, 0, 0, 1]));
     let body = read_body(cfg, body, &parts.headers).await?;
-    let ip = client_ip(cfg, peer, &parts.headers).to_string();
+    let ip = client_ip(&cfg.trusted_proxies, peer, &parts.headers).to_string();
     Ok(Intake {
         key,
         ip,
@@ -78,24 +78,49 @@ pub(crate) fn authenticate<'a>(
         .ok_or_else(|| respond::unauthorized("Incorrect API key provided."))
 }
 
-/// The client's address: the peer, unless it is a trusted proxy; then the rightmost address of
-/// `x-forwarded-for` that is not one.
-fn client_ip(cfg: &GatewayConfig, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-    if !cfg.trusted_proxies.contains(&peer) {
+/// The client's address: the peer, unless it is a trusted proxy; then `x-forwarded-for` walked
+/// from the right past the trusted proxies, to the first address that is not one. Entries may
+/// carry ports (`1.2.3.4:5678`, `[2001:db8::1]:443`), as some proxies append them. An entry that
+/// cannot be read ends the walk: the request is attributed to the last trusted hop, which wrote
+/// what follows it, never to an entry further left, which the client may have written.
+pub(crate) fn client_ip(trusted: &[IpAddr], peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    if !trusted.contains(&peer) {
         return peer;
     }
-    let forwarded: Vec<IpAddr> = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
-    forwarded
-        .into_iter()
-        .rev()
-        .find(|ip| !cfg.trusted_proxies.contains(ip))
-        .unwrap_or(peer)
+    let mut hops: Vec<&str> = Vec::new();
+    for v in headers.get_all("x-forwarded-for") {
+        match v.to_str() {
+            Ok(v) => hops.extend(v.split(',')),
+            // A header that is not text cannot be read: nothing left of the peer is believed.
+            Err(_) => hops.clear(),
+        }
+    }
+    let mut last_trusted = peer;
+    for hop in hops.into_iter().rev() {
+        match forwarded_ip(hop) {
+            Some(ip) if trusted.contains(&ip) => last_trusted = ip,
+            Some(ip) => return ip,
+            None => return last_trusted,
+        }
+    }
+    last_trusted
+}
+
+/// One `x-forwarded-for` entry: an address, with or without a port (an IPv6 address with a port
+/// in brackets); `None` for anything else (an empty entry, a name, `unknown`).
+pub(crate) fn forwarded_ip(entry: &str) -> Option<IpAddr> {
+    let e = entry.trim();
+    if let Ok(ip) = e.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(sa) = e.parse::<SocketAddr>() {
+        return Some(sa.ip());
+    }
+    // `[2001:db8::1]` without a port.
+    e.strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .and_then(|r| r.parse::<std::net::Ipv6Addr>().ok())
+        .map(IpAddr::V6)
 }
 
 /// The body, refused past `max_body_bytes` (by its declared length before it is read) or
@@ -172,4 +197,51 @@ pub(crate) fn operation(
         ));
     }
     Ok(Some(v.to_owned()))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn from(xff: &[&str]) -> IpAddr {
+        let trusted: Vec<IpAddr> = vec![[127, 0, 0, 1].into(), [10, 0, 0, 9].into()];
+        let mut h = HeaderMap::new();
+        for v in xff {
+            h.append("x-forwarded-for", v.parse().unwrap());
+        }
+        client_ip(&trusted, [127, 0, 0, 1].into(), &h)
+    }
+
+    #[test]
+    fn entries_with_ports_are_read() {
+        assert_eq!(
+            from(&["9.9.9.9, 203.0.113.7:5678"]),
+            IpAddr::from([203, 0, 113, 7])
+        );
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(from(&["9.9.9.9, [2001:db8::1]:443"]), v6);
+        assert_eq!(from(&["[2001:db8::1]"]), v6);
+        assert_eq!(from(&["9.9.9.9", "2001:db8::1, 10.0.0.9:80"]), v6);
+    }
+
+    #[test]
+    fn an_entry_that_cannot_be_read_ends_the_walk_at_the_last_trusted_hop() {
+        // The forged entry left of the unreadable one is never believed.
+        assert_eq!(from(&["9.9.9.9, unknown"]), IpAddr::from([127, 0, 0, 1]));
+        assert_eq!(
+            from(&["9.9.9.9, garbage:port, 10.0.0.9"]),
+            IpAddr::from([10, 0, 0, 9])
+        );
+        assert_eq!(from(&["9.9.9.9,, 10.0.0.9"]), IpAddr::from([10, 0, 0, 9]));
+        assert_eq!(from(&[]), IpAddr::from([127, 0, 0, 1]));
+    }
+
+    #[test]
+    fn an_untrusted_peer_is_the_client_whatever_it_forwards() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "9.9.9.9".parse().unwrap());
+        let peer = IpAddr::from([198, 51, 100, 1]);
+        assert_eq!(client_ip(&[], peer, &h), peer);
+    }
 }

@@ -70,11 +70,13 @@ pub(crate) async fn answer(
         }
     };
     let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let (usage, invalid) =
+    let (usage, report) =
         answered_usage(a.dialect, &v, a.input, a.granted, &a.cfg.counter, &a.model);
     let mut ticket = a.ticket;
-    if invalid {
-        ticket.usage_invalid();
+    match report {
+        Report::Sound => {}
+        Report::Invalid => ticket.usage_invalid(),
+        Report::Under(reported) => ticket.usage_underreported(reported),
     }
     if let Some(ttl) = a.keep_context {
         a.gw.remember_context(v["id"].as_str(), a.conversation.as_deref(), usage, ttl)
@@ -84,10 +86,22 @@ pub(crate) async fn answer(
     Ok((bytes, a.headers))
 }
 
+/// How an answer's reported usage compares with what the gateway saw pass through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Report {
+    /// Reported (or not reported at all) and no lower than the count.
+    Sound,
+    /// A reported number was not a count: the reservation is charged.
+    Invalid,
+    /// The reported output, lower than the count: the count is charged.
+    Under(u64),
+}
+
 /// The usage of a non-streamed answer `v`: what the upstream reported (each number checked, see
-/// [`crate::sse::usage_number`]), or, when it reported none, the counted `input` and the output
-/// counted from the answer's text. When a reported number is not a count, the reservation
-/// (`input` and the `granted` cap) and `true`.
+/// [`crate::sse::usage_number`]), its output never below the output counted in the answer
+/// (every part of it: text, refusals, tool-call arguments); without a report, the counted
+/// `input` and that output. When a reported number is not a count, the reservation (`input`
+/// and the `granted` cap).
 fn answered_usage(
     dialect: &dyn Dialect,
     v: &Value,
@@ -95,7 +109,7 @@ fn answered_usage(
     granted: u64,
     counter: &TokenCounter,
     model: &str,
-) -> (Usage, bool) {
+) -> (Usage, Report) {
     let mut bad = false;
     let reported = dialect.usage(&v["usage"], input, &mut bad);
     // Counted here whatever the upstream reports: no provider reports tool calls as a number.
@@ -109,25 +123,27 @@ fn answered_usage(
             tool_calls,
             ..Usage::default()
         };
-        return (reserved, true);
+        return (reserved, Report::Invalid);
     }
-    let usage = reported.unwrap_or_else(|| {
-        // No usage reported: count the output ourselves.
-        let text = dialect.output_text(v);
-        Usage {
-            input_tokens: input,
-            cached_input_tokens: 0,
-            output_tokens: counter.count_text(model, &text, None).0,
-            ..Usage::default()
-        }
+    let counted = dialect
+        .output_parts(v)
+        .iter()
+        .map(|p| counter.count_output(model, p).0)
+        .fold(0u64, u64::saturating_add);
+    let report = match reported {
+        Some(u) if u.output_tokens < counted => Report::Under(u.output_tokens),
+        _ => Report::Sound,
+    };
+    let usage = reported.unwrap_or(Usage {
+        input_tokens: input,
+        ..Usage::default()
     });
-    (
-        Usage {
-            tool_calls,
-            ..usage
-        },
-        false,
-    )
+    let usage = Usage {
+        output_tokens: usage.output_tokens.max(counted),
+        tool_calls,
+        ..usage
+    };
+    (usage, report)
 }
 
 /// A stream's body: metered on its way to the client, settled at its end.
@@ -147,6 +163,7 @@ pub(crate) fn stream(mut a: Answer, body: hyper::body::Incoming) -> Body {
         dialect: a.dialect,
         input: a.input,
         granted: a.granted,
+        held_at: held_at(a.granted),
         bounds: a.cfg.stream,
         started: now,
         last_event: now,
@@ -156,6 +173,13 @@ pub(crate) fn stream(mut a: Answer, body: hyper::body::Incoming) -> Body {
         Some(metered),
         |s| async move { s?.next().await },
     ))
+}
+
+/// The output, in tokens, past which a stream is ended at its cap `granted`: the cap, plus a
+/// tolerance for the tokenizer's differences from the upstream's at the edges of events
+/// (a twentieth of the cap, at least 16 tokens).
+pub(crate) fn held_at(granted: u64) -> u64 {
+    granted.saturating_add((granted / 20).max(16))
 }
 
 /// Where a stream's context is remembered at its end (Responses API): the gateway, the
@@ -173,6 +197,8 @@ pub(crate) struct MeteredStream {
     pub input: u64,
     /// The granted output cap, charged when the upstream's numbers are not counts.
     pub granted: u64,
+    /// The output past which the stream is ended ([`held_at`]).
+    pub held_at: u64,
     pub bounds: StreamBounds,
     pub started: Instant,
     pub last_event: Instant,
@@ -247,6 +273,16 @@ impl MeteredStream {
                     if self.meter.pending() > self.bounds.max_event_bytes {
                         return self.cut_off(Breach::EventTooLarge).await;
                     }
+                    // The answer is whole: settled, and kept for a retry, before its last
+                    // bytes go out (a client may hang up as soon as it has them).
+                    if self.meter.done {
+                        return self.end(out).await;
+                    }
+                    // Past the cap: ended here, whatever the upstream meant to send. The running
+                    // count may overstate at event edges, so the exact count decides.
+                    if self.meter.past(self.held_at) {
+                        return self.hold_cap(out).await;
+                    }
                     if out.is_empty() {
                         continue;
                     }
@@ -259,7 +295,7 @@ impl MeteredStream {
                     let _ = self.ticket.release(partial).await;
                     return Some((Err(std::io::Error::other(e)), None));
                 }
-                None => return self.end().await,
+                None => return self.end(Bytes::new()).await,
             }
         }
     }
@@ -315,17 +351,22 @@ impl MeteredStream {
         }
     }
 
-    /// The stream's end: the rest forwarded, the usage reported (or counted) settled.
-    async fn end(mut self) -> Option<(Result<Bytes, std::io::Error>, Option<Self>)> {
-        let rest = self.meter.finish();
-        let (p, c, o) = self
-            .meter
-            .usage
-            .unwrap_or_else(|| self.meter.usage_so_far(self.input));
+    /// The stream's end: `sent` and the rest forwarded, the usage reported (its output never
+    /// below what was counted passing through) settled.
+    async fn end(mut self, sent: Bytes) -> Option<(Result<Bytes, std::io::Error>, Option<Self>)> {
+        let rest = if self.meter.done {
+            Bytes::new()
+        } else {
+            self.meter.finish()
+        };
+        let rest = [sent, rest].concat();
+        let counted = self.meter.exact_output();
+        let reported = self.meter.usage;
+        let (p, c, o) = reported.unwrap_or_else(|| self.meter.usage_so_far(self.input));
         let mut usage = Usage {
             input_tokens: p,
             cached_input_tokens: c,
-            output_tokens: o,
+            output_tokens: o.max(counted),
             cache_write_tokens: self.meter.cache_writes.0,
             cache_write_1h_tokens: self.meter.cache_writes.1,
             tool_calls: self.meter.tool_calls,
@@ -333,6 +374,8 @@ impl MeteredStream {
         if self.meter.bad_usage {
             self.ticket.usage_invalid();
             usage = self.reserved();
+        } else if let Some((_, _, o)) = reported.filter(|r| r.2 < counted) {
+            self.ticket.usage_underreported(o);
         }
         let (gw, conversation, keep) = &self.remember;
         if let Some(ttl) = keep {
@@ -345,16 +388,42 @@ impl MeteredStream {
             .await;
         }
         self.keep(&rest);
-        let kept = self.kept.take();
+        self.settle_and_keep(usage).await;
+        if rest.is_empty() {
+            return None;
+        }
+        Some((Ok(Bytes::from(rest)), None))
+    }
+
+    /// Past the cap: `sent` forwarded, then the stream ended in its own format as cut by its cap,
+    /// the upstream let go of (its body dropped), the output counted on the way settled, and
+    /// the answer kept for a retry.
+    async fn hold_cap(
+        mut self,
+        sent: Bytes,
+    ) -> Option<(Result<Bytes, std::io::Error>, Option<Self>)> {
+        crate::telemetry::output_cap_held();
+        // What was forwarded, as counted on the way (the upstream's report never came).
+        let usage = self.usage_so_far();
+        let end = self.meter.cap_end((
+            usage.input_tokens,
+            usage.cached_input_tokens,
+            usage.output_tokens,
+        ));
+        let out = Bytes::from([sent, end].concat());
+        self.keep(&out);
+        self.settle_and_keep(usage).await;
+        Some((Ok(out), None))
+    }
+
+    /// The ticket settled with `usage`, then the whole answer kept for a retry with the same
+    /// idempotency key.
+    async fn settle_and_keep(self, usage: Usage) {
         let _ = self.ticket.settle(usage).await;
-        if let Some((claim, kept)) = kept {
+        if let Some((claim, kept)) = self.kept {
             claim
                 .answered(200, "text/event-stream", kept.as_deref())
                 .await;
         }
-        if rest.is_empty() {
-            return None;
-        }
-        Some((Ok(rest), None))
     }
 }

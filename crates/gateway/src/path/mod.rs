@@ -135,7 +135,12 @@ async fn admit_counted(
     key: &crate::config::KeyConfig,
     counted: &Counted,
 ) -> Result<Admission, ApiError> {
-    let (mut p, shadow) = plans(&cfg.policy, &counted.facts).map_err(respond::unpriced_model)?;
+    let (mut p, shadow) = plans(&cfg.policy, &counted.facts).map_err(|e| match e {
+        PlanError::UnpricedTier { model, tier, .. } => {
+            respond::unpriced_tier(tier_field(&tier), &tier, &model)
+        }
+        e => respond::unpriced_model(e),
+    })?;
     if gw.books.as_ref().is_some_and(|b| !b.ledger.accepting()) {
         crate::telemetry::ledger_event("refused");
         return Err(respond::ledger_full());
@@ -216,6 +221,14 @@ async fn admit_counted(
         granted: admitted,
         ticket,
     })
+}
+
+/// The body field that asked for `tier`: `service_tier` unless it names another.
+fn tier_field(tier: &str) -> &str {
+    match tier.split_once(':') {
+        Some((field, _)) if !tier.contains('+') => field,
+        _ => "service_tier",
+    }
 }
 
 /// The request's plan, and that of its shadow rules if any, living as long as the enforced

@@ -311,6 +311,15 @@ impl<S: Store + Clone + 'static> Ticket<S> {
         }
     }
 
+    /// Notes that the upstream reported `reported` output tokens, fewer than were counted
+    /// passing through (the count is charged).
+    pub fn usage_underreported(&mut self, reported: u64) {
+        crate::telemetry::usage_underreported();
+        if let Some(r) = self.record.as_mut() {
+            r.record.reported_output_tokens = Some(reported);
+        }
+    }
+
     /// Dropped without an ending (its client left), the ticket waits `grace` before it releases:
     /// the upstream may go on working until it notices the closed connection.
     pub fn release_after(&mut self, grace: Duration) {

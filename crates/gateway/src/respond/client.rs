@@ -206,3 +206,42 @@ pub fn idempotent_response_not_kept() -> ApiError {
     super::put(&mut e.headers, "x-should-retry", "false");
     e
 }
+
+/// A body field the gateway does not know the cost of: refused, named, so that a provider's new
+/// feature cannot reach the bill unpriced.
+pub fn unknown_field(field: &str) -> ApiError {
+    ApiError::invalid(
+        "unknown_parameter",
+        format!(
+            "Unrecognized request argument supplied: {field}. This gateway forwards only the fields \
+             whose cost it knows; its operator can declare this one free of cost for the upstream \
+             (free_fields)."
+        ),
+    )
+    .param(field)
+}
+
+/// A body field whose cost the price table cannot state (audio output, server-side work).
+pub fn unpriced_field(field: &str) -> ApiError {
+    ApiError::invalid(
+        "unpriced_parameter",
+        format!(
+            "{field} asks for output or work whose cost this gateway cannot state, so it is not \
+             forwarded; its operator can declare it free of cost for the upstream (free_fields)."
+        ),
+    )
+    .param(field)
+}
+
+/// A service tier with no price for the model, under a money budget.
+pub fn unpriced_tier(field: &str, tier: &str, model: &str) -> ApiError {
+    ApiError::invalid(
+        "unpriced_service_tier",
+        format!(
+            "The service tier {tier:?} has no price for model {model:?} in this gateway's price \
+             table, and a money budget applies: the request is refused rather than reserved at \
+             the wrong price."
+        ),
+    )
+    .param(field)
+}

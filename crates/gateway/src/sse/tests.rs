@@ -75,7 +75,7 @@ fn anthropic_output_counts_text_thinking_and_tool_input() {
         {"type": "tool_use", "id": "t1", "name": "f", "input": {"city": "Paris"}}
     ]);
     assert_eq!(
-        anthropic_output_text(&content),
+        anthropic_output_parts(&content).concat(),
         "Let me see.Hello{\"city\":\"Paris\"}"
     );
     let mut m = SseMeter::anthropic("claude-sonnet-4");
@@ -152,7 +152,7 @@ fn responses_usage_comes_from_the_last_event_and_output_is_counted_on_the_way() 
         {"type": "function_call", "name": "f", "arguments": "{}"},
         {"type": "message", "content": [{"type": "output_text", "text": "Hi"}, {"type": "refusal", "refusal": "No"}]}
     ]);
-    assert_eq!(responses_output_text(&output), "Think.{}HiNo");
+    assert_eq!(responses_output_parts(&output).concat(), "Think.{}HiNo");
 }
 
 #[test]
