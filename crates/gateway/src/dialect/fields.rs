@@ -355,6 +355,46 @@ mod tests {
         }
     }
 
+    /// `docs/gateway.md`, "What a request costs", lists every field of every API with its cost.
+    #[test]
+    fn the_docs_list_every_field_with_its_cost() {
+        let doc = include_str!("../../../../docs/gateway.md");
+        let apis = [
+            ("chat completions", CHAT),
+            ("completions", COMPLETIONS),
+            ("embeddings", EMBEDDINGS),
+            ("Responses", RESPONSES),
+            ("Anthropic Messages", MESSAGES),
+        ];
+        let mut rows = 0;
+        for (api, list) in apis {
+            for (field, c) in list {
+                let kind = match c {
+                    Cost::Free => "free",
+                    Cost::Input => "input",
+                    Cost::Handled => "handled",
+                    Cost::Cap => "cap",
+                    Cost::Multiplies => "multiplies",
+                    Cost::Predicted => "predicted",
+                    Cost::Tier => "tier",
+                    Cost::OutputKinds => "output kinds",
+                    Cost::Unpriced => "*unpriced*",
+                };
+                let row = format!("| {api} | `{field}` | {kind} |");
+                assert!(doc.contains(&row), "docs/gateway.md lacks {row}");
+                rows += 1;
+            }
+        }
+        let listed = doc
+            .lines()
+            .filter(|l| {
+                apis.iter()
+                    .any(|(a, _)| l.starts_with(&format!("| {a} | `")))
+            })
+            .count();
+        assert_eq!(listed, rows, "the docs list a field the gateway does not");
+    }
+
     #[test]
     fn an_unknown_field_is_refused_by_name_unless_declared_free() {
         let body = json!({"model": "m", "messages": [], "x_new_feature": {"a": 1}});
