@@ -118,6 +118,7 @@ async fn serve(
         }
     };
     let mut cfg = tollgate_gateway::GatewayConfig::from_toml(&text)?;
+    install_log(&cfg.log)?;
     if let Some(l) = listen {
         cfg.listen = l;
     }
@@ -128,7 +129,7 @@ async fn serve(
     let bound = bind_side_listeners(&cfg).await?;
     let (store, warnings) = tollgate_gateway::start_store_with_warnings(&cfg).await?;
     for w in warnings {
-        writeln!(std::io::stderr(), "tollgate: warning: {w}")?;
+        tracing::warn!("{w}");
     }
     let records = cfg.records.clone();
     let books = tollgate_gateway::open_books(&cfg)
@@ -153,6 +154,30 @@ async fn serve(
     out.flush()?;
     tollgate_gateway::serve_bound(gw, listener, bound, shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Installs the run-time log on standard error: the configuration's format, and `RUST_LOG`'s
+/// filter when it is set, else the configuration's.
+fn install_log(cfg: &tollgate_gateway::config::LogConfig) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(f) if !f.trim().is_empty() => {
+            EnvFilter::try_new(&f).with_context(|| format!("RUST_LOG {f:?}"))?
+        }
+        _ => EnvFilter::try_new(&cfg.filter)
+            .with_context(|| format!("log.filter {:?}", cfg.filter))?,
+    };
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second installation (the process serves once) is ignored.
+    let _ = if cfg.json {
+        log.json().with_current_span(false).try_init()
+    } else {
+        log.with_ansi(std::io::stderr().is_terminal()).try_init()
+    };
+    Ok(())
 }
 
 /// The admin and metrics listeners the configuration names, bound before serving so that their

@@ -36,6 +36,7 @@ pub mod config;
 pub mod conn;
 pub mod contexts;
 pub mod dialect;
+pub mod faults;
 pub mod gateway;
 mod path;
 pub mod records;

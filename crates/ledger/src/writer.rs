@@ -31,6 +31,9 @@ impl Ledger {
     async fn write_forever(self, after: Option<AfterWrite>) {
         let every = self.inner.settings.flush_every;
         let mut backoff = Duration::from_millis(100);
+        // Failed writes since the last that succeeded: an outage is logged when it begins and
+        // when it ends, not at every retry.
+        let mut failures = 0u64;
         loop {
             let _ = tokio::time::timeout(every, self.inner.wake.notified()).await;
             loop {
@@ -41,6 +44,13 @@ impl Ledger {
                 match self.write(&batch).await {
                     Ok(()) => {
                         backoff = Duration::from_millis(100);
+                        if failures > 0 {
+                            tracing::info!(
+                                failed_writes = failures,
+                                "ledger writes resumed; the endings buffered meanwhile are written"
+                            );
+                            failures = 0;
+                        }
                         let n = batch.len();
                         self.inner.written.fetch_add(n as u64, Ordering::SeqCst);
                         metrics::counter!("tollgate_ledger_written_total").increment(n as u64);
@@ -53,8 +63,18 @@ impl Ledger {
                     }
                     Err(e) => {
                         metrics::counter!("tollgate_ledger_write_failures_total").increment(1);
-                        tracing::warn!(error = %e, entries = batch.len(), "ledger write failed; retrying");
+                        if failures == 0 {
+                            tracing::error!(
+                                cause = %e,
+                                buffered = self.buffered(),
+                                "ledger writes fail: endings are buffered and retried; \
+                                 admissions are refused once the buffer is full"
+                            );
+                        }
+                        failures += 1;
                         self.put_back(batch);
+                        // The gauge stays live through the outage.
+                        metrics::gauge!("tollgate_ledger_buffered").set(self.buffered() as f64);
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(Duration::from_secs(5));
                     }

@@ -25,10 +25,21 @@ pub fn start_instance(config: &std::path::Path) -> (Instance, String) {
 /// `metrics`) as the process printed it: a configuration naming port 0 for them has the process
 /// bind free ports itself, so that no test releases a port for another to take.
 pub fn start_instance_with(config: &std::path::Path, also: &[&str]) -> (Instance, Vec<String>) {
+    start_instance_logging(config, also, Stdio::inherit())
+}
+
+/// [`start_instance_with`], its standard error (the run-time log) sent to `log`.
+pub fn start_instance_logging(
+    config: &std::path::Path,
+    also: &[&str],
+    log: Stdio,
+) -> (Instance, Vec<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(config)
+        .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
+        .stderr(log)
         .spawn()
         .unwrap();
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();

@@ -3,6 +3,7 @@
 //! outside world (environment variables, files, TLS clients, tokenizer files) done in a step of
 //! its own (`resolve`). Every error names the field at fault.
 
+mod log;
 mod raw;
 mod resolve;
 mod stores;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use tollgate_core::{Policy, PolicyError, Reason};
 
+pub use log::{LogConfig, RawLog};
 pub use raw::*;
 
 use crate::upstream::UpstreamClient;
@@ -143,6 +145,8 @@ pub struct GatewayConfig {
     pub idempotency: IdempotencyConfig,
     /// Metrics.
     pub metrics: MetricsConfig,
+    /// The run-time log.
+    pub log: LogConfig,
     /// Kill switches of the file: (target, reason).
     pub kills: Vec<(String, String)>,
     /// Alerts.

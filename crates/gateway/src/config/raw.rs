@@ -57,6 +57,9 @@ pub struct RawConfig {
     /// The Prometheus metrics.
     #[serde(default)]
     pub metrics: RawMetrics,
+    /// `[log]`
+    #[serde(default)]
+    pub log: super::RawLog,
     /// Kill switches that hold whatever the store holds.
     #[serde(default)]
     pub kill: Vec<RawKill>,

@@ -102,6 +102,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         operation_header: operation_header(&raw.operations)?,
         idempotency: idempotency(&raw.idempotency)?,
         metrics: metrics(&raw.metrics)?,
+        log: super::log::log(&raw.log)?,
         kills: kills(&raw.kill)?,
         alerts: super::AlertsConfig {
             queue: bounded(raw.alerts.queue, 1000, 1..=100_000, "alerts.queue")?,

@@ -230,7 +230,11 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
             }
         }
         let (d, shadowed) = match r {
-            Ok(d) => d,
+            Ok(d) => {
+                crate::faults::STORE.ok();
+                crate::faults::STORE_LOST.ok();
+                d
+            }
             Err(e) => (self.unanswered(p, e)?, Shadowed::Failed),
         };
         match &d {
@@ -243,6 +247,21 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
 
     /// What a store's failure `e` means for plan `p`.
     fn unanswered(&self, p: &Plan, e: StoreError) -> Result<Decision, ApiError> {
+        match &e {
+            StoreError::StateLost => crate::faults::STORE_LOST.fail(
+                &e,
+                "the store has lost its state: admissions are refused (503 store_state_lost) \
+                 until its books are rebuilt from the ledger or an operator acknowledges the loss",
+            ),
+            StoreError::Unavailable(_) if p.fail_open => crate::faults::STORE.fail(
+                &e,
+                "the store does not answer: the controls listed in fail_open admit without it",
+            ),
+            _ => crate::faults::STORE.fail(
+                &e,
+                "the store does not answer: admissions are refused (503 store_unavailable)",
+            ),
+        }
         Ok(match e {
             // Token limits need no store: refuse as usual.
             StoreError::Unavailable(_) if p.token_verdict.is_some() => {

@@ -184,13 +184,16 @@ pub(crate) async fn forward_and_settle(f: Forward) -> Result<Response, ApiError>
 /// never reached the model) or silent past the timeout (charged what the policy says: the
 /// upstream may have done the work).
 async fn upstream_failed(ticket: Ticket, unreachable: Option<String>) -> ApiError {
+    let id = ticket.id().to_owned();
     match unreachable {
         Some(why) => {
+            tracing::warn!(request_id = %id, cause = %why, "the upstream could not be reached (502, nothing charged)");
             crate::telemetry::upstream_failed("unreachable");
             let _ = ticket.release(Some(Usage::default())).await;
             respond::upstream_unreachable(&why)
         }
         None => {
+            tracing::warn!(request_id = %id, "the upstream did not answer within upstream_timeout (504, the policy's abandoned charge)");
             crate::telemetry::upstream_failed("timeout");
             let _ = ticket.release(None).await;
             respond::upstream_timeout()

@@ -1,0 +1,162 @@
+//! The run-time log of a `tollgate serve` process: every fault leaves one line with its cause,
+//! when it begins, not one per request it touches; text by default, JSON when configured.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tollgate_testkit::pg_server::PgServer;
+use tollgate_testkit::redis_server::RedisServer;
+
+mod common;
+use common::{Instance, start_instance_logging};
+
+const KEY: &str = "sk-logs";
+
+/// A process serving `sections` and one upstream at `upstream`, its log in a file: the process,
+/// its URL, the log's path and the directory holding them.
+fn start(
+    sections: &str,
+    upstream: &str,
+) -> (Instance, String, std::path::PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{sections}\n[[upstreams]]\nname = \"up\"\nbase_url = \"{upstream}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+             [policy]\n[[policy.scopes]]\nname = \"spend\"\nkey = \"tenant\"\n\
+             budget = {{ tokens = 1000000, period = \"1d\" }}\n",
+            tollgate_gateway::hash_key(KEY)
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("log");
+    let file = std::fs::File::create(&log).unwrap();
+    let (instance, mut urls) = start_instance_logging(&config, &[], Stdio::from(file));
+    (instance, urls.remove(0), log, dir)
+}
+
+async fn chat(url: &str) -> u16 {
+    let body = r#"{"model":"gpt-4o","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = hyper::Request::post(format!("{url}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let r = client.request(req).await.unwrap();
+    let status = r.status().as_u16();
+    let _ = r.into_body().collect().await;
+    status
+}
+
+/// The log's lines holding `what`, once there are `n` of them (fails after 5 s).
+async fn lines_with(log: &std::path::Path, what: &str, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap();
+        let found: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains(what))
+            .map(str::to_owned)
+            .collect();
+        if found.len() >= n {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "no {what:?} in the log:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An unreachable upstream: one line per request, with the request's id and the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_is_logged_with_its_cause() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let (_p, url, log, _dir) = start("", &upstream);
+    assert_eq!(chat(&url).await, 502);
+    let found = lines_with(&log, "the upstream could not be reached", 1).await;
+    assert!(found[0].contains("WARN"), "{found:?}");
+    assert!(found[0].contains("request_id=tg-"), "{found:?}");
+    assert!(
+        found[0].to_lowercase().contains("connection refused"),
+        "{found:?}"
+    );
+}
+
+/// A store that loses its state and one that stops answering: each logged once, with its cause,
+/// however many requests it refuses; in JSON when configured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_faults_are_logged_once_each() {
+    let mut redis = RedisServer::start();
+    let sections = format!(
+        "[log]\nformat = \"json\"\n[store]\nurl = \"{}\"\nprefix = \"logs\"\ncall_timeout = \"500ms\"\n",
+        redis.url()
+    );
+    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
+        .await
+        .unwrap();
+    let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
+    assert_eq!(chat(&url).await, 200);
+    let flushed = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "flushall"])
+        .output()
+        .unwrap();
+    assert!(flushed.status.success());
+    for _ in 0..3 {
+        assert_eq!(chat(&url).await, 503);
+    }
+    let lost = lines_with(&log, "the store has lost its state", 1).await;
+    assert_eq!(lost.len(), 1, "logged once: {lost:?}");
+    let line: serde_json::Value = serde_json::from_str(&lost[0]).unwrap();
+    assert_eq!(line["level"], "ERROR");
+    assert_eq!(line["fields"]["fault"], "store_state_lost");
+    assert!(
+        line["fields"]["cause"].as_str().unwrap().contains("marker"),
+        "{line}"
+    );
+
+    redis.kill();
+    for _ in 0..3 {
+        assert_eq!(chat(&url).await, 503);
+    }
+    let down = lines_with(&log, "the store does not answer", 1).await;
+    assert_eq!(down.len(), 1, "logged once: {down:?}");
+    let line: serde_json::Value = serde_json::from_str(&down[0]).unwrap();
+    assert_eq!(line["fields"]["fault"], "store");
+    assert!(
+        !line["fields"]["cause"].as_str().unwrap().is_empty(),
+        "{line}"
+    );
+}
+
+/// A ledger outage: logged when it begins, with its cause, and when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_outage_is_logged_when_it_begins_and_ends() {
+    let pg = PgServer::start();
+    let sections = format!("[ledger]\nurl = \"{}\"\nflush_every = \"50ms\"\n", pg.url());
+    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
+        .await
+        .unwrap();
+    let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
+    assert_eq!(chat(&url).await, 200);
+    pg.stop();
+    for _ in 0..3 {
+        assert_eq!(chat(&url).await, 200);
+    }
+    let failing = lines_with(&log, "ledger writes fail", 1).await;
+    assert!(failing[0].contains("ERROR"), "{failing:?}");
+    assert!(failing[0].contains("cause="), "{failing:?}");
+    pg.restart();
+    lines_with(&log, "ledger writes resumed", 1).await;
+    let failing = lines_with(&log, "ledger writes fail", 1).await;
+    assert_eq!(failing.len(), 1, "one line for the outage: {failing:?}");
+}
