@@ -249,7 +249,11 @@ pub(crate) fn plans(
 /// The error of a refused request, with what its input count included and, for a money budget,
 /// how marked input was priced; fields named as the request's API names them.
 fn refusal(dialect: &dyn Dialect, counted: &Counted, p: &Plan, refused: &Decision) -> ApiError {
-    let mut e = respond::refusal(refused);
+    let unit = match refused {
+        Decision::Deny(d) => p.budget.iter().find(|b| b.scope == d.scope).map(|b| b.unit),
+        _ => None,
+    };
+    let mut e = respond::refusal_in(refused, unit);
     if let Decision::Deny(d) = refused {
         counted.explain(&mut e, d.reason);
         let writes = counted.facts.cache_write_tokens;

@@ -5,10 +5,12 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tollgate_core::{Admitted, Deny, Plan, Quota, Reason};
+use tollgate_core::{Admitted, Plan, Quota, Reason};
 
 mod client;
+mod refusal;
 pub use client::*;
+pub use refusal::*;
 
 /// A budget that only resets after this long also says `x-should-retry: false`, so that SDKs
 /// do not keep retrying (rate and concurrency waits stay retryable).
@@ -240,93 +242,6 @@ pub fn quota_headers<'a>(h: &mut HeaderMap, quotas: &[Quota], rule: impl Fn(&Quo
 /// Headers of an admitted request, whose plan was `p`.
 pub fn admitted_headers(h: &mut HeaderMap, p: &Plan, a: &Admitted) {
     quota_headers(h, &a.quotas, |q| p.scope_of(q).map_or("", |s| s.rule()));
-}
-
-/// The response to a refusal: 429 for rate, concurrency, budget, tool calls and loops (a loop
-/// with `x-should-retry: false`, since sending it again only repeats it); 400 for token limits.
-pub fn deny(d: &Deny) -> ApiError {
-    let (status, kind) = match d.reason {
-        Reason::RequestRateLimit | Reason::ConcurrencyLimit => {
-            (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
-        }
-        Reason::BudgetLimit => (StatusCode::TOO_MANY_REQUESTS, "insufficient_quota"),
-        Reason::ToolCallLimit | Reason::LoopDetected => {
-            (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
-        }
-        Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => {
-            (StatusCode::BAD_REQUEST, "invalid_request_error")
-        }
-    };
-    let what = match d.reason {
-        Reason::RequestRateLimit => "requests".to_owned(),
-        Reason::ConcurrencyLimit => "concurrent requests".to_owned(),
-        Reason::BudgetLimit => format!("budget (requested {})", d.requested),
-        Reason::ToolCallLimit => "tool calls (each round reserves one)".to_owned(),
-        Reason::LoopDetected if d.requested > 1 => format!(
-            "identical tool calls in one history (the most repeated appears {} times)",
-            d.requested
-        ),
-        Reason::LoopDetected => "identical requests".to_owned(),
-        Reason::InputTokenLimit => format!("input tokens (request has {})", d.requested),
-        Reason::OutputTokenLimit => format!("output tokens (request asks for {})", d.requested),
-        Reason::TotalTokenLimit => {
-            format!("input + max output tokens (request has {})", d.requested)
-        }
-    };
-    let mut message = format!(
-        "{} for scope {}: limit {}, remaining {}, {what}.",
-        d.reason.code(),
-        d.scope,
-        d.limit,
-        d.remaining
-    );
-    let mut e = ApiError::new(status, kind, d.reason.code(), String::new());
-    put(&mut e.headers, "x-tollgate-reason", d.reason.code());
-    put(&mut e.headers, "x-tollgate-scope", d.scope.key());
-    if d.reason.is_retryable() {
-        let quota = Quota {
-            reason: d.reason,
-            check: 0,
-            limit: d.limit,
-            remaining: 0,
-            window_ms: None,
-            reset_after_ms: d.reset_after_ms.or(d.retry_after_ms),
-        };
-        quota_headers(&mut e.headers, &[quota], |_| d.scope.rule());
-        match d.retry_after_ms {
-            Some(ms) => {
-                put(&mut e.headers, "retry-after", ms.div_ceil(1000).max(1));
-                put(&mut e.headers, "retry-after-ms", ms.max(1));
-                message.push_str(&format!(" Retry after {} ms.", ms.max(1)));
-                if d.reason == Reason::BudgetLimit && ms > LONG_WAIT_MS {
-                    put(&mut e.headers, "x-should-retry", "false");
-                }
-            }
-            None => {
-                // Larger than the whole budget: waiting cannot help.
-                put(&mut e.headers, "x-should-retry", "false");
-            }
-        }
-    } else if d.reason == Reason::LoopDetected {
-        put(&mut e.headers, "x-should-retry", "false");
-    } else {
-        e = e.param(match d.reason {
-            Reason::OutputTokenLimit => "max_tokens",
-            Reason::InputTokenLimit => "messages",
-            _ => "max_tokens",
-        });
-    }
-    e.message = message;
-    e
-}
-
-/// The response to a refused decision: a denial or a kill switch.
-pub fn refusal(d: &tollgate_core::Decision) -> ApiError {
-    match d {
-        tollgate_core::Decision::Deny(d) => deny(d),
-        tollgate_core::Decision::Killed(k) => killed(k),
-        tollgate_core::Decision::Admit(_) => inconsistent(),
-    }
 }
 
 /// The store could not be reached: fail closed.

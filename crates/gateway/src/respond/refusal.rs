@@ -1,0 +1,169 @@
+//! Refusals at the edge: a decision's denial becomes its status, its headers (one wait in all
+//! of them) and a message whose every number carries its unit.
+
+use axum::http::StatusCode;
+use tollgate_core::{Deny, Quota, Reason, Unit};
+
+use super::{ApiError, LONG_WAIT_MS, inconsistent, killed, put, put_retry_after, quota_headers};
+
+/// The response to a refusal: 429 for rate, concurrency, budget, tool calls and loops (a loop
+/// with `x-should-retry: false`, since sending it again only repeats it); 400 for token limits.
+/// A budget's amounts are in `unit` (the refusing scope's), money in dollars.
+///
+/// One wait: `RateLimit`'s `t`, `x-ratelimit-reset-*` and `retry-after-ms` all name when a
+/// retry would be admitted, refused attempts counted; `retry-after` and `retry-after-ms` add a
+/// jitter of up to a tenth of the wait, at most one second, so that clients refused together do
+/// not all come back at once. A wait longer than an SDK sleeps (a minute) says
+/// `x-should-retry: false`.
+pub fn deny_in(d: &Deny, unit: Option<Unit>) -> ApiError {
+    let (status, kind) = match d.reason {
+        Reason::RequestRateLimit | Reason::ConcurrencyLimit => {
+            (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
+        }
+        Reason::BudgetLimit => (StatusCode::TOO_MANY_REQUESTS, "insufficient_quota"),
+        Reason::ToolCallLimit | Reason::LoopDetected => {
+            (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
+        }
+        Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => {
+            (StatusCode::BAD_REQUEST, "invalid_request_error")
+        }
+    };
+    let mut message = refusal_message(d, unit);
+    let mut e = ApiError::new(status, kind, d.reason.code(), String::new());
+    put(&mut e.headers, "x-tollgate-reason", d.reason.code());
+    put(&mut e.headers, "x-tollgate-scope", d.scope.key());
+    if d.reason.is_retryable() {
+        let quota = Quota {
+            reason: d.reason,
+            check: 0,
+            limit: d.limit,
+            remaining: 0,
+            window_ms: None,
+            reset_after_ms: d.retry_after_ms.or(d.reset_after_ms),
+        };
+        quota_headers(&mut e.headers, &[quota], |_| d.scope.rule());
+        match d.retry_after_ms {
+            Some(ms) => {
+                let ms = ms.max(1);
+                put_retry_after(&mut e.headers, ms.saturating_add(jitter_ms(ms)));
+                message.push_str(&format!(" Retry {}.", in_words(ms)));
+                if ms > LONG_WAIT_MS {
+                    put(&mut e.headers, "x-should-retry", "false");
+                }
+            }
+            None => {
+                // Larger than the whole budget: waiting cannot help.
+                put(&mut e.headers, "x-should-retry", "false");
+            }
+        }
+    } else if d.reason == Reason::LoopDetected {
+        put(&mut e.headers, "x-should-retry", "false");
+    } else {
+        e = e.param(match d.reason {
+            Reason::OutputTokenLimit => "max_tokens",
+            Reason::InputTokenLimit => "messages",
+            _ => "max_tokens",
+        });
+    }
+    e.message = message;
+    e
+}
+
+/// [`deny_in`] for a refusal whose budget unit is not known.
+pub fn deny(d: &Deny) -> ApiError {
+    deny_in(d, None)
+}
+
+/// What a refusal says, each number with its unit.
+fn refusal_message(d: &Deny, unit: Option<Unit>) -> String {
+    let amount = |n: u64| match (d.reason, unit) {
+        (Reason::BudgetLimit, Some(Unit::MicroUsd)) => dollars(n),
+        (Reason::BudgetLimit, Some(Unit::Tokens) | None) => format!("{n} tokens"),
+        (Reason::RequestRateLimit | Reason::LoopDetected, _) => format!("{n} requests"),
+        (Reason::ConcurrencyLimit, _) => format!("{n} requests at once"),
+        (Reason::ToolCallLimit, _) | (_, Some(Unit::ToolCalls)) => format!("{n} tool calls"),
+        _ => format!("{n} tokens"),
+    };
+    let what = match d.reason {
+        Reason::BudgetLimit => format!("this request reserves {}", amount(d.requested)),
+        Reason::ToolCallLimit => "each round reserves one tool call".to_owned(),
+        Reason::LoopDetected if d.requested > 1 => format!(
+            "the most repeated tool call appears {} times in one history",
+            d.requested
+        ),
+        Reason::LoopDetected => "an identical request".to_owned(),
+        Reason::InputTokenLimit => format!("the request has {} input tokens", d.requested),
+        Reason::OutputTokenLimit => format!("the request asks for {} output tokens", d.requested),
+        Reason::TotalTokenLimit => format!(
+            "the request has {} input and maximum output tokens",
+            d.requested
+        ),
+        Reason::RequestRateLimit | Reason::ConcurrencyLimit => String::new(),
+    };
+    let mut m = format!(
+        "{} for scope {}: limit {}, remaining {}",
+        d.reason.code(),
+        d.scope,
+        amount(d.limit),
+        amount(d.remaining)
+    );
+    if !what.is_empty() {
+        m.push_str("; ");
+        m.push_str(&what);
+    }
+    m.push('.');
+    m
+}
+
+/// Micro-dollars as dollars: at least two decimals, up to six.
+pub fn dollars(micro: u64) -> String {
+    let (whole, frac) = (micro / 1_000_000, micro % 1_000_000);
+    let mut f = format!("{frac:06}");
+    while f.len() > 2 && f.ends_with('0') {
+        f.pop();
+    }
+    format!("${whole}.{f}")
+}
+
+/// A wait in words with its instant: `in 6h 46m 3s (at 2026-12-04T19:03:00Z)`.
+pub fn in_words(ms: u64) -> String {
+    let secs = ms.div_ceil(1000);
+    let at = std::time::SystemTime::now() + std::time::Duration::from_millis(ms);
+    format!(
+        "in {} (at {})",
+        humantime::format_duration(std::time::Duration::from_secs(secs)),
+        humantime::format_rfc3339_seconds(at)
+    )
+}
+
+/// Up to a tenth of `wait_ms`, at most a second, drawn anew for each refusal.
+fn jitter_ms(wait_ms: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let bound = (wait_ms / 10).min(1000);
+    if bound == 0 {
+        return 0;
+    }
+    // Each `RandomState` is keyed afresh: a cheap draw that needs no generator of its own.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(wait_ms);
+    h.finish() % (bound + 1)
+}
+
+/// The response to a refused decision: a denial (its budget amounts in `unit`) or a kill
+/// switch.
+pub fn refusal_in(d: &tollgate_core::Decision, unit: Option<Unit>) -> ApiError {
+    match d {
+        tollgate_core::Decision::Deny(d) => deny_in(d, unit),
+        tollgate_core::Decision::Killed(k) => killed(k),
+        tollgate_core::Decision::Admit(_) => inconsistent(),
+    }
+}
+
+/// The response to a refused decision: a denial or a kill switch.
+pub fn refusal(d: &tollgate_core::Decision) -> ApiError {
+    match d {
+        tollgate_core::Decision::Deny(d) => deny(d),
+        tollgate_core::Decision::Killed(k) => killed(k),
+        tollgate_core::Decision::Admit(_) => inconsistent(),
+    }
+}
