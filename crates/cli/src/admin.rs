@@ -139,7 +139,17 @@ fn table(command: &AdminCommand, v: &Value) -> String {
                 if kills.is_empty() { "none" } else { "" }
             );
             for k in kills {
-                let _ = writeln!(s, "  {:<30} {}", text(&k["target"]), text(&k["reason"]));
+                let origin = match (k["origin"].as_str(), k["file"].as_str()) {
+                    (Some("configuration"), Some(f)) => format!("set in {f}"),
+                    (Some("configuration"), None) => "set in the configuration".to_owned(),
+                    _ => "set at run time".to_owned(),
+                };
+                let _ = writeln!(
+                    s,
+                    "  {:<30} {:<30} {origin}",
+                    text(&k["target"]),
+                    text(&k["reason"])
+                );
             }
         }
         AdminCommand::Usage { .. } => {

@@ -106,3 +106,56 @@ async fn the_admin_cli_reads_and_switches_a_running_gateway() {
     assert_eq!(code, 2);
     assert!(err.contains("could not reach"), "{err}");
 }
+
+/// A kill switch of the configuration file shows wherever kill switches are listed, with its
+/// origin; lifting it is refused naming the file, and lifting a target nothing switches off is
+/// a 404; neither sends an alert nor exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_switches_of_the_file_are_shown_and_not_lifted_from_outside() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let (dir, token_file) = common::admin_token_file(TOKEN);
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
+             [[kill]]\ntarget = \"tenant:acme\"\nreason = \"invoice unpaid\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n[policy]\n",
+            token_file.display(),
+            sim.base_url(),
+            tollgate_gateway::hash_key("sk-acme"),
+        ),
+    )
+    .unwrap();
+    let (_gateway, mut urls) = start_instance_with(&config, &["admin"]);
+    let url = urls.remove(1);
+
+    let status = json_of(&url, &["status"]);
+    assert_eq!(status["kills"][0]["target"], "tenant:acme");
+    assert_eq!(status["kills"][0]["origin"], "configuration");
+    assert_eq!(status["kills"][0]["file"], config.display().to_string());
+    let (code, table, _) = admin(&url, TOKEN, &["status"]);
+    assert_eq!(code, 0);
+    assert!(
+        table.contains("tenant:acme") && table.contains("set in "),
+        "{table}"
+    );
+    assert!(!table.contains("kill switches: none"), "{table}");
+
+    let (code, _, err) = admin(&url, TOKEN, &["lift", "tenant:acme"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("409 kill_switch_in_configuration"), "{err}");
+    assert!(err.contains(&config.display().to_string()), "{err}");
+    let (code, _, err) = admin(&url, TOKEN, &["lift", "tenant:other"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("404 kill_switch_not_set"), "{err}");
+    // Still switched off.
+    assert_eq!(
+        json_of(&url, &["status"])["kills"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}

@@ -108,6 +108,11 @@ impl Gateway {
         self
     }
 
+    /// The file the configuration came from, if any.
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        self.config_path.as_deref()
+    }
+
     /// Reads the configuration file again and swaps it in atomically. A file that does not
     /// validate is refused with the field at fault, and the old configuration stays. The
     /// listener, store and record settings are fixed at start-up and are not changed.

@@ -136,15 +136,77 @@ pub(crate) fn rule_rows(policy: &tollgate_core::Policy) -> Vec<RuleRow> {
         .collect()
 }
 
-/// Whether the store answers (`ok`, `lost`, `unreachable`), and its kill switches.
-async fn store_state(gw: &Shared) -> (&'static str, Vec<(String, String)>) {
+/// A kill switch in force: its target, its reason, and where it was set (`store`: by the admin
+/// API, the CLI or the status page, on every instance at once; `configuration`: a `[[kill]]`
+/// of the file, lifted only there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Kill {
+    pub target: String,
+    pub reason: String,
+    pub origin: &'static str,
+}
+
+/// Every kill switch in force: the store's `stored` and the configuration's, each with its
+/// origin.
+pub(crate) fn all_kills(gw: &Shared, stored: Vec<(String, String)>) -> Vec<Kill> {
+    let of = |origin| {
+        move |(target, reason): (String, String)| Kill {
+            target,
+            reason,
+            origin,
+        }
+    };
+    let configured = gw.config().kills.clone();
+    stored
+        .into_iter()
+        .map(of("store"))
+        .chain(configured.into_iter().map(of("configuration")))
+        .collect()
+}
+
+fn kills_json(gw: &Shared, kills: &[Kill]) -> Vec<serde_json::Value> {
+    let file = gw.config_path().map(|p| p.display().to_string());
+    kills
+        .iter()
+        .map(|k| match k.origin {
+            "configuration" => json!({"target": k.target, "reason": k.reason,
+                "origin": k.origin, "file": file}),
+            _ => json!({"target": k.target, "reason": k.reason, "origin": k.origin}),
+        })
+        .collect()
+}
+
+/// Whether `target` may be lifted: not when the configuration switches it off (409, naming the
+/// file), nor when nothing switches it off (404); no alert either way.
+pub(crate) async fn liftable(gw: &Shared, target: &str) -> Result<(), crate::respond::ApiError> {
+    if gw.config().kills.iter().any(|(t, _)| t == target) {
+        let file = gw
+            .config_path()
+            .map_or("the configuration".to_owned(), |p| p.display().to_string());
+        return Err(crate::respond::kill_in_configuration(target, &file));
+    }
+    let stored = gw
+        .store
+        .kills()
+        .await
+        .map_err(|e| crate::respond::store_failed(&e))?;
+    if !stored.iter().any(|(t, _)| t == target) {
+        return Err(crate::respond::kill_not_set(target));
+    }
+    Ok(())
+}
+
+/// Whether the store answers (`ok`, `lost`, `unreachable`), and every kill switch in force (the
+/// configuration's too, whatever the store says).
+async fn store_state(gw: &Shared) -> (&'static str, Vec<Kill>) {
     let reachable = gw.store.ping().await;
-    match (reachable, gw.store.kills().await) {
+    let (state, stored) = match (reachable, gw.store.kills().await) {
         (Ok(()), Ok(k)) => ("ok", k),
         (Err(tollgate_core::StoreError::StateLost), _)
         | (_, Err(tollgate_core::StoreError::StateLost)) => ("lost", Vec::new()),
         _ => ("unreachable", Vec::new()),
-    }
+    };
+    (state, all_kills(gw, stored))
 }
 
 /// `GET /admin/status`: the policy in force (version, rules and their controls), whether the
@@ -153,10 +215,7 @@ async fn status(State(gw): State<Shared>) -> Response {
     let cfg = gw.config();
     let rules = rule_rows(&cfg.policy);
     let (store, kills) = store_state(&gw).await;
-    let kills: Vec<_> = kills
-        .into_iter()
-        .map(|(t, r)| json!({"target": t, "reason": r}))
-        .collect();
+    let kills = kills_json(&gw, &kills);
     axum::Json(json!({
         "policy_version": &*cfg.policy.version,
         "store": store,
@@ -169,7 +228,10 @@ async fn status(State(gw): State<Shared>) -> Response {
 
 async fn list_kills(State(gw): State<Shared>) -> Response {
     match gw.store.kills().await {
-        Ok(k) => axum::Json(json!({"kills": k.into_iter().map(|(t, r)| json!({"target": t, "reason": r})).collect::<Vec<_>>()})).into_response(),
+        Ok(k) => {
+            let kills = all_kills(&gw, k);
+            axum::Json(json!({"kills": kills_json(&gw, &kills)})).into_response()
+        }
         Err(e) => store_failed(e),
     }
 }
@@ -214,6 +276,9 @@ async fn set_kill(State(gw): State<Shared>, axum::Json(k): axum::Json<KillReques
 }
 
 async fn clear_kill(State(gw): State<Shared>, Path(target): Path<String>) -> Response {
+    if let Err(e) = liftable(&gw, &target).await {
+        return e.into_response();
+    }
     match gw.store.set_kill(&target, None).await {
         Ok(()) => {
             kill_alert(&gw, &target, None);

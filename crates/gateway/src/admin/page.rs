@@ -71,7 +71,7 @@ struct StatusPage {
     minutes: usize,
     minute_labels: Vec<String>,
     refusals: Vec<RefusalRow>,
-    kills: Vec<(String, String)>,
+    kills: Vec<super::Kill>,
     rules: Vec<super::RuleRow>,
 }
 
@@ -216,6 +216,11 @@ async fn act(gw: &Shared, form: &FormToken, f: &KillForm, kill: bool) -> Respons
             StatusCode::BAD_REQUEST,
             "Say why the target is switched off.",
         );
+    }
+    if !kill {
+        if let Err(e) = super::liftable(gw, target).await {
+            return problem(e.status, &e.message);
+        }
     }
     match gw.store.set_kill(target, kill.then_some(reason)).await {
         Ok(()) => {
