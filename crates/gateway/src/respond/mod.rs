@@ -489,6 +489,29 @@ pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
     e
 }
 
+/// Lifting a kill switch that the configuration file sets: 409, naming the file.
+pub fn kill_in_configuration(target: &str, file: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "invalid_request_error",
+        "kill_switch_in_configuration",
+        format!(
+            "{target} is switched off by a [[kill]] entry of {file}: remove it there and reload \
+             (SIGHUP or POST /admin/reload)."
+        ),
+    )
+}
+
+/// Lifting a target that nothing switches off: 404, and no alert.
+pub fn kill_not_set(target: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "kill_switch_not_set",
+        format!("{target} is not switched off: there is nothing to lift."),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -547,27 +570,4 @@ mod tests {
         assert_eq!(get("x-ratelimit-remaining-tokens").as_deref(), Some("4200"));
         assert_eq!(get("x-ratelimit-reset-tokens").as_deref(), Some("1h2m3s"));
     }
-}
-
-/// Lifting a kill switch that the configuration file sets: 409, naming the file.
-pub fn kill_in_configuration(target: &str, file: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        "invalid_request_error",
-        "kill_switch_in_configuration",
-        format!(
-            "{target} is switched off by a [[kill]] entry of {file}: remove it there and reload \
-             (SIGHUP or POST /admin/reload)."
-        ),
-    )
-}
-
-/// Lifting a target that nothing switches off: 404, and no alert.
-pub fn kill_not_set(target: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        "kill_switch_not_set",
-        format!("{target} is not switched off: there is nothing to lift."),
-    )
 }
