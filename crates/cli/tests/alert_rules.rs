@@ -8,6 +8,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+mod common;
+
 fn repo(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
@@ -95,4 +97,77 @@ fn the_dashboard_shows_the_alerts() {
             .iter()
             .any(|p| p["targets"][0]["expr"] == "tollgate_policy_info == 1")
     );
+}
+
+/// Every series the alert rules name is exported by a real gateway from its first second, before
+/// any request: a rate or an `increase()` sees a fault's first burst, and the rules that join
+/// on `tollgate_policy_info` find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_gateway_exports_every_series_the_alerts_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[metrics]\nlisten = \"127.0.0.1:0\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+             [policy]\nversion = \"v7\"\n\
+             [[policy.scopes]]\nname = \"spend\"\nkey = \"tenant\"\nmatch = {{ tenant = \"acme\" }}\n\
+             requests = {{ limit = 60, window = \"1m\" }}\nbudget = {{ tokens = 5000, period = \"day\" }}\n\
+             [[policy.scopes]]\nname = \"tighter\"\nkey = \"tenant\"\nmode = \"shadow\"\n\
+             requests = {{ limit = 6, window = \"1m\" }}\n",
+            tollgate_gateway::hash_key("sk-acme"),
+        ),
+    )
+    .unwrap();
+    let (_gateway, urls) = common::start_instance_with(&config, &["metrics"]);
+    let scrape = scrape(&format!("{}/metrics", urls[1])).await;
+    let rules = std::fs::read_to_string(repo("deploy/prometheus-alerts.yml")).unwrap();
+    let mut named: Vec<&str> = rules
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("tollgate_"))
+        .collect();
+    named.sort_unstable();
+    named.dedup();
+    for m in named {
+        assert!(
+            scrape
+                .lines()
+                .any(|l| l.starts_with(m) && !l.starts_with('#')),
+            "{m} is not exported at start:\n{scrape}"
+        );
+    }
+    assert!(
+        scrape.contains("tollgate_policy_info{version=\"v7\"} 1"),
+        "{scrape}"
+    );
+    assert!(
+        scrape.contains("tollgate_decisions_total{decision=\"budget_limit\",rule=\"spend\"} 0"),
+        "{scrape}"
+    );
+    assert!(
+        scrape.contains(
+            "tollgate_shadow_refusals_total{reason=\"request_rate_limit\",rule=\"tighter\"} 0"
+        ),
+        "{scrape}"
+    );
+}
+
+/// The body of `GET url`.
+async fn scrape(url: &str) -> String {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let resp = client.get(url.parse().unwrap()).await.unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&body).into_owned();
+        // The budget gauges come with the first refresh of the store's figures.
+        if text.contains("tollgate_budget_remaining") || std::time::Instant::now() > deadline {
+            return text;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }

@@ -47,6 +47,7 @@ impl Gateway {
         // Load the vocabularies now, off the request path: the first request would otherwise
         // wait for them.
         std::thread::spawn(TokenCounter::warm_up);
+        crate::telemetry::register(&config.policy);
         crate::telemetry::policy_in_force(None, &config.policy.version);
         let nonce = {
             use std::hash::{BuildHasher, RandomState};
@@ -128,6 +129,7 @@ impl Gateway {
             Ok(mut c) => std::mem::replace(&mut *c, new.clone()),
             Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), new.clone()),
         };
+        crate::telemetry::register(&new.policy);
         crate::telemetry::policy_in_force(Some(&old.policy.version), &new.policy.version);
         Ok(new)
     }

@@ -390,6 +390,72 @@ pub fn idempotency(outcome: &'static str) {
     counter!("tollgate_idempotency_total", "outcome" => outcome).increment(1);
 }
 
+/// Every series at zero from the first second, so that a rate or an `increase()` sees a
+/// fault's first burst and an alert that joins on a series finds it: the counters without
+/// labels, the store's operations, and each rule's decisions (and a shadow rule's would-be
+/// refusals) by the reasons its controls can give. Installs the recorder first: a gateway's
+/// series are recorded from its start, not from the first scrape.
+pub fn register(policy: &tollgate_core::Policy) {
+    let _ = handle();
+    for name in [
+        "tollgate_abandoned_total",
+        "tollgate_alerts_dropped_total",
+        "tollgate_alerts_undecided_total",
+        "tollgate_settled_micro_usd_total",
+        "tollgate_store_state_lost_total",
+        "tollgate_store_loss_acknowledged_total",
+        "tollgate_settled_over_reservation_total",
+        "tollgate_upstream_usage_underreported_total",
+        "tollgate_output_cap_held_total",
+        "tollgate_upstream_usage_invalid_total",
+        "tollgate_fail_open_total",
+    ] {
+        counter!(name).increment(0);
+    }
+    for op in ["admit", "settle", "release"] {
+        counter!("tollgate_store_errors_total", "op" => op).increment(0);
+        counter!("tollgate_store_ends_lost_total", "op" => op).increment(0);
+        counter!("tollgate_store_end_retries_total", "op" => op).increment(0);
+    }
+    for kind in ["unreachable", "timeout"] {
+        counter!("tollgate_upstream_failures_total", "kind" => kind).increment(0);
+    }
+    counter!("tollgate_decisions_total", "decision" => "admit", "rule" => "").increment(0);
+    counter!("tollgate_decisions_total", "decision" => "kill_switch", "rule" => "").increment(0);
+    gauge!("tollgate_oldest_unsettled_seconds").set(0.0);
+    gauge!("tollgate_in_flight").set(0.0);
+    for rule in &policy.scopes {
+        for reason in rule_reasons(rule) {
+            let (code, name) = (reason.code(), rule.name.to_string());
+            if rule.shadow {
+                counter!("tollgate_shadow_refusals_total", "reason" => code, "rule" => name)
+                    .increment(0);
+            } else {
+                counter!("tollgate_decisions_total", "decision" => code, "rule" => name)
+                    .increment(0);
+            }
+        }
+    }
+}
+
+/// The reasons a rule's controls can refuse for.
+fn rule_reasons(rule: &tollgate_core::policy::ScopeRule) -> Vec<tollgate_core::Reason> {
+    use tollgate_core::Reason as R;
+    [
+        (rule.requests.is_some(), R::RequestRateLimit),
+        (rule.input_tokens.is_some(), R::InputTokenLimit),
+        (rule.output_tokens.is_some(), R::OutputTokenLimit),
+        (rule.total_tokens.is_some(), R::TotalTokenLimit),
+        (rule.concurrency.is_some(), R::ConcurrencyLimit),
+        (rule.budget.is_some(), R::BudgetLimit),
+        (rule.tool_calls.is_some(), R::ToolCallLimit),
+        (rule.loops.is_some(), R::LoopDetected),
+    ]
+    .into_iter()
+    .filter_map(|(has, r)| has.then_some(r))
+    .collect()
+}
+
 /// The policy version in force: `tollgate_policy_info{version}` is 1 for it and 0 for the one
 /// it replaced, so that alerts can name the version their refusals came under.
 pub fn policy_in_force(old: Option<&str>, new: &str) {
