@@ -6,12 +6,17 @@ use std::net::SocketAddr;
 /// The demo key (its hash is in the demo configuration).
 pub const DEMO_KEY: &str = "sk-tollgate-demo";
 
-/// The demo configuration: tight limits per key so that refusals come quickly.
-pub fn config(upstream: &str) -> String {
+/// The demo configuration: tight limits per key so that refusals come quickly, and an admin
+/// listener on a free port whose token is in `token_file`.
+pub fn config(upstream: &str, token_file: &std::path::Path) -> String {
     format!(
         r#"
 [server]
 listen = "127.0.0.1:8080"
+
+[admin]
+listen = "127.0.0.1:0"
+token_file = {token_file:?}
 
 [[upstreams]]
 name = "simulator"
@@ -38,21 +43,40 @@ concurrency = {{ limit = 2, lease_ttl = "1m" }}
 [[policy.scopes]]
 name = "tenant-daily"
 key = "tenant"
-budget = {{ tokens = 600, period = "day" }}
+budget = {{ tokens = 300, period = "day" }}
 "#,
-        hash = tollgate_gateway::hash_key(DEMO_KEY)
+        hash = tollgate_gateway::hash_key(DEMO_KEY),
+        token_file = token_file.display().to_string(),
     )
 }
 
-/// What to try, printed at start.
-pub fn banner(addr: SocketAddr, upstream: &str) -> String {
+/// A fresh admin token for the demo, written to a file of its own: (the token, the file).
+pub fn admin_token() -> std::io::Result<(String, std::path::PathBuf)> {
+    use std::hash::{BuildHasher, RandomState};
+    let token: String = (0..2)
+        .map(|i| {
+            format!(
+                "{:016x}",
+                RandomState::new().hash_one((std::process::id(), i))
+            )
+        })
+        .collect();
+    let file = std::env::temp_dir().join(format!("tollgate-demo-{}.token", std::process::id()));
+    std::fs::write(&file, &token)?;
+    Ok((token, file))
+}
+
+/// What to try, printed at start; `admin` is the admin listener and its token.
+pub fn banner(addr: SocketAddr, upstream: &str, (admin, token): (SocketAddr, &str)) -> String {
     format!(
         r#"Tollgate demo
   gateway:   http://{addr}   (OpenAI: /v1/chat/completions, /v1/responses, /v1/embeddings,
                                /v1/models; Anthropic: /v1/messages)
   upstream:  {upstream}   (simulated model, 16 tokens per answer)
   API key:   {DEMO_KEY}
-  limits:    5 requests/min and 2 at once per key; output clamped to 256; 600 tokens/day per tenant
+  limits:    5 requests/min and 2 at once per key; output clamped to 256; 300 tokens/day per tenant
+  admin:     http://{admin}   (token: {token})
+  status:    http://{admin}/admin/ui   (a browser asks: any user name, the token as password)
 
 Try:
   curl -s http://{addr}/v1/chat/completions -H 'authorization: Bearer {DEMO_KEY}' \
@@ -71,8 +95,20 @@ Try:
     -d '{{"model":"claude-sonnet-4","max_tokens":100,"messages":[{{"role":"user","content":"Hello!"}}]}}'
 
   Send six requests: the sixth answer is 429 request_rate_limit with Retry-After.
-  Ask for more than the day's 600 tokens (e.g. max_tokens 256, three times): 429 budget_limit,
-  x-should-retry: false. Add -i to see the RateLimit and x-ratelimit-* headers.
+  The budget: each request reserves its input and its whole cap until its answer settles at
+  what it used (about 25 tokens here). Send this three times: the third finds less than the
+  265 tokens it reserves left of the day's 300, and gets 429 budget_limit, x-should-retry: false.
+  curl -s http://{addr}/v1/chat/completions -H 'authorization: Bearer {DEMO_KEY}' \
+    -H 'content-type: application/json' \
+    -d '{{"model":"gpt-4o","max_tokens":256,"messages":[{{"role":"user","content":"Hello!"}}]}}'
+  Add -i to see the RateLimit and x-ratelimit-* headers.
+
+  Switch the tenant off on every instance, look, and switch it on again:
+  curl -s -u admin:{token} http://{admin}/admin/kill -H 'content-type: application/json' \
+    -d '{{"target":"tenant:demo","reason":"trying the kill switch"}}'
+  curl -s -u admin:{token} http://{admin}/admin/status
+  curl -s -u admin:{token} -X DELETE http://{admin}/admin/kill/tenant:demo
+  Metrics: curl -s -u admin:{token} http://{admin}/metrics
   Ctrl-C stops it (in-flight requests finish first).
 "#
     )

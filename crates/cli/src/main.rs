@@ -114,7 +114,8 @@ async fn serve(
         ),
         None => {
             let sim = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default()).await?;
-            (demo::config(&sim.base_url()), Some(sim))
+            let (token, file) = demo::admin_token().context("writing the demo's admin token")?;
+            (demo::config(&sim.base_url(), &file), Some((sim, token)))
         }
     };
     let mut cfg = tollgate_gateway::GatewayConfig::from_toml(&text)?;
@@ -142,9 +143,14 @@ async fn serve(
     if let Some(r) = records {
         gw = gw.with_records(tollgate_gateway::records::RecordSink::open(&r)?);
     }
-    match &sim {
-        Some(sim) => write!(out, "{}", demo::banner(addr, &sim.base_url()))?,
-        None => writeln!(out, "tollgate: serving on http://{addr}")?,
+    let admin = bound.admin.as_ref().map(|l| l.local_addr()).transpose()?;
+    match (&sim, admin) {
+        (Some((sim, token)), Some(admin)) => write!(
+            out,
+            "{}",
+            demo::banner(addr, &sim.base_url(), (admin, token))
+        )?,
+        _ => writeln!(out, "tollgate: serving on http://{addr}")?,
     }
     for (what, l) in [("admin", &bound.admin), ("metrics", &bound.metrics)] {
         if let Some(l) = l {

@@ -1,0 +1,108 @@
+//! `tollgate serve --demo` does what its banner says: the budget command it prints is refused
+//! on its third sending, and its admin listener, token and status page work as printed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, Read, Write};
+
+/// One HTTP/1.1 exchange with `addr` (`host:port`): the whole response as text.
+fn exchange(addr: &str, method: &str, path: &str, headers: &str, body: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{headers}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp
+}
+
+/// The value after `label` on the banner's line that starts with it.
+fn field<'a>(banner: &'a [String], label: &str) -> &'a str {
+    let line = banner
+        .iter()
+        .find(|l| l.trim_start().starts_with(label))
+        .unwrap_or_else(|| panic!("no {label} in {banner:?}"));
+    line.trim_start()[label.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+}
+
+#[test]
+fn the_demo_does_what_its_banner_says() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--demo", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut banner = Vec::new();
+    for _ in 0..60 {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let end = line.contains("Ctrl-C");
+        banner.push(line);
+        if end {
+            break;
+        }
+    }
+    let gateway = field(&banner, "gateway:")
+        .trim_start_matches("http://")
+        .to_owned();
+    let admin = field(&banner, "admin:")
+        .trim_start_matches("http://")
+        .to_owned();
+    let token = banner
+        .iter()
+        .find_map(|l| l.split("(token: ").nth(1))
+        .unwrap()
+        .trim_end()
+        .trim_end_matches(')')
+        .to_owned();
+    // The budget command, as printed, three times: the third is refused.
+    let printed = banner
+        .iter()
+        .find(|l| l.contains("\"max_tokens\":256"))
+        .expect("the budget command");
+    let body = printed
+        .trim()
+        .trim_start_matches("-d '")
+        .trim_end_matches('\'');
+    let auth = "authorization: Bearer sk-tollgate-demo\r\n";
+    let codes: Vec<String> = (0..3)
+        .map(|_| exchange(&gateway, "POST", "/v1/chat/completions", auth, body)[9..12].to_owned())
+        .collect();
+    assert_eq!(codes, ["200", "200", "429"]);
+    let refused = exchange(&gateway, "POST", "/v1/chat/completions", auth, body);
+    assert!(refused.contains("budget_limit"), "{refused}");
+    assert!(
+        refused
+            .to_ascii_lowercase()
+            .contains("x-should-retry: false"),
+        "{refused}"
+    );
+    // The admin listener, with the printed token: the kill switch, the status page, metrics.
+    let basic = {
+        use base64::Engine;
+        let b = base64::engine::general_purpose::STANDARD.encode(format!("admin:{token}"));
+        format!("authorization: Basic {b}\r\n")
+    };
+    let kill = r#"{"target":"tenant:demo","reason":"trying the kill switch"}"#;
+    assert!(exchange(&admin, "POST", "/admin/kill", &basic, kill).starts_with("HTTP/1.1 200"));
+    let r = exchange(&gateway, "POST", "/v1/chat/completions", auth, body);
+    assert!(
+        r.starts_with("HTTP/1.1 503") && r.contains("kill_switch"),
+        "{r}"
+    );
+    let status = exchange(&admin, "GET", "/admin/status", &basic, "");
+    assert!(status.contains("trying the kill switch"), "{status}");
+    let lifted = exchange(&admin, "DELETE", "/admin/kill/tenant:demo", &basic, "");
+    assert!(lifted.starts_with("HTTP/1.1 200"), "{lifted}");
+    assert!(exchange(&admin, "GET", "/admin/ui", &basic, "").starts_with("HTTP/1.1 200"));
+    assert!(exchange(&admin, "GET", "/metrics", &basic, "").contains("tollgate_decisions_total"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
