@@ -4,9 +4,11 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-/// Tollgate: admission control for LLM requests.
+/// Tollgate: admission control for LLM requests. `serve` runs the gateway (`serve --demo` tries
+/// it at once); `admin` steers a running one; `check`, `count`, `hash-key` prepare its
+/// configuration; `replay`, `whatif` and `spend` answer what a policy does and did.
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about)]
+#[command(name = "tollgate", version)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -33,8 +35,9 @@ pub enum Command {
     StressStore(crate::stress::StressArgs),
     /// Serve the OpenAI-compatible gateway.
     Serve {
-        /// The configuration (TOML): listener, store, upstreams, keys, policy.
-        #[arg(long, required_unless_present = "demo")]
+        /// The configuration (TOML): listener, store, upstreams, keys, policy. Without it,
+        /// give --demo.
+        #[arg(long)]
         config: Option<PathBuf>,
         /// Start with a built-in demo configuration and a simulated upstream.
         #[arg(long, conflicts_with = "config")]
@@ -105,9 +108,12 @@ pub enum Command {
     /// Validate a gateway configuration (what `serve --config` takes), a replay fixture or a
     /// policy file, without serving.
     Check {
-        /// The configuration, fixture or policy (TOML).
+        /// The configuration, fixture or policy (TOML); told apart by what it holds.
+        #[arg(required_unless_present = "config", conflicts_with = "config")]
+        file: Option<PathBuf>,
+        /// The same, as an option (`check FILE` and `check --config FILE` are one).
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
     },
 }
 
@@ -115,7 +121,7 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct AdminArgs {
     /// The admin listener, e.g. `http://127.0.0.1:8081`.
-    #[arg(long)]
+    #[arg(long, env = "TOLLGATE_ADMIN_URL")]
     pub url: String,
     /// The environment variable that holds the admin token.
     #[arg(long, default_value = "TOLLGATE_ADMIN_TOKEN")]
@@ -135,7 +141,8 @@ pub enum AdminCommand {
     Status,
     /// A scope's usage: settled, reserved, leases, and its budget.
     Usage {
-        /// The scope's storage id, `rule|key`, e.g. `tenant|tenant:acme`.
+        /// The scope's storage id, `rule|key`, e.g. `tenant|tenant:acme` (a rule's name alone
+        /// for a rule without dimensions).
         #[arg(long)]
         scope: String,
         /// A UTC day or time in the period to show, answered from the spend ledger

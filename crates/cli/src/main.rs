@@ -56,6 +56,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve {
+            config: None,
+            demo: false,
+            ..
+        } => anyhow::bail!(
+            "give --config FILE, or --demo to try the gateway at once with a built-in \
+             configuration and a simulated upstream"
+        ),
+        Command::Serve {
             config,
             demo: _,
             listen,
@@ -83,7 +91,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             writeln!(std::io::stdout(), "{}", serde_json::to_string(&count)?)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { config } => check(&config),
+        Command::Check { file, config } => match file.or(config) {
+            Some(f) => check(&f),
+            None => anyhow::bail!("give the file to check: tollgate check FILE"),
+        },
         Command::Admin(args) => admin::run(args).await,
         Command::Whatif {
             records,
@@ -120,6 +131,9 @@ async fn serve(
     };
     let mut cfg = tollgate_gateway::GatewayConfig::from_toml(&text)?;
     install_log(&cfg.log)?;
+    for w in cfg.warnings() {
+        tracing::warn!("{w}");
+    }
     if let Some(l) = listen {
         cfg.listen = l;
     }
@@ -295,7 +309,8 @@ fn check(config: &std::path::Path) -> anyhow::Result<ExitCode> {
     // A replay fixture has cases; a gateway configuration has upstreams, or its policy under
     // [policy]; a policy file has none of these (its scopes are at the top).
     let table: toml::Table = toml::from_str(&text).with_context(context)?;
-    if table.contains_key("cases") {
+    let kind = file_kind(&table).with_context(context)?;
+    if kind == "fixture" {
         let fixture = tollgate_core::replay::Fixture::from_toml(&text).with_context(context)?;
         writeln!(
             out,
@@ -304,7 +319,7 @@ fn check(config: &std::path::Path) -> anyhow::Result<ExitCode> {
             fixture.policy.version,
             fixture.policy.scopes.len()
         )?;
-    } else if !(table.contains_key("upstreams") || table.contains_key("policy")) {
+    } else if kind == "policy" {
         let policy = Policy::from_toml(&text).with_context(context)?;
         writeln!(
             out,
@@ -314,6 +329,9 @@ fn check(config: &std::path::Path) -> anyhow::Result<ExitCode> {
         )?;
     } else {
         let cfg = tollgate_gateway::GatewayConfig::from_toml(&text).with_context(context)?;
+        for w in cfg.warnings() {
+            writeln!(std::io::stderr(), "warning: {w}")?;
+        }
         writeln!(
             out,
             "ok: gateway configuration with {} upstreams, {} keys, policy {} with {} scopes",
@@ -324,4 +342,55 @@ fn check(config: &std::path::Path) -> anyhow::Result<ExitCode> {
         )?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a TOML file is, by what it holds: a replay fixture (`cases`), a gateway configuration
+/// (any of its sections), or a bare policy (only a policy's keys).
+fn file_kind(table: &toml::Table) -> anyhow::Result<&'static str> {
+    const GATEWAY: &[&str] = &[
+        "server",
+        "store",
+        "upstreams",
+        "keys",
+        "policy",
+        "queue",
+        "records",
+        "admin",
+        "ledger",
+        "responses",
+        "upstream_tools",
+        "tokenizers",
+        "remote_content",
+        "anthropic",
+        "operations",
+        "idempotency",
+        "metrics",
+        "log",
+        "kill",
+        "alerts",
+    ];
+    const POLICY: &[&str] = &[
+        "version",
+        "default_max_output_tokens",
+        "reservation_ttl",
+        "expired_reservation_charge",
+        "fail_open",
+        "prices",
+        "scopes",
+    ];
+    if table.contains_key("cases") {
+        return Ok("fixture");
+    }
+    if table.keys().any(|k| GATEWAY.contains(&k.as_str())) {
+        return Ok("gateway");
+    }
+    match table.keys().find(|k| !POLICY.contains(&k.as_str())) {
+        None => Ok("policy"),
+        Some(k) => anyhow::bail!(
+            "cannot tell what this file is: {k:?} is neither a gateway section ({}) nor a \
+             policy key ({}), and there are no replay `cases`",
+            GATEWAY.join(", "),
+            POLICY.join(", ")
+        ),
+    }
 }

@@ -76,6 +76,29 @@ async fn the_admin_cli_reads_and_switches_a_running_gateway() {
     let usage = json_of(&url, &["usage", "--scope", "tenant|tenant:acme"]);
     assert_eq!(usage["budget"]["limit"], 5000);
     assert_eq!(usage["settled"], 0);
+    // A rule's name alone, for a rule keyed on the tenant, is refused with what to give; a
+    // misspelt rule lists the close ones.
+    let (code, _, err) = admin(&url, TOKEN, &["usage", "--scope", "tenant"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("scope_needs_key") && err.contains("tenant|"),
+        "{err}"
+    );
+    let (code, _, err) = admin(&url, TOKEN, &["usage", "--scope", "tenat|tenant:acme"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("Did you mean tenant?"), "{err}");
+    // The admin URL from the environment.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["admin", "status"])
+        .env("TOLLGATE_ADMIN_URL", &url)
+        .env("TOLLGATE_ADMIN_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let (code, out, err) = admin(
         &url,

@@ -300,8 +300,20 @@ async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Respons
     let cfg = gw.config();
     let rule_name = q.scope.split('|').next().unwrap_or("");
     let Some(rule) = cfg.policy.scopes.iter().find(|r| &*r.name == rule_name) else {
-        return crate::respond::unknown_scope(rule_name).into_response();
+        let names: Vec<&str> = cfg.policy.scopes.iter().map(|r| &*r.name).collect();
+        return crate::respond::unknown_scope(rule_name, &close_matches(rule_name, &names))
+            .into_response();
     };
+    // A rule's name alone names its one scope only when the rule has no dimensions.
+    let scope = match (q.scope.contains('|'), &rule.global_key) {
+        (true, _) => q.scope.clone(),
+        (false, Some(k)) => k.id().to_owned(),
+        (false, None) => {
+            let dims: Vec<&str> = rule.dims.iter().map(|d| d.as_str()).collect();
+            return crate::respond::scope_needs_key(rule_name, &dims.join("/")).into_response();
+        }
+    };
+    let q = UsageQuery { scope, at: q.at };
     let period = rule.budget.map(|b| b.period);
     if let Some(at) = &q.at {
         return past_usage(&gw, &q.scope, at, rule.budget).await;
@@ -318,10 +330,53 @@ async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Respons
             if let Some(c) = rule.concurrency {
                 body["concurrency_limit"] = json!(c.limit.get());
             }
+            // Tool calls are counted in a scope of their own, under the rule's.
+            if let Some(t) = rule.tool_calls {
+                let id = format!("{}?tool_calls", q.scope);
+                if let Ok(tu) = gw.store.usage(&id, Some(t.period)).await {
+                    let (_, _, end) = t.period.at(SystemClock.now());
+                    body["tool_calls"] = json!({"limit": t.limit.get(), "settled": tu.settled,
+                        "reserved": tu.reserved,
+                        "remaining": t.limit.get().saturating_sub(tu.settled.saturating_add(tu.reserved)),
+                        "resets_in_ms": end.saturating_sub(SystemClock.now())});
+                }
+            }
             axum::Json(body).into_response()
         }
         Err(e) => store_failed(e),
     }
+}
+
+/// The names among `names` close to `asked`: those that contain it or that it contains, or
+/// within a third of its length in edits; at most five.
+pub(crate) fn close_matches<'a>(asked: &str, names: &[&'a str]) -> Vec<&'a str> {
+    let a = asked.to_ascii_lowercase();
+    let mut close: Vec<(usize, &str)> = names
+        .iter()
+        .map(|n| (edits(&a, &n.to_ascii_lowercase()), *n))
+        .filter(|(d, n)| {
+            let n = n.to_ascii_lowercase();
+            n.contains(&a) || a.contains(&n) || *d <= a.len().max(3) / 3
+        })
+        .collect();
+    close.sort();
+    close.into_iter().take(5).map(|(_, n)| n).collect()
+}
+
+/// Levenshtein distance, by characters.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 /// The settled total of a budget scope in the period containing `at`, from the spend ledger

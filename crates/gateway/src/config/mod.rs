@@ -3,6 +3,7 @@
 //! outside world (environment variables, files, TLS clients, tokenizer files) done in a step of
 //! its own (`resolve`). Every error names the field at fault.
 
+mod check;
 mod log;
 mod raw;
 mod resolve;

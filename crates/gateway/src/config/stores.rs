@@ -83,6 +83,10 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
         access: RedisAccess::default(),
         slices,
     };
+    for (i, node) in raw.cluster.iter().flatten().enumerate() {
+        let shown = tollgate_redis::redacted(node);
+        super::check::url(&format!("store.cluster[{i}]"), node, &shown)?;
+    }
     match raw.url.as_deref() {
         None | Some("memory") if raw.cluster.is_some() => {
             Ok(redis(String::new(), raw.cluster.clone()))
@@ -93,6 +97,7 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
         )),
         None | Some("memory") => Ok(StoreConfig::Memory { retention }),
         Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            super::check::url("store.url", url, &tollgate_redis::redacted(url))?;
             Ok(redis(url.to_owned(), None))
         }
         Some(other) => Err(err(
@@ -164,6 +169,7 @@ pub(super) fn ledger(raw: &RawLedger) -> Result<super::LedgerConfig, ConfigError
         if !(u.starts_with("postgres://") || u.starts_with("postgresql://")) {
             return Err(err("ledger.url", "expected postgres://…"));
         }
+        super::check::url("ledger.url", u, "the ledger's URL")?;
     }
     let n = |v: Option<usize>, default: usize, max: usize, field: &str| match v {
         None => Ok(default),

@@ -327,6 +327,7 @@ fn upstreams(
                 "must start with http:// or https://",
             ));
         }
+        super::check::url(&format!("{field}.base_url"), &u.base_url, &u.base_url)?;
         for (name, set) in [
             ("ca_file", u.ca_file.is_some()),
             ("proxy", u.proxy.is_some()),

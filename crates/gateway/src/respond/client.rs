@@ -100,12 +100,28 @@ pub fn unknown_url() -> ApiError {
 }
 
 /// A usage query for a rule the policy does not have: 404.
-pub fn unknown_scope(rule: &str) -> ApiError {
+pub fn unknown_scope(rule: &str, close: &[&str]) -> ApiError {
+    let hint = match close {
+        [] => String::new(),
+        names => format!(" Did you mean {}?", names.join(", ")),
+    };
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
         "unknown_scope",
-        format!("No rule named {:?}.", shown(rule)),
+        format!("No rule named {:?}.{hint}", shown(rule)),
+    )
+    .param("scope")
+}
+
+/// A rule's name given alone for a rule with dimensions: which of its scopes is not said.
+pub fn scope_needs_key(rule: &str, dims: &str) -> ApiError {
+    ApiError::invalid(
+        "scope_needs_key",
+        format!(
+            "Rule {rule:?} has a scope per {dims}: name one as {rule}|<{dims} values>, e.g. \
+             {rule}|tenant:acme for a rule keyed on tenant."
+        ),
     )
     .param("scope")
 }

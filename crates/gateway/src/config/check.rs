@@ -1,0 +1,100 @@
+//! What validation adds beyond each field's own shape: URLs read whole (a port that is not a
+//! number is an error where it is written, not a connection failure later), and warnings about
+//! rules that can never apply to any key the configuration has.
+
+use super::{ConfigError, GatewayConfig, err};
+use tollgate_core::Dimension;
+
+/// `url` at `field`, read whole: a scheme, a host, and a port that is a number when given.
+pub(super) fn url(field: &str, url: &str, shown: &str) -> Result<(), ConfigError> {
+    let parsed: http::Uri = url
+        .parse()
+        .map_err(|e| err(field, format!("{shown} is not a URL: {e}")))?;
+    let Some(authority) = parsed.authority() else {
+        return Err(err(field, format!("{shown} names no host")));
+    };
+    if authority.host().is_empty() {
+        return Err(err(field, format!("{shown} names no host")));
+    }
+    // After the host (an IPv6 host is in brackets), a colon starts the port.
+    let after_host = authority
+        .as_str()
+        .rsplit_once('@')
+        .map_or(authority.as_str(), |(_, h)| h);
+    let port = match after_host.rsplit_once(']') {
+        Some((_, rest)) => rest.strip_prefix(':'),
+        None => after_host.split_once(':').map(|(_, p)| p),
+    };
+    if let Some(p) = port {
+        if p.parse::<u16>().is_err() {
+            return Err(err(
+                field,
+                format!("{shown}: the port {p:?} is not a number from 0 to 65535"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl GatewayConfig {
+    /// What `check` warns about: rules that can never apply to a request of the keys
+    /// configured (keyed on the end user while no key names one; matching a tenant, key or model
+    /// that no key or upstream has).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let names_user = self.keys.values().any(|k| k.allow_user || k.user.is_some());
+        for rule in &self.policy.scopes {
+            let name = &*rule.name;
+            if rule.dims.contains(&Dimension::User) && !names_user {
+                out.push(format!(
+                    "rule {name:?} is keyed on user, but no key names an end user \
+                     (allow_user = true, or user = \"…\"): it never applies"
+                ));
+            }
+            for (d, v) in &rule.matches {
+                let known = match d {
+                    Dimension::Tenant => self.keys.values().any(|k| &k.tenant == v),
+                    Dimension::Key => self.keys.values().any(|k| &k.key_id == v),
+                    Dimension::Model => self.models.contains_key(v),
+                    _ => true,
+                };
+                if !known {
+                    out.push(format!(
+                        "rule {name:?} matches {} = {v:?}, which no key or upstream has: it \
+                         never applies",
+                        d.as_str()
+                    ));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::url;
+
+    #[test]
+    fn urls_are_read_whole() {
+        for ok in [
+            "redis://127.0.0.1:6379/0",
+            "rediss://user:secret@cache.internal:6380",
+            "http://[::1]:8080",
+            "postgres://tollgate:pw@db:5432/ledger?sslmode=disable",
+            "https://api.openai.com",
+        ] {
+            assert!(url("f", ok, ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "redis://127.0.0.1:notaport",
+            "http://host:99999",
+            "redis://",
+            "http://[::1]:x",
+            "not a url",
+        ] {
+            assert!(url("f", bad, bad).is_err(), "{bad}");
+        }
+    }
+}
