@@ -166,9 +166,26 @@ fn table(command: &AdminCommand, v: &Value) -> String {
                     let _ = writeln!(s, "{:<18} {}", k.replace('_', " "), text(&v[k]));
                 }
             }
-            if let Some(b) = v["budget"].as_object() {
-                for (k, x) in b {
-                    let _ = writeln!(s, "budget {:<11} {}", k.replace('_', " "), text(x));
+            for (name, unit_of) in [("budget", None), ("tool_calls", Some("tool_calls"))] {
+                let b = &v[name];
+                if !b.is_object() {
+                    continue;
+                }
+                let unit = match unit_of.or(b["unit"].as_str()) {
+                    Some("micro_usd") => tollgate_core::Unit::MicroUsd,
+                    Some("tool_calls") => tollgate_core::Unit::ToolCalls,
+                    _ => tollgate_core::Unit::Tokens,
+                };
+                let label = name.replace('_', " ");
+                for k in ["limit", "settled", "reserved", "remaining"] {
+                    if let Some(n) = b[k].as_u64() {
+                        let shown = tollgate_gateway::admin::words::amount(n, unit);
+                        let _ = writeln!(s, "{label} {k:<10} {shown}");
+                    }
+                }
+                if let Some(ms) = b["resets_in_ms"].as_u64() {
+                    let shown = tollgate_gateway::admin::words::reset(ms);
+                    let _ = writeln!(s, "{label} {:<10} {shown}", "resets");
                 }
             }
         }

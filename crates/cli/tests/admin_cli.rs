@@ -76,6 +76,15 @@ async fn the_admin_cli_reads_and_switches_a_running_gateway() {
     let usage = json_of(&url, &["usage", "--scope", "tenant|tenant:acme"]);
     assert_eq!(usage["budget"]["limit"], 5000);
     assert_eq!(usage["settled"], 0);
+    // The table says each number with its unit, and the reset in words and as an instant.
+    let (code, table, _) = admin(&url, TOKEN, &["usage", "--scope", "tenant|tenant:acme"]);
+    assert_eq!(code, 0);
+    assert!(table.contains("budget limit      5,000 tokens"), "{table}");
+    assert!(
+        table.contains("budget resets     in ") && table.contains("Z)"),
+        "{table}"
+    );
+    assert!(!table.contains(" ms "), "{table}");
     // A rule's name alone, for a rule keyed on the tenant, is refused with what to give; a
     // misspelt rule lists the close ones.
     let (code, _, err) = admin(&url, TOKEN, &["usage", "--scope", "tenant"]);

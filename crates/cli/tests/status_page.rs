@@ -157,6 +157,7 @@ async fn the_status_page_shows_the_books_and_switches_kill_switches() {
              [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
              [policy]\nversion = \"page-v7\"\n\
              [[policy.scopes]]\nname = \"all\"\nkey = \"global\"\nbudget = {{ tokens = 1000, period = \"day\" }}\n\
+             [[policy.scopes]]\nname = \"small\"\nkey = \"global\"\nbudget = {{ tokens = 85, period = \"day\" }}\n\
              [[policy.scopes]]\nname = \"acme\"\nkey = \"tenant\"\nmatch = {{ tenant = \"acme\" }}\n\
              requests = {{ limit = 3, window = \"1m\" }}\nconcurrency = {{ limit = 2 }}\n\
              [[policy.scopes]]\nname = \"watch\"\nkey = \"tenant\"\nmode = \"shadow\"\n\
@@ -213,10 +214,32 @@ async fn the_status_page_shows_the_books_and_switches_kill_switches() {
     let settled = usage["settled"].as_u64().unwrap();
     assert!(settled > 0);
     let row = "data-scope=\"all|global\"";
-    assert_eq!(cell(&dom, row, "settled"), settled.to_string());
-    assert_eq!(cell(&dom, row, "reserved"), "0");
-    assert_eq!(cell(&dom, row, "limit"), "1000");
+    assert_eq!(cell(&dom, row, "settled"), format!("{settled} tokens"));
+    assert_eq!(cell(&dom, row, "reserved"), "0 tokens");
+    assert_eq!(cell(&dom, row, "limit"), "1,000 tokens");
     assert!(dom.contains(&format!("style=\"width: {}%\"", settled * 100 / 1000)));
+    // Scopes by rule and value; resets in words and as an instant; a warning colour past four
+    // fifths of a budget.
+    assert!(dom.contains("<td>all</td><td>global</td>"), "{dom}");
+    let resets = cell(&dom, row, "resets");
+    assert!(
+        resets.starts_with("in ") && resets.ends_with("Z)"),
+        "{resets}"
+    );
+    assert!(
+        dom.contains("data-scope=\"all|global\" data-level=\"ok\""),
+        "{dom}"
+    );
+    assert!(
+        dom.contains("data-scope=\"small|global\" data-level=\"warn\""),
+        "{dom}"
+    );
+    // Each rule's limits in words; the shadow rule's would-be refusals; a page that refreshes
+    // itself without a script.
+    assert!(dom.contains("3 requests per 1m; 2 at once"), "{dom}");
+    assert!(dom.contains("10 tokens per day (UTC)"), "{dom}");
+    assert!(dom.contains("data-rule=\"watch\""), "{dom}");
+    assert!(dom.contains("http-equiv=\"refresh\""), "{dom}");
     // Leases of the matched tenant scope, none held now.
     assert_eq!(cell(&dom, "data-scope=\"acme|tenant:acme\"", "held"), "0");
     // The two refusals, by reason.

@@ -166,6 +166,23 @@ pub fn alert_delivery(outcome: &'static str) {
 pub fn shadow_refusal(code: &'static str, rule: &str) {
     counter!("tollgate_shadow_refusals_total", "reason" => code, "rule" => rule.to_owned())
         .increment(1);
+    if let Ok(mut m) = shadow_totals().lock() {
+        *m.entry((rule.to_owned(), code)).or_default() += 1;
+    }
+}
+
+/// A shadow rule's would-be refusals on this instance since it started, by (rule, reason): the
+/// status page shows them without a Prometheus.
+fn shadow_totals() -> &'static Mutex<BTreeMap<(String, &'static str), u64>> {
+    static TOTALS: OnceLock<Mutex<BTreeMap<(String, &'static str), u64>>> = OnceLock::new();
+    TOTALS.get_or_init(Mutex::default)
+}
+
+/// See [`shadow_totals`].
+pub fn shadow_refusals() -> Vec<(String, &'static str, u64)> {
+    shadow_totals().lock().map_or(Vec::new(), |m| {
+        m.iter().map(|((r, c), n)| (r.clone(), *c, *n)).collect()
+    })
 }
 
 /// A store call took `seconds`, or failed.

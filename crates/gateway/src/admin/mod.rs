@@ -3,6 +3,7 @@
 //! store sees a kill switch at once (it is checked inside the atomic admission).
 
 mod page;
+pub mod words;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
@@ -100,6 +101,8 @@ pub(crate) struct RuleRow {
     controls: String,
     #[serde(rename = "controls")]
     control_list: Vec<&'static str>,
+    /// The limits in words.
+    limits: String,
 }
 
 pub(crate) fn rule_rows(policy: &tollgate_core::Policy) -> Vec<RuleRow> {
@@ -131,6 +134,7 @@ pub(crate) fn rule_rows(policy: &tollgate_core::Policy) -> Vec<RuleRow> {
                 mode: if r.shadow { "shadow" } else { "enforce" },
                 controls: control_list.join(", "),
                 control_list,
+                limits: words::limits(r),
             }
         })
         .collect()
@@ -325,7 +329,8 @@ async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Respons
                 let (_, _, end) = b.period.at(SystemClock.now());
                 body["budget"] = json!({"limit": b.limit.get(), "unit": b.unit.as_str(),
                     "remaining": b.limit.get().saturating_sub(u.settled.saturating_add(u.reserved)),
-                    "resets_in_ms": end.saturating_sub(SystemClock.now())});
+                    "resets_in_ms": end.saturating_sub(SystemClock.now()),
+                    "resets_at": words::instant_ms(end)});
             }
             if let Some(c) = rule.concurrency {
                 body["concurrency_limit"] = json!(c.limit.get());

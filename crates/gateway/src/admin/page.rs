@@ -36,18 +36,24 @@ impl FormToken {
 #[derive(Debug)]
 struct BudgetRow {
     scope: String,
-    unit: &'static str,
-    settled: u64,
-    reserved: u64,
-    limit: u64,
+    /// The rule's name and the scope's value (`tenant:acme`, `global`).
+    rule: String,
+    value: String,
+    settled: String,
+    reserved: String,
+    limit: String,
     used_pct: u64,
     reserved_pct: u64,
-    resets_in: String,
+    /// `ok`, `warn` (four fifths used or held) or `bad` (all of it).
+    level: &'static str,
+    resets: String,
 }
 
 #[derive(Debug)]
 struct LeaseRow {
     scope: String,
+    rule: String,
+    value: String,
     held: u64,
     limit: u64,
 }
@@ -72,6 +78,7 @@ struct StatusPage {
     minute_labels: Vec<String>,
     refusals: Vec<RefusalRow>,
     kills: Vec<super::Kill>,
+    shadow: Vec<(String, &'static str, u64)>,
     rules: Vec<super::RuleRow>,
 }
 
@@ -109,10 +116,13 @@ pub(crate) async fn page(
         let u = u.unwrap_or(ScopeUsage::default());
         if let Some(b) = rule.budget {
             let (_, _, end) = b.period.at(SystemClock.now());
-            budgets.push(budget_row(id, b.unit.as_str(), b.limit.get(), u, end));
+            budgets.push(budget_row(id, b.unit, b.limit.get(), u, end));
         }
         if let Some(c) = rule.concurrency {
+            let (rule, value) = id.split_once('|').unwrap_or((id, ""));
             leases.push(LeaseRow {
+                rule: rule.to_owned(),
+                value: value.to_owned(),
                 scope: id.clone(),
                 held: u.leases,
                 limit: c.limit.get(),
@@ -146,6 +156,7 @@ pub(crate) async fn page(
             })
             .collect(),
         kills,
+        shadow: crate::telemetry::shadow_refusals(),
         rules: super::rule_rows(&cfg.policy),
     };
     match page.render() {
@@ -154,19 +165,33 @@ pub(crate) async fn page(
     }
 }
 
-fn budget_row(id: &str, unit: &'static str, limit: u64, u: ScopeUsage, end: u64) -> BudgetRow {
+fn budget_row(
+    id: &str,
+    unit: tollgate_core::Unit,
+    limit: u64,
+    u: ScopeUsage,
+    end: u64,
+) -> BudgetRow {
+    use super::words::amount;
     let pct = |v: u64| (u128::from(v) * 100 / u128::from(limit.max(1))).min(100) as u64;
     let used_pct = pct(u.settled);
-    let secs = end.saturating_sub(SystemClock.now()) / 1000;
+    let held = pct(u.settled.saturating_add(u.reserved));
+    let (rule, value) = id.split_once('|').unwrap_or((id, ""));
     BudgetRow {
         scope: id.to_owned(),
-        unit,
-        settled: u.settled,
-        reserved: u.reserved,
-        limit,
+        rule: rule.to_owned(),
+        value: value.to_owned(),
+        settled: amount(u.settled, unit),
+        reserved: amount(u.reserved, unit),
+        limit: amount(limit, unit),
         used_pct,
         reserved_pct: pct(u.reserved).min(100 - used_pct),
-        resets_in: format!("{}h {:02}m", secs / 3600, secs / 60 % 60),
+        level: match held {
+            100.. => "bad",
+            80.. => "warn",
+            _ => "ok",
+        },
+        resets: super::words::reset(end.saturating_sub(SystemClock.now())),
     }
 }
 
