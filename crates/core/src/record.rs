@@ -189,6 +189,38 @@ impl RecordedFacts {
     }
 }
 
+/// A scope id (`tenant:acme/user:alice`) or kill target (`user:alice`) with the values of the
+/// dimensions a client chooses (`user`, `operation`, `ip`) replaced by `digest` of them; the
+/// operator's (tenant, key, model, global) are kept.
+pub fn digest_scope(scope: &str, digest: impl Fn(&str) -> String) -> String {
+    const DIMS: [&str; 6] = ["tenant", "key", "user", "ip", "model", "operation"];
+    // A part starts at a dimension's name and its colon; a `/` inside a value (an address's
+    // prefix length, `/64`) belongs to the value.
+    let mut parts: Vec<String> = Vec::new();
+    for piece in scope.split('/') {
+        let starts = piece
+            .split_once(':')
+            .is_some_and(|(d, _)| DIMS.contains(&d));
+        match parts.last_mut() {
+            Some(last) if !starts => {
+                last.push('/');
+                last.push_str(piece);
+            }
+            _ => parts.push(piece.to_owned()),
+        }
+    }
+    parts
+        .into_iter()
+        .map(|part| match part.split_once(':') {
+            Some((dim @ ("user" | "operation" | "ip"), value)) => {
+                format!("{dim}:{}", digest(value))
+            }
+            _ => part,
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// A would-be refusal of a shadow rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ShadowRefusal {
@@ -243,8 +275,39 @@ impl DecisionRecord {
         }
     }
 
+    /// The record with every value a client chose in its scope ids (the end user, the
+    /// operation, the address) replaced by `digest` of it, the way [`RecordedFacts::of`] keeps
+    /// them: its refusal's scope, a kill switch's target, a shadow rule's would-be refusal.
+    #[must_use]
+    pub fn digested(mut self, digest: impl Fn(&str) -> String) -> Self {
+        self.scope = self.scope.map(|s| digest_scope(&s, &digest));
+        if let Some(s) = self.shadow.as_mut() {
+            s.scope = digest_scope(&s.scope, &digest);
+        }
+        self
+    }
+
     /// The record as one JSON line (no trailing newline).
     pub fn to_json_line(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::digest_scope;
+
+    #[test]
+    fn client_chosen_values_are_digested_in_scope_ids() {
+        let d = |v: &str| format!("<{}>", v.len());
+        assert_eq!(digest_scope("tenant:acme/user:alice", d), "tenant:acme/user:<5>");
+        // An address's prefix length belongs to the address.
+        assert_eq!(digest_scope("ip:2001:db8:1:2::/64", d), "ip:<17>");
+        assert_eq!(
+            digest_scope("tenant:acme/operation:run-7/model:gpt-4o", d),
+            "tenant:acme/operation:<5>/model:gpt-4o"
+        );
+        assert_eq!(digest_scope("user:bob", d), "user:<3>");
+        assert_eq!(digest_scope("global", d), "global");
     }
 }

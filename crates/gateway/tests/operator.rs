@@ -14,11 +14,15 @@ use common::{Env, Reply};
 const KEY: &str = "sk-operator";
 
 async fn env(redis: bool, policy: &str) -> Env {
+    env_with(redis, policy, "").await
+}
+
+async fn env_with(redis: bool, policy: &str, extra: &str) -> Env {
     let (sim, redis_server, store) =
         common::upstream_and_store(redis, common::SIM_KEY, SimConfig::default(), "op").await;
     let text = format!(
-        "{store}\n[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
-         [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n[policy]\n{}\n",
+        "{store}{extra}\n[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+         [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\nallow_user = true\n[policy]\n{}\n",
         sim.base_url(),
         tollgate_gateway::hash_key(KEY),
         policy.replace("[[scopes]]", "[[policy.scopes]]"),
@@ -117,6 +121,56 @@ budget = { micro_usd = 20000, period = "1d" }
     assert_eq!(r.header("x-should-retry"), Some("false"));
 }
 
+/// A record keeps no value a client chose in clear: a refusal's scope names the end user by the
+/// same digest as the record's facts.
+async fn records_digest_the_scopes_a_client_chose(redis: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("records.jsonl");
+    let policy = r#"
+[[scopes]]
+name = "per-user"
+key = "tenant/user"
+requests = { limit = 1, window = "1m" }
+"#;
+    let extra = format!("[records]\npath = {:?}\n", path.display().to_string());
+    let env = env_with(redis, policy, &extra).await;
+    let body = json!({"model": "gpt-4o", "max_tokens": 5, "user": "alice@example.com",
+        "messages": [{"role": "user", "content": "hi"}]});
+    for want in [200, 429] {
+        let r = common::post(
+            env.addr,
+            "/v1/chat/completions",
+            &[("authorization", format!("Bearer {KEY}"))],
+            body.to_string(),
+        )
+        .await;
+        assert_eq!(r.status, want);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let text = loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.lines().count() >= 2 || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(
+        !text.contains("alice"),
+        "a record keeps the user in clear: {text}"
+    );
+    let deny: Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["decision"] == "deny")
+        .unwrap();
+    let user = deny["facts"]["user"].as_str().unwrap();
+    assert_eq!(deny["scope"], format!("tenant:acme/user:{user}"));
+}
+
 mod stores {
-    on_both_stores!(a_refusal_names_one_wait, a_money_refusal_speaks_in_dollars);
+    on_both_stores!(
+        a_refusal_names_one_wait,
+        a_money_refusal_speaks_in_dollars,
+        records_digest_the_scopes_a_client_chose
+    );
 }

@@ -185,7 +185,7 @@ async fn admit_counted(
         r.trimmed_turns = counted.trimmed;
         r.shadow = shadowed.refusal();
         r.facts = facts;
-        r
+        r.digested(digest)
     };
     let admitted = match decision {
         Decision::Admit(a) => a,
