@@ -30,9 +30,11 @@ fn load_policy(path: &Path) -> anyhow::Result<Policy> {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let context = || format!("in {}", path.display());
     let table: toml::Table = toml::from_str(&text).with_context(context)?;
-    if table.contains_key("upstreams") || table.contains_key("policy") {
-        let cfg = tollgate_gateway::GatewayConfig::from_toml(&text).with_context(context)?;
-        return Ok(cfg.policy);
+    // A gateway configuration: its `[policy]` alone (the rest, the admin token's variable
+    // included, is not needed to replay).
+    if let Some(p) = table.get("policy") {
+        let raw: tollgate_core::policy::RawPolicy = p.clone().try_into().with_context(context)?;
+        return Policy::validate(raw, "policy").with_context(context);
     }
     Policy::from_toml(&text).with_context(context)
 }

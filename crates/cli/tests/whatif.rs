@@ -232,3 +232,67 @@ async fn whatif_counts_what_a_new_policy_would_change() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
 }
+
+/// A record of a request refused for its input keeps that its count stopped at the limit (a
+/// lower bound); what-if under a looser input limit reports it served as a bound, not as
+/// known. `--policy` takes a whole gateway configuration and reads only its `[policy]`: the
+/// admin token's variable is not needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatif_reports_a_cut_count_as_a_bound() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records.jsonl");
+    let config = dir.path().join("gateway.toml");
+    let text = |version: &str, limit: u64| {
+        format!(
+            "[records]\npath = \"{}\"\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"TOLLGATE_WHATIF_UNSET_TOKEN\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\nallow_user = true\n\
+             [policy]\nversion = \"{version}\"\n\
+             [[policy.scopes]]\nname = \"tenant\"\nkey = \"tenant\"\ninput_tokens = {limit}\n",
+            records.display(),
+            sim.base_url(),
+            tollgate_gateway::hash_key("sk-acme"),
+        )
+    };
+    std::fs::write(
+        &config,
+        text("then", 40).replace(
+            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"TOLLGATE_WHATIF_UNSET_TOKEN\"\n",
+            "",
+        ),
+    )
+    .unwrap();
+    let (gateway, url) = start_instance(&config);
+    assert_eq!(chat(&url, "sk-acme", "alice", 120), 400);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let line: Value = loop {
+        let text = std::fs::read_to_string(&records).unwrap_or_default();
+        if let Some(l) = text.lines().next() {
+            break serde_json::from_str(l).unwrap();
+        }
+        assert!(Instant::now() < deadline, "no record");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(gateway);
+    assert_eq!(
+        line["input_tokens"], 41,
+        "cut at the limit plus one: {line}"
+    );
+    assert_eq!(line["input_lower_bound"], true, "{line}");
+
+    // The looser policy, as a whole gateway configuration whose admin token is not set.
+    let looser = dir.path().join("looser.toml");
+    std::fs::write(&looser, text("now", 100_000)).unwrap();
+    let report: Value = serde_json::from_str(&whatif(&records, &looser, true)).unwrap();
+    assert_eq!(report["policy_version"], "now");
+    assert_eq!(report["bounded_inputs"], 1);
+    assert_eq!(report["newly_served_bounded"], 1);
+    let table = whatif(&records, &looser, false);
+    assert!(table.contains("newly reserved: at least "), "{table}");
+    assert!(
+        table.contains("counted only up to the input limits then"),
+        "{table}"
+    );
+}

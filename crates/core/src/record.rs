@@ -73,6 +73,10 @@ pub struct DecisionRecord {
     /// `trim` mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trimmed_turns: Option<u64>,
+    /// Counting stopped once the input passed every input limit that could apply: `input_tokens`
+    /// is a lower bound (the limit plus one), not the whole count.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub input_lower_bound: bool,
     /// The refusal a shadow rule would have made (the request was decided without it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowRefusal>,
@@ -269,6 +273,7 @@ impl DecisionRecord {
             reported_output_tokens: None,
             end_attempts: None,
             trimmed_turns: None,
+            input_lower_bound: false,
             shadow: None,
             facts: None,
             usage: None,
@@ -300,7 +305,10 @@ mod tests {
     #[test]
     fn client_chosen_values_are_digested_in_scope_ids() {
         let d = |v: &str| format!("<{}>", v.len());
-        assert_eq!(digest_scope("tenant:acme/user:alice", d), "tenant:acme/user:<5>");
+        assert_eq!(
+            digest_scope("tenant:acme/user:alice", d),
+            "tenant:acme/user:<5>"
+        );
         // An address's prefix length belongs to the address.
         assert_eq!(digest_scope("ip:2001:db8:1:2::/64", d), "ip:<17>");
         assert_eq!(

@@ -37,6 +37,9 @@ pub struct RecordLine {
     pub reason: Option<String>,
     /// Input tokens counted.
     pub input_tokens: u64,
+    /// Whether `input_tokens` is a lower bound (counting stopped past the limits then).
+    #[serde(default)]
+    pub input_lower_bound: bool,
     /// Time from admission to the end, ms.
     #[serde(default)]
     pub upstream_ms: Option<u64>,
@@ -92,8 +95,15 @@ pub struct WhatIfReport {
     pub tokens_not_spent: u64,
     /// Their cost at the new policy's prices (micro-USD; models without a price count 0).
     pub micro_usd_not_spent: u64,
-    /// Tokens the newly served requests would reserve.
+    /// Tokens the newly served requests would reserve (a lower bound when any of them is in
+    /// `newly_served_bounded`).
     pub tokens_newly_reserved: u64,
+    /// Records replayed whose input count was a lower bound (counting stopped past the limits
+    /// then), planned at that bound.
+    pub bounded_inputs: u64,
+    /// Of the newly served, those planned at a lower bound of their input: the new policy
+    /// serves them at least at that count, and may still refuse them at their whole count.
+    pub newly_served_bounded: u64,
 }
 
 /// What-if failed to run.
@@ -172,6 +182,7 @@ pub async fn whatif<S: Store>(
         };
         let then = rec.decision == "admit";
         r.report.replayed += 1;
+        r.report.bounded_inputs += u64::from(rec.input_lower_bound);
         r.report.served_then += u64::from(then);
         r.report
             .recorded_versions
@@ -189,6 +200,7 @@ pub async fn whatif<S: Store>(
                         };
                         if !then {
                             r.newly_served(facts, rec, u.total());
+                            r.report.newly_served_bounded += u64::from(rec.input_lower_bound);
                         }
                         (rec.ts_ms, u)
                     }
@@ -317,11 +329,28 @@ pub fn table(r: &WhatIfReport) -> String {
     changes(&mut s, &r.newly_refused, true);
     let _ = writeln!(s, "\nserved now, refused then:");
     changes(&mut s, &r.newly_served, false);
+    let at_least = if r.newly_served_bounded > 0 {
+        "at least "
+    } else {
+        ""
+    };
     let _ = writeln!(
         s,
-        "\nnot spent: {} tokens, {} micro-USD; newly reserved: {} tokens",
-        r.tokens_not_spent, r.micro_usd_not_spent, r.tokens_newly_reserved
+        "\nnot spent: {} tokens, ${}.{:06}; newly reserved: {at_least}{} tokens",
+        r.tokens_not_spent,
+        r.micro_usd_not_spent / 1_000_000,
+        r.micro_usd_not_spent % 1_000_000,
+        r.tokens_newly_reserved
     );
+    if r.newly_served_bounded > 0 {
+        let _ = writeln!(
+            s,
+            "{} of the newly served were counted only up to the input limits then: their input \
+             is at least what is shown, and the new policy may still refuse them at their whole \
+             count",
+            r.newly_served_bounded
+        );
+    }
     s
 }
 

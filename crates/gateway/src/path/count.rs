@@ -35,6 +35,8 @@ pub(crate) struct Counted {
     pub allowances: [u64; 3],
     /// How many of its oldest turns were dropped to fit a rule's input limit (`trim` mode).
     pub trimmed: Option<u64>,
+    /// Counting stopped past every input limit that could apply: the input is a lower bound.
+    pub input_bounded: bool,
 }
 
 /// Counts the request of `intake`, whose id is `id`.
@@ -154,6 +156,7 @@ pub(crate) async fn count(
         predicted,
         facts,
         allowances: [kept_context, tool_input, remote_input],
+        input_bounded: count.over_limit && trimmed.is_none(),
         trimmed,
     })
 }

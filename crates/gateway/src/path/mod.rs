@@ -183,6 +183,7 @@ async fn admit_counted(
         let mut r = DecisionRecord::new(now_ms, &p, d);
         r.decision_us = Some(decision_us);
         r.trimmed_turns = counted.trimmed;
+        r.input_lower_bound = counted.input_bounded;
         r.shadow = shadowed.refusal();
         r.facts = facts;
         r.digested(digest)
