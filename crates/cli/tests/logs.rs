@@ -160,3 +160,74 @@ async fn a_ledger_outage_is_logged_when_it_begins_and_ends() {
     let failing = lines_with(&log, "ledger writes fail", 1).await;
     assert_eq!(failing.len(), 1, "one line for the outage: {failing:?}");
 }
+
+/// A shutdown during a ledger outage keeps the endings it could not write in the spool file,
+/// says so in the log, and the next start writes them: none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_during_a_ledger_outage_keeps_its_endings() {
+    let pg = PgServer::start();
+    let spool_dir = tempfile::tempdir().unwrap();
+    let spool = spool_dir.path().join("endings.spool");
+    let sections = format!(
+        "[ledger]\nurl = \"{}\"\nflush_every = \"50ms\"\nspool = {:?}\n",
+        pg.url(),
+        spool.display().to_string()
+    );
+    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
+        .await
+        .unwrap();
+    let (mut p, url, log, _dir) = start(&sections, &upstream.base_url());
+    pg.stop();
+    for _ in 0..5 {
+        assert_eq!(chat(&url).await, 200);
+    }
+    lines_with(&log, "ledger writes fail", 1).await;
+    let pid = p.0.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while p.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "still running after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let kept = lines_with(&log, "kept in the spool", 1).await;
+    assert!(kept[0].contains("endings=5"), "{kept:?}");
+    let spooled = std::fs::read_to_string(&spool).unwrap();
+    assert_eq!(spooled.lines().count(), 5);
+
+    pg.restart();
+    let (_p2, _url2, log2, _dir2) = start(&sections, &upstream.base_url());
+    lines_with(&log2, "endings kept at the last shutdown are written", 1).await;
+    let pending = tollgate_ledger::spool::replaying(&spool);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pending.exists() || spool.exists() {
+        assert!(Instant::now() < deadline, "the spool was not written");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "spend",
+            "--ledger",
+            &pg.url(),
+            "--from",
+            "2000-01-01",
+            "--to",
+            "2100-01-01",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[0]["requests"], 5, "{rows}");
+}

@@ -31,6 +31,8 @@ pub struct Books {
     pub ledger: Ledger,
     rebuilding: AtomicBool,
     flush_every: Duration,
+    /// Where endings not written at shutdown are kept (`[ledger] spool`).
+    spool: std::path::PathBuf,
 }
 
 /// Whose request it is, as the ledger keeps it (the end user as a digest).
@@ -59,12 +61,54 @@ pub struct Booking {
 
 impl Books {
     /// Books over `ledger`, whose writer writes every `flush_every`.
-    pub fn new(ledger: Ledger, flush_every: Duration) -> Arc<Self> {
+    pub fn new(ledger: Ledger, flush_every: Duration, spool: std::path::PathBuf) -> Arc<Self> {
         Arc::new(Self {
             ledger,
             rebuilding: AtomicBool::new(false),
             flush_every,
+            spool,
         })
+    }
+
+    /// At shutdown, the endings the ledger could not take kept in the spool file, and said so.
+    pub fn spool(&self) {
+        let file = self.spool.display();
+        match self.ledger.spool(&self.spool) {
+            Ok(0) => {}
+            Ok(n) => tracing::error!(
+                endings = n,
+                spool = %file,
+                "the ledger could not take every ending before shutdown: they are kept in the \
+                 spool and written at the next start"
+            ),
+            Err(e) => tracing::error!(
+                buffered = self.ledger.buffered(),
+                spool = %file,
+                cause = %e,
+                "the ledger could not take every ending before shutdown, nor could the spool: \
+                 they are lost"
+            ),
+        }
+    }
+
+    /// At start, the endings an earlier shutdown kept in the spool buffered again; the file
+    /// goes once they are written.
+    pub fn unspool(self: &Arc<Self>) {
+        let file = self.spool.display().to_string();
+        match self.ledger.unspool(&self.spool) {
+            Ok((0, 0)) => {}
+            Ok((n, bad)) => {
+                tracing::info!(endings = n, unreadable = bad, spool = %file,
+                    "endings kept at the last shutdown are written to the ledger");
+                let books = self.clone();
+                tokio::spawn(async move {
+                    while !books.ledger.flush(Duration::from_secs(60)).await {}
+                    let _ = std::fs::remove_file(tollgate_ledger::spool::replaying(&books.spool));
+                });
+            }
+            Err(e) => tracing::error!(spool = %file, cause = %e,
+                "the spool of endings kept at the last shutdown cannot be read"),
+        }
     }
 
     /// Starts the ledger's writer: endings of requests the store had forgotten are charged to

@@ -93,7 +93,9 @@ pub async fn open_books(
     let ledger = tollgate_ledger::Ledger::open(s)
         .await
         .map_err(std::io::Error::other)?;
-    Ok(Some(crate::books::Books::new(ledger, l.flush_every)))
+    let books = crate::books::Books::new(ledger, l.flush_every, l.spool.clone());
+    books.unspool();
+    Ok(Some(books))
 }
 
 /// Refuses a Redis that may evict keys (unless allowed), and warns of one that keeps nothing
@@ -328,10 +330,7 @@ async fn serve_shared(
     // The endings of the drained requests, written before the process ends.
     if let Some(b) = &gw.books {
         if !b.ledger.flush(RELEASE_GRACE).await {
-            tracing::error!(
-                buffered = b.ledger.buffered(),
-                "the ledger could not write every ending before shutdown"
-            );
+            b.spool();
         }
     }
     Ok(())

@@ -10,6 +10,7 @@
 mod conn;
 mod report;
 mod schema;
+pub mod spool;
 mod writer;
 
 use std::collections::VecDeque;
@@ -239,6 +240,29 @@ impl Ledger {
             self.inner.wake.notify_one();
         }
         true
+    }
+
+    /// Every ending waiting in the buffer, taken out of it (a batch being written is not).
+    fn take_all(&self) -> Vec<Entry> {
+        let Ok(mut q) = self.inner.queue.lock() else {
+            return Vec::new();
+        };
+        let taken: Vec<Entry> = q.drain(..).collect();
+        self.inner
+            .buffered
+            .fetch_sub(taken.len(), std::sync::atomic::Ordering::Relaxed);
+        taken
+    }
+
+    /// Buffers an ending whatever the buffer holds (a spool's, which must not be dropped).
+    fn append_always(&self, entry: Entry) {
+        if let Ok(mut q) = self.inner.queue.lock() {
+            q.push_back(entry);
+            self.inner
+                .buffered
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.inner.wake.notify_one();
     }
 
     /// Writes what is buffered now and waits until it is written, for at most `within`; false

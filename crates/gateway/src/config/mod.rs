@@ -276,6 +276,8 @@ pub struct LedgerConfig {
     pub flush_every: Duration,
     /// What a full buffer does.
     pub on_full: tollgate_ledger::OnFull,
+    /// Where endings not written at shutdown are kept for the next start.
+    pub spool: std::path::PathBuf,
 }
 
 impl std::fmt::Debug for LedgerConfig {

@@ -312,6 +312,9 @@ pub struct RawLedger {
     pub flush_every: Option<String>,
     /// When the buffer is full: `refuse` new admissions (default) or `drop` endings (counted).
     pub on_full: Option<String>,
+    /// The file that keeps endings not written when the process stops (default
+    /// `tollgate-ledger.spool` in the working directory), written at the next start.
+    pub spool: Option<String>,
 }
 
 /// `[[kill]]`: a kill switch of the configuration file, which no store loss lifts.

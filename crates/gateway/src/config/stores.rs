@@ -194,7 +194,16 @@ pub(super) fn ledger(raw: &RawLedger) -> Result<super::LedgerConfig, ConfigError
             ));
         }
     };
+    let spool = std::path::PathBuf::from(
+        raw.spool
+            .clone()
+            .unwrap_or_else(|| "tollgate-ledger.spool".to_owned()),
+    );
+    if spool.as_os_str().is_empty() {
+        return Err(err("ledger.spool", "give a file"));
+    }
     Ok(super::LedgerConfig {
+        spool,
         url,
         buffer: n(raw.buffer, 100_000, 10_000_000, "ledger.buffer")?,
         batch: n(raw.batch, 1000, 10_000, "ledger.batch")?,
