@@ -19,7 +19,7 @@ use tollgate_sim::{Sim, SimConfig};
 use tollgate_testkit::redis_server::RedisServer;
 
 mod common;
-use common::{Instance, start_instance_with};
+use common::{Instance, start_instance_logging};
 
 /// Prompt tokens of the request below, as the simulator reports them.
 const PROMPT: u64 = 10;
@@ -32,6 +32,8 @@ struct Env {
     url: String,
     /// The admin listener's URL (`/readyz` answers there through the drain).
     admin: String,
+    /// The process's run-time log.
+    log: std::path::PathBuf,
 }
 
 async fn env(drain_timeout: &str, token_delay: Duration) -> Env {
@@ -68,7 +70,9 @@ async fn env_with(drain_timeout: &str, token_delay: Duration, store: &str) -> En
         ),
     )
     .unwrap();
-    let (instance, urls) = start_instance_with(&config, &["admin"]);
+    let log = dir.path().join("log");
+    let file = std::fs::File::create(&log).unwrap();
+    let (instance, urls) = start_instance_logging(&config, &["admin"], file.into());
     let [url, admin] = <[String; 2]>::try_from(urls).unwrap();
     Env {
         _sim: sim,
@@ -77,6 +81,7 @@ async fn env_with(drain_timeout: &str, token_delay: Duration, store: &str) -> En
         instance,
         url,
         admin,
+        log,
     }
 }
 
@@ -261,5 +266,15 @@ async fn a_stream_that_outlasts_the_drain_is_released_not_left_to_expire() {
     assert!(
         u.settled >= PROMPT + 5 && u.settled < PROMPT + 1000,
         "{u:?}, {streamed} streamed"
+    );
+    // The log says what the drain cut off.
+    let log = std::fs::read_to_string(&env.log).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("cut off"))
+        .unwrap_or_else(|| panic!("no line for the cut-off stream:\n{log}"));
+    assert!(
+        line.contains("WARN") && line.contains("connections=1"),
+        "{line}"
     );
 }

@@ -231,3 +231,57 @@ async fn a_shutdown_during_a_ledger_outage_keeps_its_endings() {
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows[0]["requests"], 5, "{rows}");
 }
+
+/// A store that forgets, with a ledger: the loss and the rebuild of its books each leave a line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_from_the_ledger_is_logged() {
+    let redis = RedisServer::start();
+    let pg = PgServer::start();
+    let sections = format!(
+        "[store]\nurl = \"{}\"\nprefix = \"rebuild\"\ncall_timeout = \"1s\"\n\
+         [ledger]\nurl = \"{}\"\nflush_every = \"50ms\"\n",
+        redis.url(),
+        pg.url()
+    );
+    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
+        .await
+        .unwrap();
+    let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
+    assert_eq!(chat(&url).await, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let flushed = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "flushall"])
+        .output()
+        .unwrap();
+    assert!(flushed.status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while chat(&url).await != 200 {
+        assert!(Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lost = lines_with(&log, "the store has lost its state", 1).await;
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    let rebuilt = lines_with(&log, "the store's books were rebuilt", 1).await;
+    assert!(rebuilt[0].contains("scopes=1"), "{rebuilt:?}");
+}
+
+/// A TLS fault with Redis (here `rediss://` to a server that speaks no TLS) is logged with its
+/// cause at start, not as a question about Redis's settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_fault_with_redis_is_logged_with_its_cause() {
+    let redis = RedisServer::start();
+    let sections = format!(
+        "[store]\nurl = \"rediss://127.0.0.1:{}\"\nprefix = \"tls\"\ncall_timeout = \"500ms\"\n",
+        redis.port()
+    );
+    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
+        .await
+        .unwrap();
+    let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
+    let found = lines_with(&log, "Redis cannot be reached", 1).await;
+    assert!(found[0].contains("WARN"), "{found:?}");
+    assert!(!found[0].contains("CONFIG is not allowed"), "{found:?}");
+    assert_eq!(chat(&url).await, 503);
+    let down = lines_with(&log, "the store does not answer", 1).await;
+    assert!(down[0].contains("cause="), "{down:?}");
+}

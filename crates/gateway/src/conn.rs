@@ -94,6 +94,12 @@ impl Connections {
         })
         .await;
         if drained.is_err() {
+            tracing::warn!(
+                connections = self.set.len(),
+                drain_timeout = ?timeout,
+                "connections still serving at the end of the drain are cut off: their requests \
+                 are released, charged the output streamed so far"
+            );
             self.set.abort_all();
             while self.set.join_next().await.is_some() {}
         }

@@ -120,11 +120,17 @@ async fn check_keeping(store: &RedisStore, allow_eviction: bool) -> std::io::Res
                 );
             }
         }
-        Ok(None) | Err(_) => warnings.push(
-            "could not read Redis's maxmemory-policy and persistence (CONFIG unavailable or \
-             the server unreachable): make sure it neither evicts nor forgets (docs/redis.md)"
+        Ok(None) => warnings.push(
+            "could not read Redis's maxmemory-policy and persistence (CONFIG is not allowed): \
+             make sure it neither evicts nor forgets (docs/redis.md)"
                 .to_owned(),
         ),
+        // The cause first: a TLS or connection fault is what the operator has to mend.
+        Err(e) => warnings.push(format!(
+            "Redis cannot be reached: {e}; until it can, admissions are refused (503 \
+             store_unavailable), and its maxmemory-policy and persistence could not be checked \
+             (docs/redis.md)"
+        )),
     }
     Ok(warnings)
 }
