@@ -24,6 +24,16 @@ fn start(
     sections: &str,
     upstream: &str,
 ) -> (Instance, String, std::path::PathBuf, tempfile::TempDir) {
+    let (p, mut urls, log, dir) = start_with(sections, upstream, &[]);
+    (p, urls.remove(0), log, dir)
+}
+
+/// [`start`], with the URLs of the side listeners `also` names after the main one.
+fn start_with(
+    sections: &str,
+    upstream: &str,
+    also: &[&str],
+) -> (Instance, Vec<String>, std::path::PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("gateway.toml");
     std::fs::write(
@@ -39,8 +49,8 @@ fn start(
     .unwrap();
     let log = dir.path().join("log");
     let file = std::fs::File::create(&log).unwrap();
-    let (instance, mut urls) = start_instance_logging(&config, &[], Stdio::from(file));
-    (instance, urls.remove(0), log, dir)
+    let (instance, urls) = start_instance_logging(&config, also, Stdio::from(file));
+    (instance, urls, log, dir)
 }
 
 async fn chat(url: &str) -> u16 {
@@ -55,6 +65,13 @@ async fn chat(url: &str) -> u16 {
     let status = r.status().as_u16();
     let _ = r.into_body().collect().await;
     status
+}
+
+/// The body of `GET url`.
+async fn get(url: &str) -> String {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let r = client.get(url.parse().unwrap()).await.unwrap();
+    String::from_utf8_lossy(&r.into_body().collect().await.unwrap().to_bytes()).into_owned()
 }
 
 /// The log's lines holding `what`, once there are `n` of them (fails after 5 s).
@@ -142,17 +159,38 @@ async fn store_faults_are_logged_once_each() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_outage_is_logged_when_it_begins_and_ends() {
     let pg = PgServer::start();
-    let sections = format!("[ledger]\nurl = \"{}\"\nflush_every = \"50ms\"\n", pg.url());
+    let sections = format!(
+        "[metrics]\nlisten = \"127.0.0.1:0\"\n[ledger]\nurl = \"{}\"\nflush_every = \"50ms\"\n",
+        pg.url()
+    );
     let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
         .await
         .unwrap();
-    let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
+    let (_p, urls, log, _dir) = start_with(&sections, &upstream.base_url(), &["metrics"]);
+    let url = urls[0].clone();
     assert_eq!(chat(&url).await, 200);
     pg.stop();
     for _ in 0..3 {
         assert_eq!(chat(&url).await, 200);
     }
     let failing = lines_with(&log, "ledger writes fail", 1).await;
+    // The buffered gauge is live through the outage: at least the three endings since it began.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = get(&format!("{}/metrics", urls[1])).await;
+        let buffered = m
+            .lines()
+            .find_map(|l| l.strip_prefix("tollgate_ledger_buffered "))
+            .and_then(|v| v.parse::<f64>().ok());
+        if buffered.is_some_and(|b| b >= 3.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gauge did not follow the outage:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(failing[0].contains("ERROR"), "{failing:?}");
     assert!(failing[0].contains("cause="), "{failing:?}");
     pg.restart();

@@ -178,8 +178,24 @@ async fn thresholds_and_exhaustion_fire_once(redis: bool) {
         admin(&admin_a, "DELETE", "/admin/kill/tenant:acme", "").await,
         200
     );
+    // Lifting what is not switched off is a 404, and no alert: a sentinel kill switch after it
+    // shows that the events that follow came, and no second lift among them.
+    assert_eq!(
+        admin(&admin_a, "DELETE", "/admin/kill/tenant:acme", "").await,
+        404
+    );
+    assert_eq!(
+        admin(
+            &admin_a,
+            "POST",
+            "/admin/kill",
+            r#"{"target": "tenant:sentinel", "reason": "last"}"#
+        )
+        .await,
+        200
+    );
 
-    let got = events(&received, "json", 6).await;
+    let got = events(&received, "json", 7).await;
     let mut kinds: Vec<String> = got
         .iter()
         .map(|e| match e["event"].as_str().unwrap() {
@@ -193,6 +209,7 @@ async fn thresholds_and_exhaustion_fire_once(redis: bool) {
         [
             "budget_exhausted",
             "kill_switch_lifted",
+            "kill_switch_set",
             "kill_switch_set",
             "threshold 25",
             "threshold 50",
@@ -208,8 +225,8 @@ async fn thresholds_and_exhaustion_fire_once(redis: bool) {
     );
     assert!(t["committed"].as_u64().unwrap() >= 150);
     assert_eq!(t["policy_version"], "alerting");
-    let slack = events(&received, "slack", 6).await;
-    assert_eq!(slack.len(), 6, "{slack:#?}");
+    let slack = events(&received, "slack", 7).await;
+    assert_eq!(slack.len(), 7, "{slack:#?}");
     assert!(slack.iter().all(|e| e.as_object().unwrap().len() == 1));
     let texts: Vec<&str> = slack.iter().map(|e| e["text"].as_str().unwrap()).collect();
     assert!(
