@@ -1,5 +1,5 @@
 //! The official OpenAI and Anthropic Python SDKs end to end (`tests/sdk/sdk_e2e.py`,
-//! `tests/sdk/responses_e2e.py`, `tests/sdk/anthropic_e2e.py`, `tests/sdk/idempotency_e2e.py`) against the gateway and the simulator. `.ci/run` makes the venv
+//! `tests/sdk/responses_e2e.py`, `tests/sdk/anthropic_e2e.py`, `tests/sdk/idempotency_e2e.py`, `tests/sdk/cap_e2e.py`) against the gateway and the simulator. `.ci/run` makes the venv
 //! (`.venv`, `tests/sdk/requirements.txt`); elsewhere set `TOLLGATE_PYTHON` to a Python with
 //! `openai` and `anthropic` installed.
 
@@ -125,4 +125,18 @@ async fn the_official_openai_sdk_retries_an_idempotent_call_charged_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_anthropic_sdk_works_through_the_gateway() {
     run_sdk_script("anthropic_e2e.py", "claude-sonnet-4").await;
+}
+
+/// A model that runs past its cap: the gateway ends each stream at the cap in its API's shape,
+/// and the official SDKs finish the answer as one cut by its cap (chat, Responses, Anthropic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdks_read_a_stream_ended_at_its_cap() {
+    let runaway = SimConfig {
+        output_tokens: 2_000,
+        ignore_cap: true,
+        token_delay: std::time::Duration::from_millis(1),
+        ..SimConfig::default()
+    };
+    let sim = run_sdk_script_with("cap_e2e.py", "gpt-4o", runaway, 3).await;
+    assert_eq!(sim.stats().completed, 0, "an upstream ran to its end");
 }
