@@ -57,7 +57,9 @@ pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use decision::{Admitted, Decision, Deny, Quota, Reason};
 pub use ledger::{Period, Usage};
 pub use memory::MemoryStore;
-pub use pipeline::{KillTargets, Plan, PlanError, RequestFacts, plan, plans, shadow_plan};
+pub use pipeline::{
+    KillTargets, Plan, PlanError, RequestFacts, plan, plans, rate_plan, shadow_plan,
+};
 pub use policy::{Policy, PolicyError, Unit};
 pub use scope::{Dimension, Identity, IpPrefix, ScopeKey};
 pub use slices::{SliceConfig, SliceSource, SliceStats, Sliced};

@@ -238,6 +238,43 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
     enforced(policy, facts, &scopes)
 }
 
+/// The attempt-counting part of a request's plan, from what is known before its body is read
+/// (the rules whose dimensions and matches `facts`' identity has): its enforced rules' rate
+/// checks and its kill targets, nothing reserved. A gateway admits it before counting a large
+/// body, so that a client its rate refuses costs no counting, and then leaves those rate
+/// checks out of the request's plan: each attempt is counted once.
+pub fn rate_plan(policy: &Policy, facts: &RequestFacts) -> Plan {
+    let scopes = matched_scopes(policy, facts);
+    let rate: Vec<RateCheck> = scopes
+        .iter()
+        .filter(|(i, _)| !policy.scopes[*i].shadow)
+        .filter_map(|(i, k)| {
+            policy.scopes[*i].requests.map(|r| RateCheck {
+                scope: k.clone(),
+                limit: r.limit.get(),
+                window_ms: r.window_ms.get(),
+            })
+        })
+        .collect();
+    Plan {
+        fail_open: rate.is_empty() || policy.fail_open.contains(&Reason::RequestRateLimit),
+        kill_targets: KillTargets::of(&facts.identity),
+        request_id: facts.request_id.clone(),
+        policy_version: policy.version.clone(),
+        input_tokens: 0,
+        max_output_tokens: 0,
+        rate,
+        token_verdict: None,
+        concurrency: Vec::new(),
+        budget: Vec::new(),
+        repeats: Vec::new(),
+        loop_verdict: None,
+        ttl_ms: policy.reservation_ttl.get(),
+        price: None,
+        expired_usage: Usage::default(),
+    }
+}
+
 /// The suffix of a shadow plan's request id.
 pub const SHADOW_ID_SUFFIX: &str = "~shadow";
 

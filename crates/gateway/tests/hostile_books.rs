@@ -501,8 +501,54 @@ requests = { limit = 5, window = "1m" }
     assert_eq!(r.status, 200);
 }
 
+/// A key its rate refuses costs no count of its large bodies: the rate decides first, so a
+/// large body that is not even JSON is refused by the rate (it was read, parsed and counted
+/// before, and refused as invalid JSON); below the rate, the same body is a 400 and its attempt
+/// is counted once.
+async fn large_bodies_meet_the_rate_before_they_are_counted(redis: bool) {
+    let policy = r#"
+[[scopes]]
+name = "per-key"
+key = "key"
+requests = { limit = 2, window = "1m" }
+[[scopes]]
+name = "spend"
+key = "tenant"
+budget = { tokens = 1000000, period = "1d" }
+"#;
+    let env = env(
+        redis,
+        policy,
+        "[server]\nmax_body_bytes = 4194304\n",
+        SimConfig::default(),
+    )
+    .await;
+    let garbage = format!(
+        "{{\"model\": \"gpt-4o\", \"messages\": \"{}",
+        "x".repeat(300_000)
+    );
+    let auth = [("authorization", format!("Bearer {KEY}"))];
+    let send = |body: String| common::post(env.addr, "/v1/chat/completions", &auth, body);
+    // Below the rate: read, refused as what it is, and counted as an attempt.
+    let r = send(garbage.clone()).await;
+    assert_eq!(r.status, 400, "{:?}", r.json());
+    let small = json!({"model": "gpt-4o", "max_tokens": 5,
+        "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post(&env, "/v1/chat/completions", &small).await.status, 200);
+    // The third attempt in the window: refused by the rate before anything is counted.
+    let r = send(garbage).await;
+    assert_eq!(r.status, 429, "{:?}", r.json());
+    assert_eq!(r.code(), "request_rate_limit");
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(served(&env), 1);
+    // Each attempt was counted once: the next small one is refused too, by the same rate.
+    let r = post(&env, "/v1/chat/completions", &small).await;
+    assert_eq!((r.status, r.code().as_str()), (429, "request_rate_limit"));
+}
+
 mod books {
     on_both_stores!(
+        large_bodies_meet_the_rate_before_they_are_counted,
         prompt_lists_are_reserved_for_every_prompt,
         predictions_are_reserved_as_output,
         service_tiers_are_priced_or_refused,

@@ -11,6 +11,7 @@
 
 pub(crate) mod admit;
 pub(crate) mod count;
+mod early;
 pub(crate) mod forward;
 pub(crate) mod idempotent;
 pub(crate) mod intake;
@@ -87,6 +88,8 @@ async fn steps(
 ) -> Result<Response, ApiError> {
     let cfg = gw.config();
     let intake = intake::intake(&cfg, dialect, req).await?;
+    // A large body's rates first: a refused client costs no count.
+    let early = early::early_rate(gw, &cfg, &intake, id).await?;
     let counted = count::count(gw, &cfg, dialect, &intake, id).await?;
     // Claimed before admission, so that a retry is never admitted again; let go of when the
     // request is refused or fails on its way (the claim is dropped).
@@ -95,7 +98,7 @@ async fn steps(
         idempotent::Keyed::Go(claim) => claim,
         idempotent::Keyed::Replay(r) => return Ok(r),
     };
-    let admission = admit_counted(gw, &cfg, dialect, intake.key, &counted).await?;
+    let admission = admit_counted(gw, &cfg, dialect, intake.key, &counted, &early).await?;
     let trimmed = counted.trimmed;
     let mut f = forward::prepare(gw, &cfg, dialect, &intake, counted, admission).await?;
     f.answer.claim = claim;
@@ -134,6 +137,7 @@ async fn admit_counted(
     dialect: &dyn Dialect,
     key: &crate::config::KeyConfig,
     counted: &Counted,
+    early: &[tollgate_core::ScopeKey],
 ) -> Result<Admission, ApiError> {
     let (mut p, shadow) = plans(&cfg.policy, &counted.facts).map_err(|e| match e {
         PlanError::UnpricedTier { model, tier, .. } => {
@@ -141,6 +145,8 @@ async fn admit_counted(
         }
         e => respond::unpriced_model(e),
     })?;
+    // The attempt was counted in these before its body was (see `early`).
+    p.rate.retain(|r| !early.contains(&r.scope));
     if gw.books.as_ref().is_some_and(|b| !b.ledger.accepting()) {
         crate::telemetry::ledger_event("refused");
         return Err(respond::ledger_full());
