@@ -24,6 +24,8 @@ pub struct Gateway {
     /// The store.
     pub store: AnyStore,
     pub(crate) counter: TokenCounter,
+    /// Where large bodies are counted (see [`crate::counting`]).
+    pub(crate) counting: crate::counting::CountPool,
     /// 48 random bits per gateway process: ids stay unique across the instances that share a
     /// store (see [`request_id`]).
     nonce: u64,
@@ -61,6 +63,7 @@ impl Gateway {
             config_path: None,
             store,
             counter: TokenCounter::default(),
+            counting: crate::counting::CountPool::per_core(),
             nonce,
             seq: AtomicU64::new(0),
             queue: Queue::default(),

@@ -35,6 +35,7 @@ pub mod books;
 pub mod config;
 pub mod conn;
 pub mod contexts;
+pub mod counting;
 pub mod dialect;
 pub mod faults;
 pub mod gateway;

@@ -49,13 +49,20 @@ pub(crate) async fn count(
 ) -> Result<Counted, ApiError> {
     let key = intake.key;
     let limit = count_limit(&cfg.policy, key, &intake.ip);
-    let count = gw
-        .counter
-        .count(dialect.format(), &intake.body, limit)
-        .map_err(|e| match e.field() {
-            Some(f) => respond::invalid_field(f, e.to_string()),
-            None => respond::invalid_json(e),
-        })?;
+    let counted = if intake.body.len() > super::early::EARLY_RATE_BYTES {
+        // Large: off the async workers, within the tenant's share of the pool.
+        let (counter, body, format) = (gw.counter.clone(), intake.body.clone(), dialect.format());
+        gw.counting
+            .run(&key.tenant, move || counter.count(format, &body, limit))
+            .await
+            .ok_or_else(|| respond::internal("internal", "the count did not run"))?
+    } else {
+        gw.counter.count(dialect.format(), &intake.body, limit)
+    };
+    let count = counted.map_err(|e| match e.field() {
+        Some(f) => respond::invalid_field(f, e.to_string()),
+        None => respond::invalid_json(e),
+    })?;
     let Some(&upstream) = cfg.models.get(&count.model) else {
         return Err(respond::model_not_found(&respond::shown(&count.model)));
     };

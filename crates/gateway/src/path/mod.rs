@@ -11,7 +11,7 @@
 
 pub(crate) mod admit;
 pub(crate) mod count;
-mod early;
+pub(crate) mod early;
 pub(crate) mod forward;
 pub(crate) mod idempotent;
 pub(crate) mod intake;
