@@ -50,16 +50,22 @@ fn the_alert_rules_are_valid_and_fire_as_written() {
     run(&["test", "rules", "prometheus-alerts.test.yml"]);
 }
 
-#[test]
-fn every_metric_an_alert_names_is_exported() {
-    let rules = std::fs::read_to_string(repo("deploy/prometheus-alerts.yml")).unwrap();
-    let exported = std::fs::read_to_string(repo("crates/gateway/src/telemetry.rs")).unwrap();
+/// The metrics the alert rules name, each once.
+fn named_metrics(rules: &str) -> Vec<&str> {
     let mut named: Vec<&str> = rules
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .filter(|w| w.starts_with("tollgate_"))
         .collect();
     named.sort_unstable();
     named.dedup();
+    named
+}
+
+#[test]
+fn every_metric_an_alert_names_is_exported() {
+    let rules = std::fs::read_to_string(repo("deploy/prometheus-alerts.yml")).unwrap();
+    let exported = std::fs::read_to_string(repo("crates/gateway/src/telemetry.rs")).unwrap();
+    let named = named_metrics(&rules);
     assert!(named.len() >= 8, "{named:?}");
     for m in named {
         assert!(
@@ -124,13 +130,7 @@ async fn a_fresh_gateway_exports_every_series_the_alerts_name() {
     let (_gateway, urls) = common::start_instance_with(&config, &["metrics"]);
     let scrape = scrape(&format!("{}/metrics", urls[1])).await;
     let rules = std::fs::read_to_string(repo("deploy/prometheus-alerts.yml")).unwrap();
-    let mut named: Vec<&str> = rules
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .filter(|w| w.starts_with("tollgate_"))
-        .collect();
-    named.sort_unstable();
-    named.dedup();
-    for m in named {
+    for m in named_metrics(&rules) {
         assert!(
             scrape
                 .lines()

@@ -49,20 +49,7 @@ pub(crate) async fn count(
 ) -> Result<Counted, ApiError> {
     let key = intake.key;
     let limit = count_limit(&cfg.policy, key, &intake.ip);
-    let counted = if intake.body.len() > super::early::EARLY_RATE_BYTES {
-        // Large: off the async workers, within the tenant's share of the pool.
-        let (counter, body, format) = (gw.counter.clone(), intake.body.clone(), dialect.format());
-        gw.counting
-            .run(&key.tenant, move || counter.count(format, &body, limit))
-            .await
-            .ok_or_else(|| respond::internal("internal", "the count did not run"))?
-    } else {
-        gw.counter.count(dialect.format(), &intake.body, limit)
-    };
-    let count = counted.map_err(|e| match e.field() {
-        Some(f) => respond::invalid_field(f, e.to_string()),
-        None => respond::invalid_json(e),
-    })?;
+    let count = count_body(gw, dialect, intake, limit).await?;
     let Some(&upstream) = cfg.models.get(&count.model) else {
         return Err(respond::model_not_found(&respond::shown(&count.model)));
     };
@@ -165,6 +152,31 @@ pub(crate) async fn count(
         allowances: [kept_context, tool_input, remote_input],
         input_bounded: count.over_limit && trimmed.is_none(),
         trimmed,
+    })
+}
+
+/// The body of `intake` counted up to `limit`; a large one off the async workers, within its
+/// tenant's share of the pool.
+async fn count_body(
+    gw: &Gateway,
+    dialect: &dyn Dialect,
+    intake: &Intake<'_>,
+    limit: Option<u64>,
+) -> Result<tollgate_tokens::RequestCount, ApiError> {
+    let counted = if intake.body.len() > super::early::EARLY_RATE_BYTES {
+        let (counter, body, format) = (gw.counter.clone(), intake.body.clone(), dialect.format());
+        gw.counting
+            .run(&intake.key.tenant, move || {
+                counter.count(format, &body, limit)
+            })
+            .await
+            .ok_or_else(|| respond::internal("internal", "the count did not run"))?
+    } else {
+        gw.counter.count(dialect.format(), &intake.body, limit)
+    };
+    counted.map_err(|e| match e.field() {
+        Some(f) => respond::invalid_field(f, e.to_string()),
+        None => respond::invalid_json(e),
     })
 }
 
