@@ -323,3 +323,43 @@ async fn a_tls_fault_with_redis_is_logged_with_its_cause() {
     let down = lines_with(&log, "the store does not answer", 1).await;
     assert!(down[0].contains("cause="), "{down:?}");
 }
+
+/// An alert that no attempt delivers is logged with its cause (and without the webhook's URL,
+/// which may hold its secret).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undelivered_alert_is_logged_with_its_cause() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hook = format!("http://{}/secret-token-path", closed.local_addr().unwrap());
+    drop(closed);
+    let tokens = tempfile::tempdir().unwrap();
+    let token_file = tokens.path().join("token");
+    std::fs::write(&token_file, "logs-admin-token-0123456789").unwrap();
+    let sections = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = {:?}\n\
+         [alerts]\nattempts = 1\n[[alerts.webhooks]]\nurl = \"{hook}\"\n",
+        token_file.display().to_string()
+    );
+    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
+        .await
+        .unwrap();
+    let (_p, urls, log, _dir) = start_with(&sections, &upstream.base_url(), &["admin"]);
+    let req = hyper::Request::post(format!("{}/admin/kill", urls[1]))
+        .header("authorization", "Bearer logs-admin-token-0123456789")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            r#"{"target": "tenant:acme", "reason": "trying alerts"}"#,
+        )))
+        .unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    assert_eq!(client.request(req).await.unwrap().status(), 200);
+    let found = lines_with(&log, "an alert could not be delivered", 1).await;
+    assert!(
+        found[0].contains("ERROR") && found[0].contains("kill_switch_set"),
+        "{found:?}"
+    );
+    assert!(
+        found[0].to_lowercase().contains("connection refused"),
+        "{found:?}"
+    );
+    assert!(!found[0].contains("secret-token-path"), "{found:?}");
+}

@@ -74,6 +74,12 @@ impl Alerts {
         }
         if self.0.tx.try_send(event).is_err() {
             crate::telemetry::alert_dropped();
+            crate::faults::ALERTS_DROPPED.fail(
+                &"the webhook queue is full",
+                "alerts are dropped until the webhooks catch up ([alerts] queue)",
+            );
+        } else {
+            crate::faults::ALERTS_DROPPED.ok();
         }
     }
 
@@ -201,6 +207,7 @@ async fn post(w: &Webhook, event: &Value, attempts: u32) {
         WebhookFormat::Slack => json!({"text": slack_text(event)}).to_string(),
     };
     let mut wait = Duration::from_millis(500);
+    let mut cause = String::new();
     for attempt in 1..=attempts {
         let req = http::Request::post(w.url.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
@@ -209,11 +216,25 @@ async fn post(w: &Webhook, event: &Value, attempts: u32) {
         let ok = match req {
             Ok(req) => {
                 match tokio::time::timeout(Duration::from_secs(10), w.client.request(req)).await {
-                    Ok(Ok(resp)) => resp.status().is_success(),
-                    _ => false,
+                    Ok(Ok(resp)) if resp.status().is_success() => true,
+                    Ok(Ok(resp)) => {
+                        cause = format!("answered {}", resp.status());
+                        false
+                    }
+                    Ok(Err(e)) => {
+                        cause = crate::upstream::error_chain(&e);
+                        false
+                    }
+                    Err(_) => {
+                        cause = "no answer within 10 s".to_owned();
+                        false
+                    }
                 }
             }
-            Err(_) => false,
+            Err(e) => {
+                cause = e.to_string();
+                false
+            }
         };
         if ok {
             crate::telemetry::alert_delivery("delivered");
@@ -226,6 +247,13 @@ async fn post(w: &Webhook, event: &Value, attempts: u32) {
         }
     }
     crate::telemetry::alert_delivery("failed");
+    // The webhook's URL is not logged: chat webhooks carry their secret in it.
+    tracing::error!(
+        event = event["event"].as_str().unwrap_or(""),
+        attempts,
+        cause = %cause,
+        "an alert could not be delivered to a webhook"
+    );
 }
 
 /// The one line a chat channel shows.

@@ -40,3 +40,7 @@ impl Latch {
 pub static STORE: Latch = Latch::new("store");
 /// The store lost its state.
 pub static STORE_LOST: Latch = Latch::new("store_state_lost");
+/// Alerts dropped: the webhook queue is full.
+pub static ALERTS_DROPPED: Latch = Latch::new("alerts_dropped");
+/// Decision records dropped: their writer is behind.
+pub static RECORDS_DROPPED: Latch = Latch::new("records_dropped");

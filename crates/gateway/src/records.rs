@@ -49,6 +49,12 @@ impl RecordSink {
     pub fn emit(&self, r: DecisionRecord) {
         if self.tx.try_send(r).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            crate::faults::RECORDS_DROPPED.fail(
+                &"the writer is behind",
+                "decision records are dropped (counted in tollgate_records_dropped)",
+            );
+        } else {
+            crate::faults::RECORDS_DROPPED.ok();
         }
     }
 
