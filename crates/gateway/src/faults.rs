@@ -40,6 +40,8 @@ impl Latch {
 pub static STORE: Latch = Latch::new("store");
 /// The store lost its state.
 pub static STORE_LOST: Latch = Latch::new("store_state_lost");
+/// Leased slices cannot be maintained (reported, renewed, grown, given back).
+pub static SLICES: Latch = Latch::new("slices");
 /// Alerts dropped: the webhook queue is full.
 pub static ALERTS_DROPPED: Latch = Latch::new("alerts_dropped");
 /// Decision records dropped: their writer is behind.

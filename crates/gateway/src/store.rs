@@ -160,8 +160,13 @@ impl AnyStore {
             let mut last = tollgate_core::SliceStats::default();
             loop {
                 every.tick().await;
-                if let Err(e) = s.maintain().await {
-                    tracing::debug!(error = %e, "slice maintenance failed; retried next tick");
+                match s.maintain().await {
+                    Err(e) => crate::faults::SLICES.fail(
+                        &e,
+                        "slices cannot be reported, renewed or given back; retried every tick \
+                         (admissions against them go on until they expire)",
+                    ),
+                    Ok(_) => crate::faults::SLICES.ok(),
                 }
                 last = crate::telemetry::slices(s.stats(), last);
             }
