@@ -23,7 +23,6 @@ pub struct Gateway {
     config_path: Option<std::path::PathBuf>,
     /// The store.
     pub store: AnyStore,
-    pub(crate) counter: TokenCounter,
     /// Where large bodies are counted (see [`crate::counting`]).
     pub(crate) counting: crate::counting::CountPool,
     /// 48 random bits per gateway process: ids stay unique across the instances that share a
@@ -62,7 +61,6 @@ impl Gateway {
             config: std::sync::RwLock::new(Arc::new(config)),
             config_path: None,
             store,
-            counter: TokenCounter::default(),
             counting: crate::counting::CountPool::per_core(),
             nonce,
             seq: AtomicU64::new(0),

@@ -218,6 +218,13 @@ impl SseMeter {
         }
     }
 
+    /// The same meter, counting with `counter` (the configuration's, with its tokenizers).
+    #[must_use]
+    pub fn with_counter(mut self, counter: TokenCounter) -> Self {
+        self.counter = counter;
+        self
+    }
+
     /// A meter of the Responses API's typed events (none removed).
     pub fn responses(model: &str) -> Self {
         Self {

@@ -29,7 +29,7 @@ async fn env(redis: bool, policy: &str, extra: &str, sim: SimConfig) -> Env {
         common::upstream_and_store(redis, common::SIM_KEY, sim, "books").await;
     let text = format!(
         "{store}{extra}\n[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\n\
-         models = [\"gpt-4o\", \"claude-sonnet-4-5\"]\n{}\n\
+         models = [\"gpt-4o\", \"claude-sonnet-4-5\", \"house-model\"]\n{}\n\
          [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n[policy]\n{}\n",
         sim.base_url(),
         extra_upstream(extra),
@@ -544,6 +544,36 @@ budget = { tokens = 1000000, period = "1d" }
     // Each attempt was counted once: the next small one is refused too, by the same rate.
     let r = post(&env, "/v1/chat/completions", &small).await;
     assert_eq!((r.status, r.code().as_str()), (429, "request_rate_limit"));
+}
+
+/// A model counted by the tokenizer the configuration names for it: its input is counted
+/// exactly (it was estimated at a quarter more by the default counter), so a request of exactly
+/// the input limit is served, and the stream's output is counted with it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_tokenizers_count_the_input() {
+    use tollgate_tokens::{Counting, Encoding, Format, TokenCounter};
+    let body = json!({"model": "house-model", "max_tokens": 5,
+        "messages": [{"role": "user", "content": "a house model, counted as it counts"}]});
+    let exact = TokenCounter::default()
+        .with_model("house-model", Counting::Exact(Encoding::O200kBase))
+        .count(
+            Format::ChatCompletions,
+            &serde_json::to_vec(&body).unwrap(),
+            None,
+        )
+        .unwrap()
+        .input_tokens;
+    let policy =
+        format!("[[scopes]]\nname = \"limit\"\nkey = \"tenant\"\ninput_tokens = {exact}\n");
+    let env = env(
+        false,
+        &policy,
+        "[tokenizers]\n\"house-model\" = \"o200k_base\"\n",
+        SimConfig::default(),
+    )
+    .await;
+    let r = post(&env, "/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{exact} input tokens: {:?}", r.json());
 }
 
 mod books {

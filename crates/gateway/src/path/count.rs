@@ -49,7 +49,7 @@ pub(crate) async fn count(
 ) -> Result<Counted, ApiError> {
     let key = intake.key;
     let limit = count_limit(&cfg.policy, key, &intake.ip);
-    let count = count_body(gw, dialect, intake, limit).await?;
+    let count = count_body(gw, &cfg.counter, dialect, intake, limit).await?;
     let Some(&upstream) = cfg.models.get(&count.model) else {
         return Err(respond::model_not_found(&respond::shown(&count.model)));
     };
@@ -76,7 +76,7 @@ pub(crate) async fn count(
     fields::check(dialect.fields(), &json, free)?;
     let price_tier = fields::price_tier(dialect.fields(), &json, dialect.standard_tiers())?;
     let predicted = match dialect.predicted_text(&json)? {
-        Some(text) => gw.counter.count_text(&count.model, &text, None).0,
+        Some(text) => cfg.counter.count_text(&count.model, &text, None).0,
         None => 0,
     };
     let kept_context = if dialect.keeps_context() {
@@ -159,12 +159,13 @@ pub(crate) async fn count(
 /// tenant's share of the pool.
 async fn count_body(
     gw: &Gateway,
+    counter: &tollgate_tokens::TokenCounter,
     dialect: &dyn Dialect,
     intake: &Intake<'_>,
     limit: Option<u64>,
 ) -> Result<tollgate_tokens::RequestCount, ApiError> {
     let counted = if intake.body.len() > super::early::EARLY_RATE_BYTES {
-        let (counter, body, format) = (gw.counter.clone(), intake.body.clone(), dialect.format());
+        let (counter, body, format) = (counter.clone(), intake.body.clone(), dialect.format());
         gw.counting
             .run(&intake.key.tenant, move || {
                 counter.count(format, &body, limit)
@@ -172,7 +173,7 @@ async fn count_body(
             .await
             .ok_or_else(|| respond::internal("internal", "the count did not run"))?
     } else {
-        gw.counter.count(dialect.format(), &intake.body, limit)
+        counter.count(dialect.format(), &intake.body, limit)
     };
     counted.map_err(|e| match e.field() {
         Some(f) => respond::invalid_field(f, e.to_string()),

@@ -157,7 +157,10 @@ pub(crate) fn stream(mut a: Answer, body: hyper::body::Incoming) -> Body {
     let now = Instant::now();
     let metered = MeteredStream {
         body,
-        meter: a.dialect.meter(&a.model, a.strip_usage),
+        meter: a
+            .dialect
+            .meter(&a.model, a.strip_usage)
+            .with_counter(a.cfg.counter.clone()),
         ticket: a.ticket,
         remember: (a.gw, a.conversation, a.keep_context),
         dialect: a.dialect,

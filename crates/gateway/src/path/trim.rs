@@ -51,7 +51,11 @@ pub(crate) fn fit(
         let mut candidate = json.clone();
         candidate[field] = Value::Array(kept);
         let bytes = serde_json::to_vec(&candidate).ok()?;
-        let count = gw.counter.count(dialect.format(), &bytes, limit).ok()?;
+        let count = gw
+            .config()
+            .counter
+            .count(dialect.format(), &bytes, limit)
+            .ok()?;
         let input = count
             .input_tokens
             .saturating_add(extra)
