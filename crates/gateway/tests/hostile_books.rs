@@ -165,6 +165,9 @@ output = 20000000
 [policy.prices."claude-sonnet-4-5"]
 input = 3000000
 output = 15000000
+[policy.prices."house-model"]
+input = 1000000
+output = 2000000
 [[scopes]]
 name = "spend"
 key = "tenant"
