@@ -252,7 +252,6 @@ impl Fixture {
                                 identity,
                                 input_tokens: input,
                                 max_output_tokens: e.max_output_tokens,
-                                cache_write_tokens: 0,
                                 fingerprint: e.same_as.as_deref().map(label_hash),
                                 tool_call_repeats: e.tool_call_repeats.unwrap_or(0),
                                 ..RequestFacts::default()
