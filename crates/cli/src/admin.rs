@@ -18,9 +18,15 @@ use crate::cli::{AdminArgs, AdminCommand, Format};
 
 /// Runs one admin subcommand.
 pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
+    if let AdminCommand::InitStore { config: Some(path) } = &args.command {
+        return init_directly(path).await;
+    }
+    let Some(url) = &args.url else {
+        bail!("the admin listener's URL: give --url or set TOLLGATE_ADMIN_URL");
+    };
     let token = std::env::var(&args.token_env)
         .with_context(|| format!("the admin token: ${} is not set", args.token_env))?;
-    let base = args.url.trim_end_matches('/');
+    let base = url.trim_end_matches('/');
     let (method, path, body) = match &args.command {
         AdminCommand::Status => ("GET", "/admin/status".to_owned(), None),
         AdminCommand::Usage { scope, at } => {
@@ -43,6 +49,8 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
             ("DELETE", format!("/admin/kill/{}", encode(target)), None)
         }
         AdminCommand::Reload => ("POST", "/admin/reload".to_owned(), None),
+        AdminCommand::InitStore { .. } => ("POST", "/admin/store/init".to_owned(), None),
+        AdminCommand::AcknowledgeLoss => ("POST", "/admin/store/acknowledge-loss".to_owned(), None),
     };
     let (status, answer) = call(method, &format!("{base}{path}"), &token, body).await?;
     let mut out = std::io::stdout();
@@ -55,6 +63,30 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
     match args.format {
         Format::Json => writeln!(out, "{answer}")?,
         Format::Table => write!(out, "{}", table(&args.command, &answer))?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `init-store --config FILE`: the store (and the ledger) the file names, initialised without
+/// a gateway.
+async fn init_directly(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg = tollgate_gateway::GatewayConfig::from_toml(&text)
+        .with_context(|| format!("in {}", path.display()))?;
+    match tollgate_gateway::watch::init_store(&cfg).await {
+        Ok(true) => writeln!(
+            std::io::stdout(),
+            "the store is initialised: admissions begin"
+        )?,
+        Ok(false) => writeln!(
+            std::io::stdout(),
+            "the store was initialised already: nothing changed"
+        )?,
+        Err(e) => {
+            writeln!(std::io::stderr(), "error: {e}")?;
+            return Ok(ExitCode::from(1));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -199,6 +231,20 @@ fn table(command: &AdminCommand, v: &Value) -> String {
         }
         AdminCommand::Reload => {
             let _ = writeln!(s, "reloaded: policy version {}", text(&v["policy_version"]));
+        }
+        AdminCommand::InitStore { .. } => {
+            let said = if v["initialised"] == true {
+                "the store is initialised: admissions begin"
+            } else {
+                "the store was initialised already: nothing changed"
+            };
+            let _ = writeln!(s, "{said}");
+        }
+        AdminCommand::AcknowledgeLoss => {
+            let _ = writeln!(
+                s,
+                "the loss is acknowledged: admissions resume from what the store holds now"
+            );
         }
     }
     s

@@ -120,9 +120,10 @@ pub enum Command {
 /// `tollgate admin`.
 #[derive(Debug, clap::Args)]
 pub struct AdminArgs {
-    /// The admin listener, e.g. `http://127.0.0.1:8081`.
+    /// The admin listener, e.g. `http://127.0.0.1:8081` (every subcommand but `init-store
+    /// --config` needs it).
     #[arg(long, env = "TOLLGATE_ADMIN_URL")]
-    pub url: String,
+    pub url: Option<String>,
     /// The environment variable that holds the admin token.
     #[arg(long, default_value = "TOLLGATE_ADMIN_TOKEN")]
     pub token_env: String,
@@ -165,6 +166,17 @@ pub enum AdminCommand {
     },
     /// Read the configuration file again (the old one stays if the new one is invalid).
     Reload,
+    /// Declare an empty store new and let admissions begin (refused when the spend ledger holds
+    /// books, or when a loss is written down: an empty store that forgot is not new).
+    InitStore {
+        /// Initialise the store (and ask the ledger) this configuration names directly, without
+        /// a running gateway: before the first start.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Accept that the store forgot its state: spent budgets and kill switches it held are
+    /// gone, and admissions resume on every instance.
+    AcknowledgeLoss,
 }
 
 /// Replay output formats.

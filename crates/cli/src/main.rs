@@ -259,7 +259,10 @@ async fn replay_fixture(
         })
         .await?
     } else {
-        let base = RedisStore::connect(RedisConfig::new(store))
+        // Each case runs on a fresh prefix of its own: new by its word.
+        let mut cfg = RedisConfig::new(store);
+        cfg.initialise_on_first_use = true;
+        let base = RedisStore::connect(cfg)
             .await
             .with_context(|| format!("connecting to {store}"))?;
         base.ping()

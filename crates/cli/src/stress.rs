@@ -88,6 +88,8 @@ pub async fn run(args: StressArgs) -> anyhow::Result<std::process::ExitCode> {
         cfg.cluster = Some(args.cluster.clone());
     }
     cfg.shards = args.shards;
+    // A load run's prefix is its own: new by its word.
+    cfg.initialise_on_first_use = true;
     let store = RedisStore::connect(cfg).await?;
     let args = Arc::new(args);
     let mut handles = Vec::new();

@@ -70,6 +70,7 @@ async fn env_with(drain_timeout: &str, token_delay: Duration, store: &str) -> En
         ),
     )
     .unwrap();
+    common::init_store(&config);
     let log = dir.path().join("log");
     let file = std::fs::File::create(&log).unwrap();
     let (instance, urls) = start_instance_logging(&config, &["admin"], file.into());
@@ -136,6 +137,7 @@ fn exits_within(env: &mut Env, within: Duration) -> bool {
 /// The tenant's budget and leases as the Redis store holds them.
 async fn usage(env: &Env) -> ScopeUsage {
     let mut cfg = RedisConfig::new(env.redis.url().as_str());
+    cfg.initialise_on_first_use = true;
     cfg.prefix = "drain".into();
     let store = RedisStore::connect(cfg).await.unwrap();
     store

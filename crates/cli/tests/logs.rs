@@ -47,6 +47,10 @@ fn start_with(
         ),
     )
     .unwrap();
+    // A new Redis without a ledger to tell it from one that forgot: its operator initialises it.
+    if sections.contains("url = \"redis://") && !sections.contains("[ledger]") {
+        common::init_store(&config);
+    }
     let log = dir.path().join("log");
     let file = std::fs::File::create(&log).unwrap();
     let (instance, urls) = start_instance_logging(&config, also, Stdio::from(file));

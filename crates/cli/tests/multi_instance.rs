@@ -70,6 +70,7 @@ fn write_config_with(
         ),
     )
     .unwrap();
+    common::init_store(&config);
     config
 }
 
@@ -375,6 +376,7 @@ impl Pair {
         }
         text.push_str(scopes);
         std::fs::write(&config, text).unwrap();
+        common::init_store(&config);
         let started: Vec<(Instance, String)> = (0..2).map(|_| start_instance(&config)).collect();
         let urls = Arc::new(started.iter().map(|(_, u)| u.clone()).collect());
         Self {

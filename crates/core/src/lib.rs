@@ -65,5 +65,5 @@ pub use scope::{Dimension, Identity, IpPrefix, ScopeKey};
 pub use slices::{SliceConfig, SliceSource, SliceStats, Sliced};
 pub use store::{
     Ending, Expiry, ExpiryCharge, Finish, KeyClaim, KeyUse, Renewal, ScopeUsage, ShadowOutcome,
-    Store, StoreError,
+    Store, StoreError, StoreState,
 };

@@ -29,6 +29,27 @@ pub enum StoreError {
         "the store has lost its state (its marker is gone); an operator must acknowledge the loss"
     )]
     StateLost,
+    /// The store holds no marker and no record of a loss: it is new, or it forgot everything
+    /// while no instance was watching. Which of the two is decided from durable evidence (the
+    /// spend ledger's rows) or by an operator's explicit initialisation; until then admissions
+    /// are refused, since a marker written over a loss would hide it.
+    #[error(
+        "the store is not initialised (no marker): initialise it (`tollgate admin init-store`) \
+         if it is new, or rebuild it from the ledger if it forgot"
+    )]
+    Uninitialised,
+}
+
+/// What a store's marker says about what it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreState {
+    /// The marker is there: the store holds what it was given.
+    Kept,
+    /// The marker went missing after it had been seen: the store forgot (see
+    /// [`StoreError::StateLost`]).
+    Lost,
+    /// No marker and no record of a loss (see [`StoreError::Uninitialised`]).
+    Uninitialised,
 }
 
 /// How a request ended, as remembered for idempotency.

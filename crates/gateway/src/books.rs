@@ -224,17 +224,36 @@ impl Books {
         if claim != KeyClaim::Claimed {
             return Ok(false);
         }
-        let done = self.restore(store).await;
+        let done = self.restore(store, true).await;
         let _ = store
             .end_claim("tollgate:books-rebuild", &id, None, 0)
             .await;
         done.map(|()| true)
     }
 
-    async fn restore(&self, store: &AnyStore) -> Result<(), String> {
-        // Every other instance's buffer is written within a flush interval of its seeing the
-        // loss; two are waited for.
-        tokio::time::sleep(self.flush_every * 2).await;
+    /// Whether the ledger holds books (an ending, a charge or a kill switch): durable evidence
+    /// that an empty store forgot rather than is new.
+    pub async fn holds_books(&self) -> Result<bool, String> {
+        let (endings, charges) = self.ledger.counts().await.map_err(|e| e.to_string())?;
+        if endings > 0 || charges > 0 {
+            return Ok(true);
+        }
+        let kills = self.ledger.kills().await.map_err(|e| e.to_string())?;
+        Ok(!kills.is_empty())
+    }
+
+    /// Restores the books of a store that starts empty in this process (the memory store)
+    /// from the ledger, before it serves: no other instance shares it, so none is waited for.
+    pub async fn restore_at_start(&self, store: &AnyStore) -> Result<(), String> {
+        self.restore(store, false).await
+    }
+
+    async fn restore(&self, store: &AnyStore, others: bool) -> Result<(), String> {
+        if others {
+            // Every other instance's buffer is written within a flush interval of its seeing
+            // the loss; two are waited for.
+            tokio::time::sleep(self.flush_every * 2).await;
+        }
         self.ledger.flush(Duration::from_secs(5)).await;
         let now = i64::try_from(now_ms()).unwrap_or(i64::MAX);
         let first = self
@@ -257,16 +276,18 @@ impl Books {
             .await
             .map_err(|e| e.to_string())?;
         for (t, held) in first.iter().zip(held) {
+            let period = period_of_total(t.period_ms);
             let ledger = second
                 .iter()
                 .find(|s| s.scope == t.scope && s.label == t.label && s.period_id == t.period_id)
                 .map_or(t.amount, |s| s.amount);
             let missing = u64::try_from(ledger).unwrap_or(0).saturating_sub(held);
             if missing > 0 {
+                let pid = u64::try_from(t.period_id).unwrap_or(0);
                 store
-                    .add_settled(
+                    .restore_settled(
                         &t.scope,
-                        &field(&t.label, t.period_id),
+                        (period, pid, &field(&t.label, t.period_id)),
                         end(t.period_end_ms),
                         missing,
                     )

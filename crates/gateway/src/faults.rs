@@ -40,6 +40,8 @@ impl Latch {
 pub static STORE: Latch = Latch::new("store");
 /// The store lost its state.
 pub static STORE_LOST: Latch = Latch::new("store_state_lost");
+/// The store holds no marker: new, or forgotten while no instance watched.
+pub static STORE_UNINITIALISED: Latch = Latch::new("store_uninitialised");
 /// Leased slices cannot be maintained (reported, renewed, grown, given back).
 pub static SLICES: Latch = Latch::new("slices");
 /// Alerts dropped: the webhook queue is full.

@@ -48,6 +48,7 @@ pub mod store;
 pub mod telemetry;
 pub mod upstream;
 pub mod upstream_tools;
+pub mod watch;
 
 pub use config::{GatewayConfig, hash_key};
 pub use gateway::{Gateway, Shared};

@@ -74,8 +74,20 @@ pub async fn start_store_with_warnings(
     Ok((store, warnings))
 }
 
-/// Opens the spend ledger when one is configured: connects and brings its schema up to date.
+/// Opens the spend ledger when one is configured: connects, brings its schema up to date, and
+/// writes the endings spooled at the last shutdown.
 pub async fn open_books(
+    config: &GatewayConfig,
+) -> std::io::Result<Option<Arc<crate::books::Books>>> {
+    let books = ledger_books(config).await?;
+    if let Some(b) = &books {
+        b.unspool();
+    }
+    Ok(books)
+}
+
+/// [`open_books`] without the spool: to read the ledger, not to serve.
+pub(crate) async fn ledger_books(
     config: &GatewayConfig,
 ) -> std::io::Result<Option<Arc<crate::books::Books>>> {
     let Some(l) = &config.ledger else {
@@ -93,9 +105,11 @@ pub async fn open_books(
     let ledger = tollgate_ledger::Ledger::open(s)
         .await
         .map_err(std::io::Error::other)?;
-    let books = crate::books::Books::new(ledger, l.flush_every, l.spool.clone());
-    books.unspool();
-    Ok(Some(books))
+    Ok(Some(crate::books::Books::new(
+        ledger,
+        l.flush_every,
+        l.spool.clone(),
+    )))
 }
 
 /// Refuses a Redis that may evict keys (unless allowed), and warns of one that keeps nothing
@@ -302,10 +316,13 @@ async fn serve_shared(
     metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    // Before the first request: an empty store is decided on (new or lost), not served.
+    crate::watch::start(&gw).await?;
     let app = router(gw.clone());
     crate::telemetry::spawn_budget_refresh(gw.clone());
     gw.alerts.spawn();
     gw.store.spawn_slice_maintenance();
+    crate::watch::spawn(gw.clone());
     if let Some(b) = &gw.books {
         b.spawn_writer(gw.store.clone());
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tollgate_core::pipeline::Plan;
 use tollgate_core::{
     Decision, Expiry, Finish, MemoryStore, Period, Renewal, ScopeUsage, Sliced, Store, StoreError,
-    Usage,
+    StoreState, Usage,
 };
 use tollgate_redis::RedisStore;
 
@@ -73,6 +73,47 @@ impl AnyStore {
         match self.redis() {
             None => Ok(()),
             Some(r) => r.add_settled(scope_id, field, expire_at_ms, amount).await,
+        }
+    }
+
+    /// Adds a spend ledger's settled total to a budget period of a store that forgot it (a
+    /// rebuild): one period (`period`, `period_id`, ending at `end_ms`, named `field` in Redis).
+    pub async fn restore_settled(
+        &self,
+        scope_id: &str,
+        (period, period_id, field): (Period, u64, &str),
+        end_ms: u64,
+        amount: u64,
+    ) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.add_settled(scope_id, period, period_id, end_ms, amount),
+            AnyStore::Redis(r) => r.add_settled(scope_id, field, end_ms, amount).await,
+            AnyStore::Sliced(s) => s.inner().add_settled(scope_id, field, end_ms, amount).await,
+        }
+    }
+
+    /// What the store's marker says: the memory store, which lives and dies with the process,
+    /// is always as it was given.
+    pub async fn state(&self) -> Result<StoreState, StoreError> {
+        match self.redis() {
+            None => Ok(StoreState::Kept),
+            Some(r) => r.state().await,
+        }
+    }
+
+    /// Initialises a new store (see [`RedisStore::initialise`]); the memory store needs none.
+    pub async fn initialise(&self) -> Result<bool, StoreError> {
+        match self.redis() {
+            None => Ok(false),
+            Some(r) => r.initialise().await,
+        }
+    }
+
+    /// Writes a loss down (see [`RedisStore::mark_lost`]).
+    pub async fn mark_lost(&self) -> Result<(), StoreError> {
+        match self.redis() {
+            None => Ok(()),
+            Some(r) => r.mark_lost().await,
         }
     }
 

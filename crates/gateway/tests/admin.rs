@@ -82,6 +82,8 @@ async fn instance(path: &Path) -> (String, String) {
     config.admin.as_mut().unwrap().listen = admin_addr;
     let admin = format!("http://{admin_addr}");
     let store = tollgate_gateway::start_store(&config).await.unwrap();
+    // A test's Redis is new: initialised as an operator would.
+    store.initialise().await.unwrap();
     let gw = Gateway::new(config, store).with_config_path(path.to_owned());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -334,6 +336,8 @@ async fn an_admin_listener_without_an_admin_section_is_refused() {
     )
     .unwrap();
     let store = tollgate_gateway::start_store(&config).await.unwrap();
+    // A test's Redis is new: initialised as an operator would.
+    store.initialise().await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let served = tollgate_gateway::serve_bound(

@@ -70,6 +70,8 @@ async fn instance(text: &str) -> (String, String) {
     let mut config = GatewayConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     config.upstreams[0].api_key = Some(common::SIM_KEY.into());
     let store = tollgate_gateway::start_store(&config).await.unwrap();
+    // A test's Redis is new: initialised as an operator would.
+    store.initialise().await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(tollgate_gateway::serve_bound(

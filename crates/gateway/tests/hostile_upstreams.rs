@@ -557,6 +557,8 @@ async fn a_store_that_forgets_fails_closed_until_acknowledged() {
     );
     let config = tollgate_gateway::GatewayConfig::from_toml(&text).unwrap();
     let store = tollgate_gateway::start_store(&config).await.unwrap();
+    // A test's Redis is new: initialised as an operator would.
+    store.initialise().await.unwrap();
     let gw = tollgate_gateway::Gateway::new(config, store.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -276,6 +276,8 @@ async fn through_layer(case: &Case) -> Answers {
     let text = config(case, &store_section(redis.as_ref()), "http://127.0.0.1:9");
     let cfg = GatewayConfig::from_toml(&text).unwrap();
     let store = tollgate_gateway::start_store(&cfg).await.unwrap();
+    // A test's Redis is new: initialised as an operator would.
+    store.initialise().await.unwrap();
     prepare(case, &store, &mut redis).await;
     let policy = Policy::from_toml(case.policy).unwrap();
     let n = Arc::new(AtomicU64::new(0));

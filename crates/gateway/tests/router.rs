@@ -34,6 +34,8 @@ async fn app(policy: &str) -> (Router, AnyStore, Sim) {
     );
     let config = GatewayConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
     let store = tollgate_gateway::start_store(&config).await.unwrap();
+    // A test's Redis is new: initialised as an operator would.
+    store.initialise().await.unwrap();
     let gw = Arc::new(Gateway::new(config, store.clone()));
     (tollgate_gateway::router(gw), store, sim)
 }

@@ -234,6 +234,7 @@ fn main() {
             let port = server.port();
             let (admit, pair, cpu, client) = rt.block_on(async {
                 let mut cfg = RedisConfig::new(server.url());
+                cfg.initialise_on_first_use = true;
                 cfg.prefix = format!("bench-{flavour}-{clients}");
                 cfg.call_timeout = Duration::from_secs(5);
                 if let Some(n) = env_number("TOLLGATE_BENCH_BATCHES_IN_FLIGHT") {

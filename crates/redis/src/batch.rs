@@ -1,5 +1,5 @@
 //! Batching: admissions and settlements that wait at the same moment travel in one script call
-//! per shard (`batch_v4.lua`), each applied as its own atomic transition, in order.
+//! per shard (`batch_v5.lua`), each applied as its own atomic transition, in order.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -97,15 +97,17 @@ pub(crate) async fn run_batches(
 pub(crate) struct BatchHead<'a> {
     keys: &'a HeadKeys,
     args: [String; 2],
-    marker_seen: bool,
+    /// `1` the marker was seen, `0` not yet, `2` not yet and the prefix is new by the caller's
+    /// word (see `batch_v5.lua`).
+    marker: &'static str,
 }
 
 impl<'a> BatchHead<'a> {
-    fn new(keys: &'a HeadKeys, now: u64, retention_ms: u64, marker_seen: bool) -> Self {
+    fn new(keys: &'a HeadKeys, now: u64, retention_ms: u64, marker: &'static str) -> Self {
         Self {
             keys,
             args: [num(now), num(retention_ms)],
-            marker_seen,
+            marker,
         }
     }
 
@@ -118,7 +120,7 @@ impl<'a> BatchHead<'a> {
         let mut keys: Vec<&str> = self.keys.keys.iter().map(String::as_str).collect();
         let mut args: Vec<&str> = vec![self.keys.prefix.as_str()];
         args.extend(self.args.iter().map(String::as_str));
-        args.push(if self.marker_seen { "1" } else { "0" });
+        args.push(self.marker);
         for (&(op, inv), n) in items.iter().zip(counts) {
             keys.extend(inv.keys.iter());
             args.push(op);
@@ -144,7 +146,12 @@ pub fn batch_invocation<'a>(
     let items: Vec<_> = items.into_iter().collect();
     let counts = arg_counts(&items);
     let keys = HeadKeys::new(prefix);
-    let head = BatchHead::new(&keys, now, retention_ms, marker_seen);
+    let head = BatchHead::new(
+        &keys,
+        now,
+        retention_ms,
+        if marker_seen { "1" } else { "0" },
+    );
     let (keys, args) = head.layout(&items, &counts);
     Invocation {
         keys: keys.into_iter().collect(),
@@ -163,7 +170,12 @@ pub(crate) async fn call_items(
 ) -> Result<Vec<Value>, StoreError> {
     let counts = arg_counts(parts);
     let seen = marker.load(Ordering::Relaxed);
-    let head = BatchHead::new(head, now, config.retention_ms, seen);
+    let arg = match (seen, config.initialise_on_first_use) {
+        (true, _) => "1",
+        (false, true) => "2",
+        (false, false) => "0",
+    };
+    let head = BatchHead::new(head, now, config.retention_ms, arg);
     let (keys, args) = head.layout(parts, &counts);
     // Callers stop waiting at their own timeout; this one only ends calls that never return.
     let replies = tokio::time::timeout(
@@ -181,8 +193,14 @@ pub(crate) async fn call_items(
             parts.len()
         )));
     }
-    if !seen && !replies.iter().any(is_lost) {
-        // The call found the marker, or wrote it: from now on its absence is a loss.
+    let admitting = |op: &str| matches!(op, "a" | "p" | "s" | "S");
+    if !seen
+        && parts
+            .iter()
+            .zip(&replies)
+            .any(|((op, _), r)| admitting(op) && !is_lost(r) && !is_uninitialised(r))
+    {
+        // An admission found the marker: from now on its absence is a loss.
         marker.store(true, Ordering::Relaxed);
     }
     Ok(replies)
@@ -190,7 +208,16 @@ pub(crate) async fn call_items(
 
 /// Whether an item's reply is `{'lost'}`.
 pub(crate) fn is_lost(v: &Value) -> bool {
-    matches!(v, Value::Array(a) if a.len() == 1 && matches!(&a[0], Value::BulkString(b) if b == b"lost"))
+    is_only(v, b"lost")
+}
+
+/// Whether an item's reply is `{'uninitialised'}`.
+pub(crate) fn is_uninitialised(v: &Value) -> bool {
+    is_only(v, b"uninitialised")
+}
+
+fn is_only(v: &Value, kind: &[u8]) -> bool {
+    matches!(v, Value::Array(a) if a.len() == 1 && matches!(&a[0], Value::BulkString(b) if b == kind))
 }
 
 pub(crate) async fn call_batch(

@@ -33,6 +33,11 @@ pub struct RedisConfig {
     pub username: Option<String>,
     /// The password, over the URL's. Never shown by `Debug`.
     pub password: Option<String>,
+    /// The prefix is new by the caller's word (a scratch prefix: a test, a replay, a load run):
+    /// the first admission that finds it empty writes its marker. Off by default: an empty
+    /// prefix may be one that forgot, and a marker written over a loss hides it; a gateway
+    /// decides from its ledger or an operator's [`crate::RedisStore::initialise`] instead.
+    pub initialise_on_first_use: bool,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -51,6 +56,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("ca_pem", &self.ca_pem.is_some())
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "…"))
+            .field("initialise_on_first_use", &self.initialise_on_first_use)
             .finish_non_exhaustive()
     }
 }
@@ -86,6 +92,7 @@ impl RedisConfig {
             ca_pem: None,
             username: None,
             password: None,
+            initialise_on_first_use: false,
         }
     }
 }

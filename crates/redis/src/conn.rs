@@ -13,6 +13,7 @@ pub(crate) struct Scripts {
     pub(crate) usage: Script,
     pub(crate) sweep: Script,
     pub(crate) keys: Script,
+    pub(crate) state: Script,
 }
 
 macro_rules! script {
@@ -27,12 +28,13 @@ macro_rules! script {
 pub(crate) fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
-        batch: script!("lua/slices_v1.lua", "lua/batch_v4.lua"),
+        batch: script!("lua/slices_v1.lua", "lua/batch_v5.lua"),
         renew: script!("lua/renew_v4.lua"),
         usage: script!("lua/usage_v2.lua"),
         sweep: script!("lua/sweep_v2.lua"),
         // Touches one key and nothing of the ledger's.
         keys: Script::new(include_str!("lua/keys_v1.lua")),
+        state: Script::new(include_str!("lua/state_v1.lua")),
     })
 }
 

@@ -9,7 +9,16 @@ use tollgate_core::{
 };
 
 /// Every reply kind an admission may get from the script.
-pub const ADMIT_REPLIES: [&str; 7] = ["admit", "deny", "token", "loop", "dup", "lost", "killed"];
+pub const ADMIT_REPLIES: [&str; 8] = [
+    "admit",
+    "deny",
+    "token",
+    "loop",
+    "dup",
+    "lost",
+    "uninitialised",
+    "killed",
+];
 /// The reply kinds of an admission with its shadow plan: its own (the request's reply and the
 /// shadow's follow it), and the shadow's besides a refusal.
 pub const SHADOW_REPLIES: [&str; 3] = ["shadowed", "held", "passed"];
@@ -172,6 +181,7 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
             .ok_or_else(|| StoreError::Protocol("loop denial without a verdict".into())),
         "dup" => Err(StoreError::DuplicateRequestId(plan.request_id.clone())),
         "lost" => Err(StoreError::StateLost),
+        "uninitialised" => Err(StoreError::Uninitialised),
         "killed" => Ok(Decision::Killed(tollgate_core::decision::Killed {
             target: reply.get(1).map(text).transpose()?.unwrap_or_default(),
             reason: reply.get(2).map(text).transpose()?.unwrap_or_default(),

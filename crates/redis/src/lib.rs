@@ -5,7 +5,7 @@
 //! concurrency limit together: the check and the reservation happen together on the server.
 //!
 //! - Admissions and settlements that are waiting at the same moment travel in one script call
-//!   (`batch_v4.lua`), each applied as its own atomic transition, in order. One caller alone gets
+//!   (`batch_v5.lua`), each applied as its own atomic transition, in order. One caller alone gets
 //!   a call of its own, made from its own task; under load the fixed cost of a call is shared,
 //!   and a call reads and writes each scope key its items share once (see `docs/redis.md`).
 //! - Scripts live in `src/lua/*_vN.lua` (versioned names), are embedded with `include_str!`,
@@ -41,6 +41,7 @@ mod conn;
 mod decode;
 mod encode;
 mod keys;
+mod marker;
 mod sharded;
 mod slices;
 mod strs;
@@ -117,7 +118,7 @@ pub struct RedisStore {
     /// One batch lane per shard, its queue started on first use, inside the caller's runtime.
     lanes: Arc<[Lane]>,
     admissions: Arc<std::sync::Mutex<Admissions>>,
-    /// Per shard, whether this store has seen the shard's marker (see `batch_v4.lua`): once it
+    /// Per shard, whether this store has seen the shard's marker (see `batch_v5.lua`): once it
     /// has, the marker's absence means the store forgot.
     markers: Arc<[Arc<AtomicBool>]>,
 }

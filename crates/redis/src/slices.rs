@@ -8,7 +8,7 @@ use tollgate_core::slices::{Exchange, Exchanged, Granted, Order};
 use tollgate_core::{SliceSource, StoreError};
 
 use crate::RedisStore;
-use crate::batch::is_lost;
+use crate::batch::{is_lost, is_uninitialised};
 use crate::decode::{int, items, text};
 use crate::encode::{Invocation, period_arg};
 
@@ -183,8 +183,14 @@ impl SliceSource for RedisStore {
             let orders: Vec<&Order> = list.iter().map(|(_, o)| *o).collect();
             let inv = slice_invocation(self.prefix_of(shard), ex.divisor, ask, &orders);
             let reply = self.batched(shard, "S", inv).await?;
-            if reply.len() == 1 && is_lost(&Value::Array(reply.clone())) {
-                return Err(StoreError::StateLost);
+            if reply.len() == 1 {
+                let only = Value::Array(reply.clone());
+                if is_lost(&only) {
+                    return Err(StoreError::StateLost);
+                }
+                if is_uninitialised(&only) {
+                    return Err(StoreError::Uninitialised);
+                }
             }
             let a = answer(&orders, reply)?;
             seen.get_or_insert((a.now, a.clock));

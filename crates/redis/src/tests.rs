@@ -242,7 +242,7 @@ fn script_replies_are_the_named_ones() {
     let sources = [
         include_str!("lua/common_v7.lua"),
         include_str!("lua/slices_v1.lua"),
-        include_str!("lua/batch_v4.lua"),
+        include_str!("lua/batch_v5.lua"),
         include_str!("lua/renew_v4.lua"),
         include_str!("lua/usage_v2.lua"),
         include_str!("lua/sweep_v2.lua"),

@@ -38,6 +38,7 @@ impl Harness for Cluster {
     type S = RedisStore;
     async fn store(&self, clock: ManualClock) -> RedisStore {
         let mut cfg = RedisConfig::new("unused");
+        cfg.initialise_on_first_use = true;
         cfg.cluster = Some(self.cluster.urls());
         cfg.prefix = format!("cl{}", self.n.fetch_add(1, Ordering::Relaxed));
         cfg.call_timeout = std::time::Duration::from_secs(5);

@@ -28,6 +28,7 @@ impl Harness for Redis {
     type S = RedisStore;
     async fn store(&self, clock: ManualClock) -> RedisStore {
         let mut cfg = RedisConfig::new(self.server.url());
+        cfg.initialise_on_first_use = true;
         // A fresh prefix per store: a clean state on a shared server.
         cfg.prefix = format!("conf{}", self.n.fetch_add(1, Ordering::Relaxed));
         cfg.call_timeout = std::time::Duration::from_secs(5);
@@ -48,6 +49,7 @@ async fn scripts_are_loaded_again_after_noscript() {
     use tollgate_core::{Decision, Finish, Policy, Store, Usage};
     let server = RedisServer::start();
     let mut cfg = RedisConfig::new(server.url());
+    cfg.initialise_on_first_use = true;
     cfg.prefix = "noscript".into();
     cfg.call_timeout = std::time::Duration::from_secs(5);
     let store = RedisStore::connect(cfg).await.unwrap();
@@ -101,6 +103,7 @@ async fn scripts_are_loaded_again_after_noscript() {
 /// A store on `server` under `prefix`, on a manual clock, with a generous call timeout.
 async fn store_on(server: &RedisServer, prefix: &str) -> (RedisStore, ManualClock) {
     let mut cfg = RedisConfig::new(server.url());
+    cfg.initialise_on_first_use = true;
     cfg.prefix = prefix.into();
     cfg.call_timeout = std::time::Duration::from_secs(5);
     let clock = ManualClock::new(1_800_000_000_000);
@@ -443,6 +446,7 @@ async fn big_lease_sets_are_skiplists_and_count_exactly() {
 async fn a_shadow_reservation_is_no_expiry_charge() {
     let server = RedisServer::start();
     let mut cfg = RedisConfig::new(server.url());
+    cfg.initialise_on_first_use = true;
     cfg.prefix = "shadowexp".into();
     cfg.call_timeout = std::time::Duration::from_secs(5);
     let clock = ManualClock::new(tollgate_testkit::T0);

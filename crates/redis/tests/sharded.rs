@@ -18,6 +18,7 @@ const DAY: Period = Period::Fixed(86_400_000);
 
 async fn sharded(cluster: &RedisCluster, prefix: &str) -> RedisStore {
     let mut cfg = RedisConfig::new("unused");
+    cfg.initialise_on_first_use = true;
     cfg.cluster = Some(cluster.urls());
     cfg.prefix = prefix.into();
     cfg.shards = 8;

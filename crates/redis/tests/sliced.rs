@@ -38,6 +38,7 @@ fn eager() -> SliceConfig {
 
 async fn redis_on(server: &RedisServer, prefix: &str, clock: &ManualClock) -> RedisStore {
     let mut cfg = RedisConfig::new(server.url());
+    cfg.initialise_on_first_use = true;
     cfg.prefix = prefix.into();
     cfg.call_timeout = std::time::Duration::from_secs(5);
     RedisStore::connect(cfg)

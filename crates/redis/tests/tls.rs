@@ -103,6 +103,7 @@ fn start() -> TlsRedis {
 
 fn config(url: String, ca: Option<Vec<u8>>) -> RedisConfig {
     let mut c = RedisConfig::new(url);
+    c.initialise_on_first_use = true;
     c.prefix = "tls".into();
     c.call_timeout = Duration::from_secs(2);
     c.ca_pem = ca;

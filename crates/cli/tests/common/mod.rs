@@ -15,6 +15,22 @@ impl Drop for Instance {
     }
 }
 
+/// Initialises the (new) store that `config` names, as its operator would before the first
+/// start: `tollgate admin init-store --config CONFIG`.
+pub fn init_store(config: &std::path::Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["admin", "init-store", "--config"])
+        .arg(config)
+        .env_remove("TOLLGATE_ADMIN_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "init-store: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Starts `tollgate serve --config CONFIG` on a free loopback port; returns it and its URL.
 pub fn start_instance(config: &std::path::Path) -> (Instance, String) {
     let (instance, mut urls) = start_instance_with(config, &[]);

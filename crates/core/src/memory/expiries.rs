@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 
 use super::{Hold, Slots};
 use crate::clock::Millis;
+use crate::ledger::Period;
 use crate::{Expiry, ExpiryCharge};
 
 #[derive(Debug, Default)]
@@ -75,5 +76,41 @@ impl Expiries {
         while self.kept.front().is_some_and(|(t, _)| *t <= tag) {
             self.kept.pop_front();
         }
+    }
+}
+
+impl<C: crate::clock::Clock> super::MemoryStore<C> {
+    /// Adds `amount` to what is settled in one period (`period`, `period_id`, ending at
+    /// `end_ms`) of a budget scope: a spend ledger's totals restored into a store that started
+    /// empty, the memory store's twin of the Redis store's `add_settled`.
+    pub fn add_settled(
+        &self,
+        scope_id: &str,
+        period: Period,
+        period_id: u64,
+        end_ms: Millis,
+        amount: u64,
+    ) -> Result<(), crate::StoreError> {
+        let (mut st, _) = self.lock()?;
+        let id: std::sync::Arc<str> = std::sync::Arc::from(scope_id);
+        let slot = st.slot_by_id(&id);
+        let Some(scope) = st.slots.get_mut(slot) else {
+            return Err(crate::StoreError::Protocol(format!(
+                "no slot for {scope_id}"
+            )));
+        };
+        let key = (period, period_id);
+        match scope.cells.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, cell)) => cell.settled = cell.settled.saturating_add(amount),
+            None => scope.cells.push((
+                key,
+                super::Cell {
+                    settled: amount,
+                    end: end_ms,
+                    ..super::Cell::default()
+                },
+            )),
+        }
+        Ok(())
     }
 }

@@ -3,6 +3,7 @@
 //! store sees a kill switch at once (it is checked inside the atomic admission).
 
 mod page;
+mod store;
 pub mod words;
 
 use axum::Router;
@@ -47,7 +48,11 @@ pub fn router(gw: Shared, token: String) -> Router {
         .route("/admin/kill/{target}", delete(clear_kill))
         .route("/admin/usage", get(usage))
         .route("/admin/reload", post(reload))
-        .route("/admin/store/acknowledge-loss", post(acknowledge_loss))
+        .route("/admin/store/init", post(store::init_store))
+        .route(
+            "/admin/store/acknowledge-loss",
+            post(store::acknowledge_loss),
+        )
         .route("/metrics", get(crate::telemetry::metrics))
         .layer(middleware::from_fn(
             move |headers: HeaderMap, mut req: axum::extract::Request, next: Next| {
@@ -200,14 +205,15 @@ pub(crate) async fn liftable(gw: &Shared, target: &str) -> Result<(), crate::res
     Ok(())
 }
 
-/// Whether the store answers (`ok`, `lost`, `unreachable`), and every kill switch in force (the
+/// Whether the store answers (`ok`, `lost`, `uninitialised`, `unreachable`), and every kill switch in force (the
 /// configuration's too, whatever the store says).
 async fn store_state(gw: &Shared) -> (&'static str, Vec<Kill>) {
-    let reachable = gw.store.ping().await;
-    let (state, stored) = match (reachable, gw.store.kills().await) {
-        (Ok(()), Ok(k)) => ("ok", k),
-        (Err(tollgate_core::StoreError::StateLost), _)
-        | (_, Err(tollgate_core::StoreError::StateLost)) => ("lost", Vec::new()),
+    use tollgate_core::{StoreError, StoreState};
+    let (state, stored) = match (gw.store.state().await, gw.store.kills().await) {
+        (Ok(StoreState::Kept), Ok(k)) => ("ok", k),
+        (Ok(StoreState::Lost) | Err(StoreError::StateLost), _)
+        | (_, Err(StoreError::StateLost)) => ("lost", Vec::new()),
+        (Ok(StoreState::Uninitialised), _) => ("uninitialised", Vec::new()),
         _ => ("unreachable", Vec::new()),
     };
     (state, all_kills(gw, stored))
@@ -269,6 +275,9 @@ async fn set_kill(State(gw): State<Shared>, axum::Json(k): axum::Json<KillReques
     if !valid_target(&k.target) {
         return crate::respond::invalid_kill_target().into_response();
     }
+    if let Some(e) = evicting(&gw) {
+        return e.into_response();
+    }
     match gw.store.set_kill(&k.target, Some(&k.reason)).await {
         Ok(()) => {
             kill_alert(&gw, &k.target, Some(&k.reason));
@@ -277,6 +286,20 @@ async fn set_kill(State(gw): State<Shared>, axum::Json(k): axum::Json<KillReques
         }
         Err(e) => store_failed(e),
     }
+}
+
+/// A kill switch is not set in a store that may evict it (`[store] allow_eviction`): an
+/// evicted switch would let its target through again without a word.
+pub(crate) fn evicting(gw: &Shared) -> Option<crate::respond::ApiError> {
+    let cfg = gw.config();
+    matches!(
+        cfg.store,
+        crate::config::StoreConfig::Redis {
+            allow_eviction: true,
+            ..
+        }
+    )
+    .then(crate::respond::kill_on_evicting_store)
 }
 
 async fn clear_kill(State(gw): State<Shared>, Path(target): Path<String>) -> Response {
@@ -429,20 +452,6 @@ async fn reload(State(gw): State<Shared>) -> Response {
         Ok(cfg) => axum::Json(json!({"reloaded": true, "policy_version": &*cfg.policy.version}))
             .into_response(),
         Err(e) => crate::respond::invalid_config(e).into_response(),
-    }
-}
-
-/// `POST /admin/store/acknowledge-loss`: the operator accepts that the store forgot (budgets
-/// spent and kill switches set before the loss are gone); admissions resume on every instance.
-/// Recorded: the answer says when, and `tollgate_store_loss_acknowledged_total` counts it.
-async fn acknowledge_loss(State(gw): State<Shared>) -> Response {
-    match gw.store.acknowledge_loss().await {
-        Ok(()) => {
-            crate::telemetry::store_loss_acknowledged();
-            let at = SystemClock.now();
-            axum::Json(json!({"acknowledged": true, "at_ms": at})).into_response()
-        }
-        Err(e) => store_failed(e),
     }
 }
 

@@ -36,6 +36,37 @@ pub(super) fn url(field: &str, url: &str, shown: &str) -> Result<(), ConfigError
     Ok(())
 }
 
+/// A Redis that may evict keys (`[store] allow_eviction`) holds nothing whose loss would reopen
+/// what it closed: no budget or tool-call budget (an evicted period would be spent again); kill
+/// switches are refused at run time (`[[kill]]` entries live in the file, not the store). Rates,
+/// token limits and concurrency tolerate a lost key for a window.
+pub(super) fn eviction(config: &GatewayConfig) -> Result<(), ConfigError> {
+    let super::StoreConfig::Redis {
+        allow_eviction: true,
+        ..
+    } = &config.store
+    else {
+        return Ok(());
+    };
+    if let Some(r) = config
+        .policy
+        .scopes
+        .iter()
+        .find(|r| r.budget.is_some() || r.tool_calls.is_some())
+    {
+        return Err(err(
+            "store.allow_eviction",
+            format!(
+                "rule {:?} has a budget, which a Redis that evicts may forget (reopening what \
+                 was spent): set Redis's maxmemory-policy to noeviction and remove \
+                 allow_eviction, or move budgets to a store that keeps them",
+                r.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl GatewayConfig {
     /// What `check` warns about: rules that can never apply to a request of the keys
     /// configured (keyed on the end user while no key names one; matching a tenant, key or model

@@ -129,6 +129,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         records_key: None,
         admin: None,
     };
+    super::check::eviction(&config)?;
     Ok(Checked {
         config,
         upstreams,

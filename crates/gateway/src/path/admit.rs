@@ -233,6 +233,7 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
             Ok(d) => {
                 crate::faults::STORE.ok();
                 crate::faults::STORE_LOST.ok();
+                crate::faults::STORE_UNINITIALISED.ok();
                 d
             }
             Err(e) => (self.unanswered(p, e)?, Shadowed::Failed),
@@ -252,6 +253,11 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
                 &e,
                 "the store has lost its state: admissions are refused (503 store_state_lost) \
                  until its books are rebuilt from the ledger or an operator acknowledges the loss",
+            ),
+            StoreError::Uninitialised => crate::faults::STORE_UNINITIALISED.fail(
+                &e,
+                "the store holds no marker: admissions are refused (503 store_uninitialised) \
+                 until it is initialised (`tollgate admin init-store`) or rebuilt from the ledger",
             ),
             StoreError::Unavailable(_) if p.fail_open => crate::faults::STORE.fail(
                 &e,
@@ -332,6 +338,7 @@ fn configured_kill(p: &Plan, kills: &[(String, String)]) -> Option<Decision> {
 pub(crate) fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::Unavailable(_) => respond::store_unavailable(),
+        StoreError::Uninitialised => respond::store_uninitialised(),
         StoreError::StateLost => {
             crate::telemetry::store_state_lost();
             respond::store_state_lost()

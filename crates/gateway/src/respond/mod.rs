@@ -7,8 +7,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tollgate_core::{Admitted, Plan, Quota, Reason};
 
+mod admin;
 mod client;
 mod refusal;
+pub use admin::*;
 pub use client::*;
 pub use refusal::*;
 
@@ -426,6 +428,22 @@ pub fn store_state_lost() -> ApiError {
     e
 }
 
+/// The store holds no marker and nothing says whether it is new or forgot (see
+/// [`tollgate_core::StoreError::Uninitialised`]): 503, not retryable until an operator
+/// initialises it (`tollgate admin init-store`) or the ledger rebuilds it.
+pub fn store_uninitialised() -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "store_uninitialised",
+        "The admission store is empty and not initialised: it may be new, or it may have lost \
+         spent budgets and kill switches. Requests are refused until an operator initialises it \
+         (`tollgate admin init-store`). The request was not sent upstream.",
+    );
+    put(&mut e.headers, "x-should-retry", "false");
+    e
+}
+
 /// The spend ledger's buffer is full (PostgreSQL slow or down, `[ledger] on_full = "refuse"`):
 /// 503, retryable; nothing was counted or sent upstream.
 pub fn ledger_full() -> ApiError {
@@ -487,29 +505,6 @@ pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
     put(&mut e.headers, "x-tollgate-reason", "kill_switch");
     put(&mut e.headers, "x-tollgate-scope", &k.target);
     e
-}
-
-/// Lifting a kill switch that the configuration file sets: 409, naming the file.
-pub fn kill_in_configuration(target: &str, file: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        "invalid_request_error",
-        "kill_switch_in_configuration",
-        format!(
-            "{target} is switched off by a [[kill]] entry of {file}: remove it there and reload \
-             (SIGHUP or POST /admin/reload)."
-        ),
-    )
-}
-
-/// Lifting a target that nothing switches off: 404, and no alert.
-pub fn kill_not_set(target: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        "kill_switch_not_set",
-        format!("{target} is not switched off: there is nothing to lift."),
-    )
 }
 
 #[cfg(test)]

@@ -69,6 +69,8 @@ pub async fn spawn_gateway_with_metrics(
     let metrics = metrics_listener.local_addr().unwrap();
     config.metrics.listen = Some(metrics);
     let store = tollgate_gateway::start_store(&config).await.unwrap();
+    // A test's Redis is new: initialised as an operator would (`tollgate admin init-store`).
+    store.initialise().await.unwrap();
     let records = config.records.clone();
     let mut gw = Gateway::new(config, store.clone());
     if let Some(path) = records {

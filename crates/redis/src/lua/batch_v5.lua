@@ -2,39 +2,47 @@
 -- transition as on its own, applied in order; the call as a whole is atomic too.
 --
 -- ARGV: prefix, now (0 = Redis TIME), retention, whether the caller has seen the store's
---       marker ('1') or not yet ('0'), then per item: op ('a' admit | 's' admit with a shadow
+--       marker ('1'), or not yet ('0'), or not yet and the prefix is new by its word ('2':
+--       a scratch prefix, whose marker is written here), then per item: op ('a' admit | 's' admit with a shadow
 --       plan | 'f' finish | 'p' probe, an admission that takes nothing | 'u' undo an
 --       admission | 'S' an instance's slice orders), the number of its arguments, its
 --       arguments (see admit_one, admit_shadowed, finish_one, undo_one and slice_orders).
 -- KEYS: every key the items touch (for cluster routing; all share the prefix's slot).
 -- Returns one reply per item, in order; an item that fails answers {'error', message} and the
--- others still run. While the store's state is lost, every admission answers {'lost'}.
+-- others still run. While the store's state is lost, every admission answers {'lost'}; while
+-- it is not initialised, {'uninitialised'}.
 
--- The marker (no expiry) says the store still holds what it was given. Written at first use;
--- a caller that has seen it and finds it gone knows the store forgot (a restart without
--- persistence, FLUSHALL, eviction, a failover to a lagging replica), and so does every caller
--- after it: the loss is written down (`lost`, no expiry) until an operator acknowledges it.
-local function store_kept(seen)
-  if redis.call('EXISTS', PREFIX .. ':marker') == 1 then return true end
+-- The marker (no expiry) says the store still holds what it was given. A caller that has seen
+-- it and finds it gone knows the store forgot (a restart without persistence, FLUSHALL,
+-- eviction, a failover to a lagging replica), and so does every caller after it: the loss is
+-- written down (`lost`, no expiry) until an operator acknowledges it. A store with neither is
+-- new, or forgot while no one watched: no marker is written here unless the caller says the
+-- prefix is new (a marker over a loss would hide it), and admissions answer {'uninitialised'}
+-- until the store is initialised from outside (state_v1.lua).
+local function store_state(seen)
+  if redis.call('EXISTS', PREFIX .. ':marker') == 1 then return 'kept' end
   if seen == '1' or redis.call('EXISTS', PREFIX .. ':lost') == 1 then
     redis.call('SET', PREFIX .. ':lost', '1')
-    return false
+    return 'lost'
   end
-  redis.call('SET', PREFIX .. ':marker', '1')
-  return true
+  if seen == '2' then
+    redis.call('SET', PREFIX .. ':marker', '1')
+    return 'kept'
+  end
+  return 'uninitialised'
 end
 
 local now, now_str = store_now(ARGV[2])
 sweep(now, now_str, '16', ARGV[3])
-local kept = store_kept(ARGV[4])
+local state = store_state(ARGV[4])
 local kills = nil
 local out = {}
 local a, longest = 5, 0
 while a <= #ARGV do
   local op, n = ARGV[a], 0 + ARGV[a + 1]
   local ok, reply
-  if (op == 'a' or op == 'p' or op == 's' or op == 'S') and not kept then
-    ok, reply = true, {'lost'}
+  if (op == 'a' or op == 'p' or op == 's' or op == 'S') and state ~= 'kept' then
+    if state == 'lost' then ok, reply = true, {'lost'} else ok, reply = true, {'uninitialised'} end
   elseif op == 'S' then
     ok, reply = pcall(slice_orders, ARGV, a + 2, a + 2 + n, now, CLOCK_NOW, ARGV[3])
   elseif op == 'a' or op == 'p' then

@@ -1,0 +1,193 @@
+//! The store's marker, at start and while the instance is idle. A store found empty is new, or
+//! it forgot; which of the two is decided from durable evidence (the spend ledger's rows) or by
+//! an operator's initialisation, never by writing a marker over a loss. A store that forgets
+//! while this instance runs is noticed within [`WATCH_EVERY`], requests or none, and the loss
+//! is written down for every instance, including those that start later.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::{StoreError, StoreState};
+
+use crate::faults::{STORE, STORE_LOST, STORE_UNINITIALISED};
+use crate::gateway::Gateway;
+
+/// How often an instance reads the store's marker.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// What an instance made of the store at start or at a watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// The marker is there.
+    Kept,
+    /// Empty, and the ledger holds no books: a new deployment, now initialised.
+    New,
+    /// Forgot: the loss is written down, and rebuilt from the ledger when there is one.
+    Lost,
+    /// Empty, and nothing says whether it is new: refused until an operator initialises it.
+    Uninitialised,
+    /// The store did not answer; asked again at the next watch.
+    Unknown,
+}
+
+/// What the instance finds at start, before its first request. A memory store with a spend
+/// ledger that holds books is rebuilt from it, and one that cannot be is an error: serving it
+/// would reopen what the ledger says is spent.
+pub async fn start(gw: &Arc<Gateway>) -> std::io::Result<Found> {
+    if gw.store.redis().is_none() {
+        return restore_memory(gw).await.map_err(std::io::Error::other);
+    }
+    Ok(look(gw).await)
+}
+
+/// Reads the marker once and acts on it.
+pub async fn look(gw: &Arc<Gateway>) -> Found {
+    let state = match gw.store.state().await {
+        Ok(s) => s,
+        // The admissions that meet the same fault log it.
+        Err(_) => return Found::Unknown,
+    };
+    match state {
+        StoreState::Kept => {
+            STORE_LOST.ok();
+            STORE_UNINITIALISED.ok();
+            Found::Kept
+        }
+        StoreState::Lost => lost(gw),
+        StoreState::Uninitialised => match &gw.books {
+            None => {
+                STORE_UNINITIALISED.fail(
+                    &StoreError::Uninitialised,
+                    "the store is empty and there is no spend ledger to tell a new store from \
+                     one that forgot: admissions are refused (503 store_uninitialised) until an \
+                     operator runs `tollgate admin init-store`",
+                );
+                Found::Uninitialised
+            }
+            Some(books) => match books.holds_books().await {
+                Ok(true) => {
+                    if let Err(e) = gw.store.mark_lost().await {
+                        STORE.fail(&e, "the store's loss could not be written down");
+                        return Found::Unknown;
+                    }
+                    lost(gw)
+                }
+                Ok(false) => match gw.store.initialise().await {
+                    Ok(_) => {
+                        tracing::info!(
+                            "the store was empty and the spend ledger holds no books: a new \
+                             deployment, initialised"
+                        );
+                        Found::New
+                    }
+                    Err(StoreError::StateLost) => lost(gw),
+                    Err(_) => Found::Unknown,
+                },
+                Err(e) => {
+                    tracing::warn!(cause = %e,
+                        "the store is empty and the spend ledger cannot be read to tell whether \
+                         it forgot: admissions are refused until it can");
+                    Found::Unknown
+                }
+            },
+        },
+    }
+}
+
+/// The store forgot: logged and alerted once, and rebuilt from the ledger when there is one.
+fn lost(gw: &Arc<Gateway>) -> Found {
+    STORE_LOST.fail(
+        &StoreError::StateLost,
+        "the store has lost its state: admissions are refused (503 store_state_lost) until its \
+         books are rebuilt from the ledger or an operator acknowledges the loss",
+    );
+    gw.alerts.store_lost();
+    if let Some(b) = &gw.books {
+        b.store_lost(&gw.store);
+    }
+    Found::Lost
+}
+
+/// A memory store starts empty with its process: the ledger's books, when it holds any, are
+/// restored into it before it serves.
+async fn restore_memory(gw: &Arc<Gateway>) -> Result<Found, String> {
+    let Some(books) = &gw.books else {
+        return Ok(Found::New);
+    };
+    let holds = books
+        .holds_books()
+        .await
+        .map_err(|e| format!("the spend ledger cannot be read at start: {e}"))?;
+    if !holds {
+        return Ok(Found::New);
+    }
+    books
+        .restore_at_start(&gw.store)
+        .await
+        .map_err(|e| format!("the memory store's books cannot be restored from the ledger: {e}"))?;
+    tracing::info!("the memory store's books were restored from the spend ledger");
+    Ok(Found::Kept)
+}
+
+/// Why a store was not initialised.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// The spend ledger holds books: an empty store forgot them, and is rebuilt, not declared new.
+    #[error(
+        "the spend ledger holds books for this deployment: an empty store forgot them and is \
+         rebuilt from the ledger by the gateway, not initialised"
+    )]
+    LedgerHoldsBooks,
+    /// The store or the ledger could not be opened or asked.
+    #[error("{0}")]
+    Failed(String),
+    /// The store's loss is written down: it is acknowledged, not initialised over.
+    #[error(
+        "the store has lost its state, and the loss is written down: acknowledge it \
+         (`tollgate admin acknowledge-loss`) instead"
+    )]
+    Lost,
+}
+
+/// Initialises the store `config` names, without a gateway (an operator's step before the first
+/// start): refused when the ledger it names holds books. True when a marker was written.
+pub async fn init_store(config: &crate::GatewayConfig) -> Result<bool, InitError> {
+    let fail = |e: std::io::Error| InitError::Failed(e.to_string());
+    let store = crate::start_store(config).await.map_err(fail)?;
+    let books = crate::server::ledger_books(config).await.map_err(fail)?;
+    initialise(&store, books.as_deref()).await
+}
+
+/// Initialises `store` unless the ledger `books` holds books (or its loss is written down).
+pub async fn initialise(
+    store: &crate::store::AnyStore,
+    books: Option<&crate::books::Books>,
+) -> Result<bool, InitError> {
+    if let Some(books) = books {
+        if books.holds_books().await.map_err(InitError::Failed)? {
+            return Err(InitError::LedgerHoldsBooks);
+        }
+    }
+    match store.initialise().await {
+        Ok(wrote) => Ok(wrote),
+        Err(StoreError::StateLost) => Err(InitError::Lost),
+        Err(e) => Err(InitError::Failed(e.to_string())),
+    }
+}
+
+/// Reads the marker every [`WATCH_EVERY`] while the gateway runs (Redis only: the memory store
+/// cannot forget while its process lives).
+pub fn spawn(gw: Arc<Gateway>) {
+    if gw.store.redis().is_none() {
+        return;
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(WATCH_EVERY).await;
+            if gw.is_draining() {
+                return;
+            }
+            let _ = look(&gw).await;
+        }
+    });
+}
