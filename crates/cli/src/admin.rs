@@ -51,6 +51,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
         AdminCommand::Reload => ("POST", "/admin/reload".to_owned(), None),
         AdminCommand::InitStore { .. } => ("POST", "/admin/store/init".to_owned(), None),
         AdminCommand::AcknowledgeLoss => ("POST", "/admin/store/acknowledge-loss".to_owned(), None),
+        AdminCommand::Keys { command } => keys_call(command)?,
     };
     let (status, answer) = call(method, &format!("{base}{path}"), &token, body).await?;
     let mut out = std::io::stdout();
@@ -89,6 +90,55 @@ async fn init_directly(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The call of a `keys` subcommand.
+fn keys_call(
+    command: &crate::cli::KeysCommand,
+) -> anyhow::Result<(&'static str, String, Option<Value>)> {
+    use crate::cli::KeysCommand;
+    Ok(match command {
+        KeysCommand::Create {
+            tenant,
+            name,
+            user,
+            allow_user,
+            models,
+            expires_in,
+            expires_at,
+            metadata,
+        } => {
+            let mut meta = serde_json::Map::new();
+            for m in metadata {
+                let Some((k, v)) = m.split_once('=') else {
+                    bail!("--meta {m:?}: expected name=value");
+                };
+                meta.insert(k.to_owned(), Value::String(v.to_owned()));
+            }
+            let mut body = json!({"tenant": tenant, "allow_user": allow_user, "metadata": meta});
+            for (k, v) in [
+                ("name", name),
+                ("user", user),
+                ("expires_in", expires_in),
+                ("expires_at", expires_at),
+            ] {
+                if let Some(v) = v {
+                    body[k] = Value::String(v.clone());
+                }
+            }
+            if !models.is_empty() {
+                body["models"] = json!(models);
+            }
+            ("POST", "/admin/keys".to_owned(), Some(body))
+        }
+        KeysCommand::List => ("GET", "/admin/keys".to_owned(), None),
+        KeysCommand::Rotate { id, grace } => (
+            "POST",
+            format!("/admin/keys/{}/rotate", encode(id)),
+            Some(grace.as_ref().map_or(json!({}), |g| json!({"grace": g}))),
+        ),
+        KeysCommand::Revoke { id } => ("DELETE", format!("/admin/keys/{}", encode(id)), None),
+    })
 }
 
 /// One call of the admin API: its status and JSON body.
@@ -246,6 +296,7 @@ fn table(command: &AdminCommand, v: &Value) -> String {
                 "the loss is acknowledged: admissions resume from what the store holds now"
             );
         }
+        AdminCommand::Keys { command } => crate::keys::table(&mut s, command, v),
     }
     s
 }

@@ -177,6 +177,59 @@ pub enum AdminCommand {
     /// Accept that the store forgot its state: spent budgets and kill switches it held are
     /// gone, and admissions resume on every instance.
     AcknowledgeLoss,
+    /// Virtual keys issued at run time: create, list, rotate, revoke.
+    Keys {
+        /// What to do.
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+/// `tollgate admin keys`.
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Issue a key; its secret is printed once.
+    Create {
+        /// Its tenant.
+        #[arg(long)]
+        tenant: String,
+        /// A label (default: its id).
+        #[arg(long)]
+        name: Option<String>,
+        /// A fixed end user.
+        #[arg(long)]
+        user: Option<String>,
+        /// Let requests name their end user.
+        #[arg(long)]
+        allow_user: bool,
+        /// A model it may use (repeat for more; default all).
+        #[arg(long = "model")]
+        models: Vec<String>,
+        /// How long it lives, e.g. `30d`.
+        #[arg(long, conflicts_with = "expires_at")]
+        expires_in: Option<String>,
+        /// When it stops working, RFC 3339 (UTC).
+        #[arg(long)]
+        expires_at: Option<String>,
+        /// A label of your own, `name=value` (repeat for more).
+        #[arg(long = "meta")]
+        metadata: Vec<String>,
+    },
+    /// The keys issued, without their secrets.
+    List,
+    /// A new secret for a key; the old one works for the grace period.
+    Rotate {
+        /// The key's id (`vk_…`).
+        id: String,
+        /// How long the old secret keeps working (default `1h`; `0s` for not at all).
+        #[arg(long)]
+        grace: Option<String>,
+    },
+    /// Stop every secret of a key, on every instance.
+    Revoke {
+        /// The key's id (`vk_…`).
+        id: String,
+    },
 }
 
 /// Replay output formats.

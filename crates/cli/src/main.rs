@@ -4,6 +4,7 @@ mod admin;
 mod cli;
 mod count;
 mod demo;
+mod keys;
 mod spend;
 mod stress;
 mod whatif;
@@ -157,6 +158,8 @@ async fn serve(
     if let Some(r) = records {
         gw = gw.with_records(tollgate_gateway::records::RecordSink::open(&r)?);
     }
+    // Nothing is announced before it can be served: the store decided on, books restored.
+    tollgate_gateway::prepare(&gw).await?;
     let admin = bound.admin.as_ref().map(|l| l.local_addr()).transpose()?;
     match (&sim, admin) {
         (Some((sim, token)), Some(admin)) => write!(

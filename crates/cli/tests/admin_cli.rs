@@ -191,3 +191,87 @@ async fn kill_switches_of_the_file_are_shown_and_not_lifted_from_outside() {
         1
     );
 }
+
+/// `tollgate admin keys`: a key issued from the shell works at once, shows its secret once,
+/// lists without it, rotates and is revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_issued_rotated_and_revoked_from_the_shell() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let (dir, token_file) = common::admin_token_file(TOKEN);
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
+             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+             [policy]\n[[policy.scopes]]\nkey = \"tenant\"\n\
+             requests = {{ limit = 60, window = \"1m\" }}\n",
+            token_file.display(),
+            sim.base_url(),
+        ),
+    )
+    .unwrap();
+    let (_gateway, urls) = start_instance_with(&config, &["admin"]);
+    let (url, admin_url) = (&urls[0], &urls[1]);
+    let (code, out, err) = admin(
+        admin_url,
+        TOKEN,
+        &[
+            "keys",
+            "create",
+            "--tenant",
+            "acme",
+            "--expires-in",
+            "30d",
+            "--meta",
+            "team=search",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("shown this once"), "{out}");
+    let field = |out: &str, name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let (id, secret) = (field(&out, "id"), field(&out, "secret"));
+    let chat = |secret: String| {
+        let url = url.clone();
+        async move {
+            let req = hyper::Request::post(format!("{url}/v1/chat/completions"))
+                .header("authorization", format!("Bearer {secret}"))
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(bytes::Bytes::from(
+                    r#"{"model":"gpt-4o","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+                )))
+                .unwrap();
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<bytes::Bytes>>()
+                .request(req)
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(chat(secret.clone()).await, 200);
+    let (code, listed, _) = admin(admin_url, TOKEN, &["keys", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        listed.contains(&id) && listed.contains("acme") && !listed.contains(&secret),
+        "{listed}"
+    );
+    let (code, out, err) = admin(admin_url, TOKEN, &["keys", "rotate", &id, "--grace", "0s"]);
+    assert_eq!(code, 0, "{err}");
+    let fresh = field(&out, "secret");
+    assert_eq!(chat(fresh.clone()).await, 200);
+    assert_eq!(chat(secret).await, 401);
+    let (code, out, _) = admin(admin_url, TOKEN, &["keys", "revoke", &id]);
+    assert_eq!((code, out.trim()), (0, format!("{id} revoked").as_str()));
+    assert_eq!(chat(fresh).await, 401);
+    let (code, _, err) = admin(admin_url, TOKEN, &["keys", "revoke", &id]);
+    assert_eq!(code, 1);
+    assert!(err.contains("key_not_found"), "{err}");
+}

@@ -239,7 +239,8 @@ impl Books {
             return Ok(true);
         }
         let kills = self.ledger.kills().await.map_err(|e| e.to_string())?;
-        Ok(!kills.is_empty())
+        let keys = self.ledger.issued_keys().await.map_err(|e| e.to_string())?;
+        Ok(!kills.is_empty() || !keys.is_empty())
     }
 
     /// Restores the books of a store that starts empty in this process (the memory store)
@@ -298,6 +299,16 @@ impl Books {
         for (target, reason) in self.ledger.kills().await.map_err(|e| e.to_string())? {
             store
                 .set_kill(&target, Some(&reason))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let keys = self.ledger.issued_keys().await.map_err(|e| e.to_string())?;
+        if let (false, Some(redis)) = (keys.is_empty(), store.redis()) {
+            let changes: Vec<(String, Option<String>)> =
+                keys.into_iter().map(|(d, r)| (d, Some(r))).collect();
+            let step = crate::keys::step().map_err(|e| e.to_string())?;
+            redis
+                .write_issued_keys(&changes, step)
                 .await
                 .map_err(|e| e.to_string())?;
         }

@@ -40,6 +40,10 @@ pub struct Gateway {
     pub alerts: crate::alerts::Alerts,
     /// The spend ledger, when one is configured (fixed at start-up).
     pub books: Option<Arc<crate::books::Books>>,
+    /// Virtual keys issued at run time (`/admin/keys`).
+    pub keys: crate::keys::Registry,
+    /// Set once [`crate::server::prepare`] has run.
+    pub(crate) prepared: std::sync::atomic::AtomicBool,
 }
 
 impl Gateway {
@@ -68,6 +72,8 @@ impl Gateway {
             records: None,
             draining: std::sync::atomic::AtomicBool::new(false),
             contexts: Contexts::default(),
+            keys: crate::keys::Registry::default(),
+            prepared: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

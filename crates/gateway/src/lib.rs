@@ -39,6 +39,8 @@ pub mod counting;
 pub mod dialect;
 pub mod faults;
 pub mod gateway;
+pub mod keys;
+pub mod limits;
 mod path;
 pub mod records;
 pub mod respond;
@@ -55,6 +57,6 @@ pub use gateway::{Gateway, Shared};
 pub use path::fuzz_agents;
 pub use path::intake::{MAX_OPERATION_BYTES, MAX_USER_BYTES};
 pub use server::{
-    Bound, open_books, router, serve, serve_bound, serve_with, start_store,
+    Bound, open_books, prepare, router, serve, serve_bound, serve_with, start_store,
     start_store_with_warnings,
 };

@@ -159,6 +159,7 @@ pub fn router(gw: Shared) -> Router {
     }
     routes
         .route("/v1/models", get(models))
+        .route("/v1/limits", get(crate::limits::limits))
         .route("/healthz", get(healthz))
         .fallback(|| async { crate::respond::unknown_url().into_response() })
         .with_state(gw)
@@ -177,7 +178,7 @@ pub fn metrics_router(gw: Shared) -> Router {
 /// `GET /v1/models`: the models this key may use.
 pub async fn models(State(gw): State<Shared>, req: Request<Body>) -> Response {
     let cfg = gw.config();
-    let key = match crate::path::intake::authenticate(&cfg, req.headers()) {
+    let key = match crate::path::intake::authenticate(&cfg, &gw.keys, req.headers()) {
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
@@ -225,6 +226,26 @@ pub async fn serve(
         gw = gw.with_records(sink);
     }
     serve_with(gw, listener, shutdown).await
+}
+
+/// What a gateway does once before its first request (again only if it was not done): an
+/// empty store decided on (new or lost), not served; a memory store's books and issued keys
+/// restored from the spend ledger. [`serve_bound`] does it; a caller that prints where it
+/// serves calls it first, so that nothing is announced before it can be served.
+pub async fn prepare(gw: &Gateway) -> std::io::Result<()> {
+    if gw.prepared.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return Ok(());
+    }
+    crate::watch::start(gw).await?;
+    if let Err(e) = crate::keys::load(gw).await {
+        if gw.store.redis().is_none() {
+            // The memory store's issued keys live only in the ledger: serving without them would
+            // refuse keys that work, and forget them at the next write.
+            return Err(std::io::Error::other(format!("the issued keys: {e}")));
+        }
+        tracing::warn!(cause = %e, "the issued keys could not be read at start: read again every second");
+    }
+    Ok(())
 }
 
 /// Listeners the caller has bound already, served in place of the configuration's
@@ -316,8 +337,8 @@ async fn serve_shared(
     metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    // Before the first request: an empty store is decided on (new or lost), not served.
-    crate::watch::start(&gw).await?;
+    prepare(&gw).await?;
+    crate::keys::spawn_refresh(gw.clone());
     let app = router(gw.clone());
     crate::telemetry::spawn_budget_refresh(gw.clone());
     gw.alerts.spawn();

@@ -33,7 +33,7 @@ pub enum Found {
 /// What the instance finds at start, before its first request. A memory store with a spend
 /// ledger that holds books is rebuilt from it, and one that cannot be is an error: serving it
 /// would reopen what the ledger says is spent.
-pub async fn start(gw: &Arc<Gateway>) -> std::io::Result<Found> {
+pub async fn start(gw: &Gateway) -> std::io::Result<Found> {
     if gw.store.redis().is_none() {
         return restore_memory(gw).await.map_err(std::io::Error::other);
     }
@@ -41,7 +41,7 @@ pub async fn start(gw: &Arc<Gateway>) -> std::io::Result<Found> {
 }
 
 /// Reads the marker once and acts on it.
-pub async fn look(gw: &Arc<Gateway>) -> Found {
+pub async fn look(gw: &Gateway) -> Found {
     let state = match gw.store.state().await {
         Ok(s) => s,
         // The admissions that meet the same fault log it.
@@ -95,7 +95,7 @@ pub async fn look(gw: &Arc<Gateway>) -> Found {
 }
 
 /// The store forgot: logged and alerted once, and rebuilt from the ledger when there is one.
-fn lost(gw: &Arc<Gateway>) -> Found {
+fn lost(gw: &Gateway) -> Found {
     STORE_LOST.fail(
         &StoreError::StateLost,
         "the store has lost its state: admissions are refused (503 store_state_lost) until its \
@@ -110,7 +110,7 @@ fn lost(gw: &Arc<Gateway>) -> Found {
 
 /// A memory store starts empty with its process: the ledger's books, when it holds any, are
 /// restored into it before it serves.
-async fn restore_memory(gw: &Arc<Gateway>) -> Result<Found, String> {
+async fn restore_memory(gw: &Gateway) -> Result<Found, String> {
     let Some(books) = &gw.books else {
         return Ok(Found::New);
     };

@@ -367,6 +367,51 @@ impl Ledger {
             .collect()
     }
 
+    /// Writes a virtual key issued at run time (`Some(record)`) or deletes it (`None`), by the
+    /// digest of its secret; several at once, atomically.
+    pub async fn put_issued_keys(
+        &self,
+        changes: &[(String, Option<String>)],
+        at_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let gone: Vec<&str> = changes
+            .iter()
+            .filter(|(_, r)| r.is_none())
+            .map(|(d, _)| d.as_str())
+            .collect();
+        let (digests, records): (Vec<&str>, Vec<&str>) = changes
+            .iter()
+            .filter_map(|(d, r)| r.as_deref().map(|r| (d.as_str(), r)))
+            .unzip();
+        let c = self.inner.conn.get().await?;
+        // One statement: the changes land together or not at all.
+        c.execute(
+            "WITH gone AS (DELETE FROM tollgate_keys WHERE digest = ANY($1::text[])) \
+             INSERT INTO tollgate_keys (digest, record, at_ms) \
+             SELECT d, r, $4 FROM unnest($2::text[], $3::text[]) AS t(d, r) \
+             ON CONFLICT (digest) DO UPDATE SET record = EXCLUDED.record, at_ms = EXCLUDED.at_ms",
+            &[&gone, &digests, &records, &at_ms],
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| self.inner.conn.failed(e))
+    }
+
+    /// Every virtual key issued at run time: (digest of its secret, record).
+    pub async fn issued_keys(&self) -> Result<Vec<(String, String)>, LedgerError> {
+        let c = self.inner.conn.get().await?;
+        let rows = c
+            .query(
+                "SELECT digest, record FROM tollgate_keys ORDER BY digest",
+                &[],
+            )
+            .await
+            .map_err(|e| self.inner.conn.failed(e))?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
     /// How many endings and charges the ledger holds (tests and operators' checks).
     pub async fn counts(&self) -> Result<(i64, i64), LedgerError> {
         let c = self.inner.conn.get().await?;

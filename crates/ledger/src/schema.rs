@@ -45,6 +45,12 @@ const MIGRATIONS: &[&str] = &[
     // 2: a request's charges are written with its ending, and only when its ending is new
     // (one statement), so they need no key of their own: a third of a write's index work.
     "ALTER TABLE tollgate_charges DROP CONSTRAINT tollgate_charges_pkey;",
+    // 3: virtual keys issued at run time, by the digest of their secret (never the secret).
+    "CREATE TABLE tollgate_keys (
+        digest text PRIMARY KEY,
+        record text NOT NULL,
+        at_ms bigint NOT NULL
+    );",
 ];
 
 /// An arbitrary constant: the advisory lock the migrations are run under.

@@ -40,6 +40,7 @@ mod config;
 mod conn;
 mod decode;
 mod encode;
+mod issued;
 mod keys;
 mod marker;
 mod sharded;

@@ -2,6 +2,7 @@
 //! and policy reload, and the operator's status page ([`page`]). Every instance sharing the
 //! store sees a kill switch at once (it is checked inside the atomic admission).
 
+mod keys;
 mod page;
 mod store;
 pub mod words;
@@ -48,6 +49,9 @@ pub fn router(gw: Shared, token: String) -> Router {
         .route("/admin/kill/{target}", delete(clear_kill))
         .route("/admin/usage", get(usage))
         .route("/admin/reload", post(reload))
+        .route("/admin/keys", get(keys::list).post(keys::create))
+        .route("/admin/keys/{id}", delete(keys::revoke))
+        .route("/admin/keys/{id}/rotate", post(keys::rotate))
         .route("/admin/store/init", post(store::init_store))
         .route(
             "/admin/store/acknowledge-loss",

@@ -47,7 +47,7 @@ pub(crate) async fn count(
     intake: &Intake<'_>,
     id: &str,
 ) -> Result<Counted, ApiError> {
-    let key = intake.key;
+    let key: &KeyConfig = &intake.key;
     let limit = count_limit(&cfg.policy, key, &intake.ip);
     let count = count_body(gw, &cfg.counter, dialect, intake, limit).await?;
     let Some(&upstream) = cfg.models.get(&count.model) else {

@@ -25,7 +25,7 @@ pub(crate) async fn early_rate(
     intake: &Intake<'_>,
     id: &str,
 ) -> Result<Vec<ScopeKey>, ApiError> {
-    let key = intake.key;
+    let key: &crate::config::KeyConfig = &intake.key;
     let rates = cfg.policy.scopes.iter().any(|r| r.requests.is_some());
     if intake.body.len() <= EARLY_RATE_BYTES
         || !rates

@@ -2,6 +2,7 @@
 //! its size and time limits. Nothing is parsed or counted yet.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -19,11 +20,28 @@ pub const MAX_USER_BYTES: usize = 256;
 /// The longest operation id accepted, in bytes: room for a UUID or a trace id with a prefix.
 pub const MAX_OPERATION_BYTES: usize = 128;
 
+/// The key a request presents: one of the configuration's, or one issued at run time.
+#[derive(Debug, Clone)]
+pub(crate) enum Caller<'a> {
+    Configured(&'a KeyConfig),
+    Issued(Arc<crate::keys::Found>),
+}
+
+impl std::ops::Deref for Caller<'_> {
+    type Target = KeyConfig;
+    fn deref(&self) -> &KeyConfig {
+        match self {
+            Caller::Configured(k) => k,
+            Caller::Issued(f) => &f.key,
+        }
+    }
+}
+
 /// A request past intake.
 #[derive(Debug)]
 pub(crate) struct Intake<'a> {
     /// The caller's key.
-    pub key: &'a KeyConfig,
+    pub key: Caller<'a>,
     /// The client's address, as the trusted proxies report it.
     pub ip: String,
     /// The request's headers.
@@ -35,11 +53,12 @@ pub(crate) struct Intake<'a> {
 /// Authenticates `req`, checks the headers its API acts on, and reads its body.
 pub(crate) async fn intake<'a>(
     cfg: &'a GatewayConfig,
+    issued: &crate::keys::Registry,
     dialect: &dyn Dialect,
     req: Request<Body>,
 ) -> Result<Intake<'a>, ApiError> {
     let (parts, body) = req.into_parts();
-    let key = authenticate(cfg, &parts.headers)?;
+    let key = authenticate(cfg, issued, &parts.headers)?;
     dialect.check_headers(cfg, &parts.headers)?;
     let peer = parts
         .extensions
@@ -57,11 +76,12 @@ pub(crate) async fn intake<'a>(
 }
 
 /// The key a request presents (OpenAI's clients send `Authorization: Bearer`, Anthropic's
-/// `x-api-key`), among the configured ones.
+/// `x-api-key`), among the configured ones and those issued at run time (while they work).
 pub(crate) fn authenticate<'a>(
     cfg: &'a GatewayConfig,
+    issued: &crate::keys::Registry,
     headers: &HeaderMap,
-) -> Result<&'a KeyConfig, ApiError> {
+) -> Result<Caller<'a>, ApiError> {
     let value = headers
         .get("authorization")
         .or_else(|| headers.get("x-api-key"))
@@ -73,8 +93,16 @@ pub(crate) fn authenticate<'a>(
         })?;
     let key = value.strip_prefix("Bearer ").unwrap_or(value).trim();
     let hash = hash_key(key);
-    cfg.keys
-        .get(hash.trim_start_matches("sha256:"))
+    let digest = hash.trim_start_matches("sha256:");
+    if let Some(k) = cfg.keys.get(digest) {
+        return Ok(Caller::Configured(k));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    issued
+        .lookup(digest, now)
+        .map(Caller::Issued)
         .ok_or_else(|| respond::unauthorized("Incorrect API key provided."))
 }
 

@@ -87,7 +87,7 @@ async fn steps(
     req: Request<Body>,
 ) -> Result<Response, ApiError> {
     let cfg = gw.config();
-    let intake = intake::intake(&cfg, dialect, req).await?;
+    let intake = intake::intake(&cfg, &gw.keys, dialect, req).await?;
     // A large body's rates first: a refused client costs no count.
     let early = early::early_rate(gw, &cfg, &intake, id).await?;
     let counted = count::count(gw, &cfg, dialect, &intake, id).await?;
@@ -98,7 +98,7 @@ async fn steps(
         idempotent::Keyed::Go(claim) => claim,
         idempotent::Keyed::Replay(r) => return Ok(r),
     };
-    let admission = admit_counted(gw, &cfg, dialect, intake.key, &counted, &early).await?;
+    let admission = admit_counted(gw, &cfg, dialect, &intake.key, &counted, &early).await?;
     let trimmed = counted.trimmed;
     let mut f = forward::prepare(gw, &cfg, dialect, &intake, counted, admission).await?;
     f.answer.claim = claim;

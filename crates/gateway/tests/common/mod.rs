@@ -18,6 +18,8 @@ use tollgate_gateway::store::AnyStore;
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_testkit::sim::{Sim, SimConfig};
 
+pub mod instance;
+
 /// One `#[tokio::test]` per store for each named `async fn NAME(redis: bool)` of the test file:
 /// `memory_store::NAME` and `redis_store::NAME`, inside the module that invokes it.
 #[allow(unused_macros)] // not every test binary runs on both stores
@@ -134,6 +136,15 @@ impl Reply {
 /// `GET http://ADDR{path}`.
 pub async fn get(addr: SocketAddr, path: &str) -> Reply {
     send(Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new()))).await
+}
+
+/// `GET http://ADDR{path}` with `headers`.
+pub async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, String)]) -> Reply {
+    let mut req = Request::get(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    send(req.body(Full::new(Bytes::new()))).await
 }
 
 /// `POST http://ADDR{path}` with a JSON body and `headers`.

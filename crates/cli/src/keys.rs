@@ -1,0 +1,70 @@
+//! `tollgate admin keys`: the answers of `/admin/keys` as tables for people.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::cli::KeysCommand;
+
+/// The answer to `command` as lines for a person.
+pub fn table(s: &mut String, command: &KeysCommand, v: &Value) {
+    let instant = |ms: &Value| {
+        ms.as_u64().map_or(
+            "never".to_owned(),
+            tollgate_gateway::admin::words::instant_ms,
+        )
+    };
+    match command {
+        KeysCommand::Create { .. } | KeysCommand::Rotate { .. } => {
+            let k = &v["key"];
+            let _ = writeln!(s, "id       {}", text(&k["id"]));
+            let _ = writeln!(s, "tenant   {}", text(&k["tenant"]));
+            let _ = writeln!(s, "expires  {}", instant(&k["expires_at_ms"]));
+            let _ = writeln!(s, "secret   {}", text(&v["secret"]));
+            let _ = writeln!(
+                s,
+                "\nThe secret is shown this once: only its digest is kept."
+            );
+            if matches!(command, KeysCommand::Rotate { .. }) {
+                let _ = writeln!(
+                    s,
+                    "The old secret works until its grace period ends (`keys list` shows when)."
+                );
+            }
+        }
+        KeysCommand::List => {
+            let _ = writeln!(
+                s,
+                "{:<20} {:<16} {:<16} {:<12} {:<26} state",
+                "id", "name", "tenant", "user", "expires"
+            );
+            for k in v["keys"].as_array().into_iter().flatten() {
+                let state = if k["rotated"] == true {
+                    "old secret (grace)"
+                } else {
+                    "active"
+                };
+                let _ = writeln!(
+                    s,
+                    "{:<20} {:<16} {:<16} {:<12} {:<26} {state}",
+                    text(&k["id"]),
+                    text(&k["name"]),
+                    text(&k["tenant"]),
+                    text(&k["user"]),
+                    instant(&k["expires_at_ms"]),
+                );
+            }
+        }
+        KeysCommand::Revoke { .. } => {
+            let _ = writeln!(s, "{} revoked", text(&v["id"]));
+        }
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(t) => t.clone(),
+        Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,93 @@
+//! `/admin/keys`: virtual keys issued at run time (see [`crate::keys`]).
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::gateway::Shared;
+use crate::keys::{self, KeyError};
+use crate::respond::ApiError;
+
+fn refused(e: KeyError) -> Response {
+    let (status, kind, code) = match &e {
+        KeyError::Invalid(_) => (
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "invalid_key_request",
+        ),
+        KeyError::NotFound(_) => (
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "key_not_found",
+        ),
+        KeyError::Unavailable(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            "store_unavailable",
+        ),
+    };
+    ApiError::new(status, kind, code, e.to_string()).into_response()
+}
+
+/// A JSON body, or a 400 that says what is wrong with it; an empty body is `{}`.
+fn body<T: serde::de::DeserializeOwned>(b: &Bytes) -> Result<T, Response> {
+    let text: &[u8] = if b.is_empty() { b"{}" } else { b };
+    serde_json::from_slice(text)
+        .map_err(|e| refused(KeyError::Invalid(format!("the request body: {e}"))))
+}
+
+/// `POST /admin/keys`: 201 with the key and its secret, shown this once.
+pub(super) async fn create(State(gw): State<Shared>, b: Bytes) -> Response {
+    let new = match body(&b) {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    match keys::create(&gw, new).await {
+        Ok((issued, secret)) => {
+            tracing::info!(id = %issued.id, tenant = %issued.tenant, "a key was issued");
+            (
+                StatusCode::CREATED,
+                axum::Json(json!({"key": issued, "secret": secret})),
+            )
+                .into_response()
+        }
+        Err(e) => refused(e),
+    }
+}
+
+/// `GET /admin/keys`: every issued key that works, without secrets.
+pub(super) async fn list(State(gw): State<Shared>) -> Response {
+    let _ = keys::refresh(&gw).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    axum::Json(json!({"keys": gw.keys.list(now)})).into_response()
+}
+
+/// `POST /admin/keys/{id}/rotate`: a new secret; the old one works for the grace period.
+pub(super) async fn rotate(State(gw): State<Shared>, Path(id): Path<String>, b: Bytes) -> Response {
+    let r = match body(&b) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    match keys::rotate(&gw, &id, r).await {
+        Ok((issued, secret)) => {
+            tracing::info!(id = %issued.id, "a key was rotated");
+            axum::Json(json!({"key": issued, "secret": secret})).into_response()
+        }
+        Err(e) => refused(e),
+    }
+}
+
+/// `DELETE /admin/keys/{id}`: every secret of the key stops working.
+pub(super) async fn revoke(State(gw): State<Shared>, Path(id): Path<String>) -> Response {
+    match keys::revoke(&gw, &id).await {
+        Ok(()) => {
+            tracing::info!(id = %id, "a key was revoked");
+            axum::Json(json!({"id": id, "revoked": true})).into_response()
+        }
+        Err(e) => refused(e),
+    }
+}

@@ -1,0 +1,226 @@
+//! `GET /v1/limits`: what the caller's own key may still spend, so that an application can show
+//! its users what is left. Every scope of the policy that applies to the key is listed with its
+//! limit, what is used and reserved, what remains and when it resets, in the policy's units
+//! (with a person's reading beside each amount). The call is an attempt like any other: it is
+//! counted by the request-rate rules and refused by them.
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Query, State};
+use axum::http::Request;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tollgate_core::decision::Admitted;
+use tollgate_core::policy::ScopeRule;
+use tollgate_core::{
+    Clock, Decision, Dimension, Identity, Reason, RequestFacts, ScopeKey, Store, SystemClock, Usage,
+};
+
+use crate::admin::words;
+use crate::gateway::Shared;
+use crate::respond::{self, ApiError};
+
+/// The optional query: values of dimensions a request would name itself.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsQuery {
+    /// The model, for rules keyed on it.
+    model: Option<String>,
+    /// The end user, for a key that lets requests name one.
+    user: Option<String>,
+}
+
+/// `GET /v1/limits`.
+pub async fn limits(
+    State(gw): State<Shared>,
+    query: Result<Query<LimitsQuery>, axum::extract::rejection::QueryRejection>,
+    req: Request<Body>,
+) -> Response {
+    match answer(&gw, query, req).await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn answer(
+    gw: &Shared,
+    query: Result<Query<LimitsQuery>, axum::extract::rejection::QueryRejection>,
+    req: Request<Body>,
+) -> Result<Value, ApiError> {
+    let cfg = gw.config();
+    let key = crate::path::intake::authenticate(&cfg, &gw.keys, req.headers())?;
+    let Query(q) = query.map_err(|e| ApiError::invalid("invalid_query", e.body_text()))?;
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map_or(std::net::IpAddr::from([127, 0, 0, 1]), |c| c.0.ip());
+    let ip = crate::path::intake::client_ip(&cfg.trusted_proxies, peer, req.headers());
+    let mut identity = Identity::default()
+        .with(Dimension::Tenant, key.tenant.clone())
+        .with(Dimension::Key, key.key_id.clone())
+        .with(Dimension::Ip, ip.to_string());
+    let user = match (&key.user, key.allow_user, &q.user) {
+        (_, true, Some(u)) => Some(u.clone()),
+        (Some(u), _, _) => Some(u.clone()),
+        _ => None,
+    };
+    if let Some(u) = user {
+        identity = identity.with(Dimension::User, u);
+    }
+    if let Some(m) = &q.model {
+        identity = identity.with(Dimension::Model, m.clone());
+    }
+    let rates = counted(gw, &cfg, &key, &identity).await?;
+    let mut out = Vec::new();
+    for rule in cfg.policy.scopes.iter().filter(|r| !r.shadow) {
+        let Some(scope) = applies(rule, &identity) else {
+            continue;
+        };
+        out.extend(rows(gw, rule, &scope, &rates).await?);
+    }
+    Ok(
+        json!({"object": "limits", "key": key.key_id, "tenant": key.tenant,
+        "policy_version": &*cfg.policy.version, "limits": out}),
+    )
+}
+
+/// The key of `rule`'s scope for `identity`, when the rule applies to it.
+fn applies(rule: &ScopeRule, identity: &Identity) -> Option<ScopeKey> {
+    if rule
+        .matches
+        .iter()
+        .any(|(d, v)| identity.get(*d) != Some(v.as_str()))
+    {
+        return None;
+    }
+    ScopeKey::derive_in(&rule.name, &rule.dims, identity, rule.ip_prefix)
+}
+
+/// Counts this call in the request-rate scopes (a refusal is the answer); what each then has
+/// left, by scope id.
+async fn counted(
+    gw: &Shared,
+    cfg: &crate::config::GatewayConfig,
+    key: &crate::config::KeyConfig,
+    identity: &Identity,
+) -> Result<Vec<(String, tollgate_core::decision::Quota)>, ApiError> {
+    if key.exempt.contains(&Reason::RequestRateLimit) {
+        return Ok(Vec::new());
+    }
+    let facts = RequestFacts {
+        request_id: format!("{}~limits", gw.next_id()),
+        identity: identity.clone(),
+        ..RequestFacts::default()
+    };
+    let p = tollgate_core::rate_plan(&cfg.policy, &facts);
+    if p.rate.is_empty() {
+        return Ok(Vec::new());
+    }
+    match gw.store.admit(&p).await {
+        Ok(Decision::Admit(Admitted { quotas, .. })) => {
+            let _ = gw
+                .store
+                .release(&p.request_id, Some(Usage::default()))
+                .await;
+            Ok(quotas
+                .into_iter()
+                .filter(|q| q.reason == Reason::RequestRateLimit)
+                .filter_map(|q| Some((p.rate.get(q.check)?.scope.id().to_owned(), q)))
+                .collect())
+        }
+        Ok(refused) => Err(respond::refusal(&refused)),
+        Err(e) => Err(crate::path::admit::store_error(e)),
+    }
+}
+
+/// The rows of one rule's scope: one per control it holds.
+async fn rows(
+    gw: &Shared,
+    rule: &ScopeRule,
+    scope: &ScopeKey,
+    rates: &[(String, tollgate_core::decision::Quota)],
+) -> Result<Vec<Value>, ApiError> {
+    let now = SystemClock.now();
+    let base =
+        |control: &str| json!({"rule": &*rule.name, "scope": scope.key(), "control": control});
+    let mut out = Vec::new();
+    if let Some(r) = rule.requests {
+        let mut row = base("requests");
+        row["limit"] = json!(r.limit.get());
+        row["window"] = json!(
+            humantime::format_duration(std::time::Duration::from_millis(r.window_ms.get()))
+                .to_string()
+        );
+        if let Some((_, q)) = rates.iter().find(|(id, _)| id == scope.id()) {
+            let reset = now.saturating_add(q.reset_after_ms.unwrap_or(0));
+            row["remaining"] = json!(q.remaining);
+            row["resets_at_ms"] = json!(reset);
+            row["resets_at"] = json!(words::instant_ms(reset));
+        }
+        out.push(row);
+    }
+    for (control, limit) in [
+        ("input_tokens", rule.input_tokens.map(|n| n.get())),
+        ("output_tokens", rule.output_tokens.map(|o| o.max.get())),
+        ("total_tokens", rule.total_tokens.map(|n| n.get())),
+    ] {
+        if let Some(l) = limit {
+            let mut row = base(control);
+            row["limit"] = json!(l);
+            row["per"] = json!("request");
+            out.push(row);
+        }
+    }
+    let period = rule.budget.map(|b| b.period);
+    let u = gw
+        .store
+        .usage(scope.id(), period)
+        .await
+        .map_err(crate::path::admit::store_error)?;
+    if let Some(c) = rule.concurrency {
+        let mut row = base("concurrency");
+        row["limit"] = json!(c.limit.get());
+        row["used"] = json!(u.leases);
+        row["remaining"] = json!(c.limit.get().saturating_sub(u.leases));
+        out.push(row);
+    }
+    if let Some(b) = rule.budget {
+        out.push(amounts(base("budget"), b, u.settled, u.reserved, now));
+    }
+    if let Some(t) = rule.tool_calls {
+        let id = format!("{}?tool_calls", scope.id());
+        let tu = gw
+            .store
+            .usage(&id, Some(t.period))
+            .await
+            .map_err(crate::path::admit::store_error)?;
+        out.push(amounts(base("tool_calls"), t, tu.settled, tu.reserved, now));
+    }
+    Ok(out)
+}
+
+/// A budget's row: its amounts in the policy's unit, each with a person's reading.
+fn amounts(
+    mut row: Value,
+    b: tollgate_core::policy::BudgetLimit,
+    used: u64,
+    reserved: u64,
+    now: u64,
+) -> Value {
+    let (_, _, end) = b.period.at(now);
+    let remaining = b.limit.get().saturating_sub(used.saturating_add(reserved));
+    row["unit"] = json!(b.unit.as_str());
+    for (k, n) in [
+        ("limit", b.limit.get()),
+        ("used", used),
+        ("reserved", reserved),
+        ("remaining", remaining),
+    ] {
+        row[k] = json!(n);
+        row[format!("{k}_shown")] = json!(words::amount(n, b.unit));
+    }
+    row["period"] = json!(words::period(b.period));
+    row["resets_at_ms"] = json!(end);
+    row["resets_at"] = json!(words::instant_ms(end));
+    row
+}
