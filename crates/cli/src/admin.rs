@@ -52,6 +52,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
         AdminCommand::InitStore { .. } => ("POST", "/admin/store/init".to_owned(), None),
         AdminCommand::AcknowledgeLoss => ("POST", "/admin/store/acknowledge-loss".to_owned(), None),
         AdminCommand::Keys { command } => keys_call(command)?,
+        AdminCommand::Limit { command } => limit_call(command),
     };
     let (status, answer) = call(method, &format!("{base}{path}"), &token, body).await?;
     let mut out = std::io::stdout();
@@ -90,6 +91,45 @@ async fn init_directly(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The call of a `limit` subcommand.
+fn limit_call(command: &crate::cli::LimitCommand) -> (&'static str, String, Option<Value>) {
+    use crate::cli::LimitCommand;
+    match command {
+        LimitCommand::Set {
+            value,
+            control,
+            limit,
+            rule,
+        } => {
+            let mut body = json!({"value": value, "control": control, "limit": limit});
+            if let Some(r) = rule {
+                body["rule"] = json!(r);
+            }
+            ("PUT", "/admin/limits".to_owned(), Some(body))
+        }
+        LimitCommand::List => ("GET", "/admin/limits".to_owned(), None),
+        LimitCommand::Clear {
+            value,
+            control,
+            rule,
+        } => {
+            let rule = rule
+                .as_ref()
+                .map(|r| format!("&rule={}", encode(r)))
+                .unwrap_or_default();
+            (
+                "DELETE",
+                format!(
+                    "/admin/limits?value={}&control={}{rule}",
+                    encode(value),
+                    encode(control)
+                ),
+                None,
+            )
+        }
+    }
 }
 
 /// The call of a `keys` subcommand.
@@ -297,6 +337,7 @@ fn table(command: &AdminCommand, v: &Value) -> String {
             );
         }
         AdminCommand::Keys { command } => crate::keys::table(&mut s, command, v),
+        AdminCommand::Limit { command } => crate::keys::limits_table(&mut s, command, v),
     }
     s
 }

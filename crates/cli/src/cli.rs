@@ -177,11 +177,46 @@ pub enum AdminCommand {
     /// Accept that the store forgot its state: spent budgets and kill switches it held are
     /// gone, and admissions resume on every instance.
     AcknowledgeLoss,
+    /// Limits set at run time for one value: set, list, clear.
+    Limit {
+        /// What to do.
+        #[command(subcommand)]
+        command: LimitCommand,
+    },
     /// Virtual keys issued at run time: create, list, rotate, revoke.
     Keys {
         /// What to do.
         #[command(subcommand)]
         command: KeysCommand,
+    },
+}
+
+/// `tollgate admin limit`.
+#[derive(Debug, Subcommand)]
+pub enum LimitCommand {
+    /// Set, raise or lower one rule's limit for one value, e.g. `tenant:acme budget 50USD`.
+    Set {
+        /// `tenant:acme`, `key:vk_…`, `tenant:acme/user:alice`.
+        value: String,
+        /// `requests`, `concurrency`, `budget` or `tool_calls`.
+        control: String,
+        /// In the rule's unit: `50USD`, `$12.50`, `200000`, `120`.
+        limit: String,
+        /// The rule, when several are keyed on the value with the control.
+        #[arg(long)]
+        rule: Option<String>,
+    },
+    /// The limits set at run time.
+    List,
+    /// The rule's own limit again.
+    Clear {
+        /// As given to `set`.
+        value: String,
+        /// As given to `set`.
+        control: String,
+        /// As given to `set`.
+        #[arg(long)]
+        rule: Option<String>,
     },
 }
 

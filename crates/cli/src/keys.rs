@@ -1,10 +1,11 @@
-//! `tollgate admin keys`: the answers of `/admin/keys` as tables for people.
+//! `tollgate admin keys` and `tollgate admin limit`: the answers of `/admin/keys` and
+//! `/admin/limits` as tables for people.
 
 use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use crate::cli::KeysCommand;
+use crate::cli::{KeysCommand, LimitCommand};
 
 /// The answer to `command` as lines for a person.
 pub fn table(s: &mut String, command: &KeysCommand, v: &Value) {
@@ -57,6 +58,49 @@ pub fn table(s: &mut String, command: &KeysCommand, v: &Value) {
         }
         KeysCommand::Revoke { .. } => {
             let _ = writeln!(s, "{} revoked", text(&v["id"]));
+        }
+    }
+}
+
+/// The answer to a `limit` command as lines for a person.
+pub fn limits_table(s: &mut String, command: &LimitCommand, v: &Value) {
+    match command {
+        LimitCommand::Set { .. } => {
+            let l = &v["limit"];
+            let _ = writeln!(
+                s,
+                "{} {}: {} (the rule's own: {}), revision {}",
+                text(&l["scope"]),
+                text(&l["control"]),
+                text(&v["limit_shown"]),
+                text(&v["default_shown"]),
+                text(&l["revision"])
+            );
+        }
+        LimitCommand::List => {
+            let _ = writeln!(
+                s,
+                "{:<40} {:<12} {:>14} revision",
+                "scope", "control", "limit"
+            );
+            for l in v["limits"].as_array().into_iter().flatten() {
+                let _ = writeln!(
+                    s,
+                    "{:<40} {:<12} {:<32} {}",
+                    text(&l["scope"]),
+                    text(&l["control"]),
+                    text(&l["limit_shown"]),
+                    text(&l["revision"])
+                );
+            }
+        }
+        LimitCommand::Clear { .. } => {
+            let _ = writeln!(
+                s,
+                "{} {}: the rule's own limit again",
+                text(&v["scope"]),
+                text(&v["control"])
+            );
         }
     }
 }

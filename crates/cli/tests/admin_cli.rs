@@ -268,6 +268,36 @@ async fn keys_are_issued_rotated_and_revoked_from_the_shell() {
     let fresh = field(&out, "secret");
     assert_eq!(chat(fresh.clone()).await, 200);
     assert_eq!(chat(secret).await, 401);
+    // A limit for one value, set and cleared from the shell.
+    let (code, out, err) = admin(
+        admin_url,
+        TOKEN,
+        &["limit", "set", "tenant:acme", "requests", "30"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("30 requests per 1m (the rule's own: 60 requests per 1m)"),
+        "{out}"
+    );
+    let (_, listed, _) = admin(admin_url, TOKEN, &["limit", "list"]);
+    assert!(
+        listed.contains("tenant|tenant:acme") && listed.contains("30 requests per 1m"),
+        "{listed}"
+    );
+    let (code, out, _) = admin(
+        admin_url,
+        TOKEN,
+        &["limit", "clear", "tenant:acme", "requests"],
+    );
+    assert_eq!(code, 0);
+    assert!(out.contains("the rule's own limit again"), "{out}");
+    let (code, _, err) = admin(
+        admin_url,
+        TOKEN,
+        &["limit", "set", "tenant:acme", "budget", "5"],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("no rule keyed"), "{err}");
     let (code, out, _) = admin(admin_url, TOKEN, &["keys", "revoke", &id]);
     assert_eq!((code, out.trim()), (0, format!("{id} revoked").as_str()));
     assert_eq!(chat(fresh).await, 401);

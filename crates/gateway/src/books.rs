@@ -239,8 +239,19 @@ impl Books {
             return Ok(true);
         }
         let kills = self.ledger.kills().await.map_err(|e| e.to_string())?;
-        let keys = self.ledger.issued_keys().await.map_err(|e| e.to_string())?;
-        Ok(!kills.is_empty() || !keys.is_empty())
+        let mut kept = !kills.is_empty();
+        for set in [
+            tollgate_ledger::Kept::IssuedKeys,
+            tollgate_ledger::Kept::Limits,
+        ] {
+            kept |= !self
+                .ledger
+                .records(set)
+                .await
+                .map_err(|e| e.to_string())?
+                .is_empty();
+        }
+        Ok(kept)
     }
 
     /// Restores the books of a store that starts empty in this process (the memory store)
@@ -302,15 +313,26 @@ impl Books {
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        let keys = self.ledger.issued_keys().await.map_err(|e| e.to_string())?;
-        if let (false, Some(redis)) = (keys.is_empty(), store.redis()) {
-            let changes: Vec<(String, Option<String>)> =
-                keys.into_iter().map(|(d, r)| (d, Some(r))).collect();
-            let step = crate::keys::step().map_err(|e| e.to_string())?;
-            redis
-                .write_issued_keys(&changes, step)
-                .await
-                .map_err(|e| e.to_string())?;
+        for (kept, set) in [
+            (
+                tollgate_ledger::Kept::IssuedKeys,
+                tollgate_redis::RecordSet::IssuedKeys,
+            ),
+            (
+                tollgate_ledger::Kept::Limits,
+                tollgate_redis::RecordSet::Limits,
+            ),
+        ] {
+            let records = self.ledger.records(kept).await.map_err(|e| e.to_string())?;
+            if let (false, Some(redis)) = (records.is_empty(), store.redis()) {
+                let changes: Vec<(String, Option<String>)> =
+                    records.into_iter().map(|(d, r)| (d, Some(r))).collect();
+                let step = crate::keys::step().map_err(|e| e.to_string())?;
+                redis
+                    .write_records(set, &changes, step)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
         }
         store.keep_expiries().await.map_err(|e| e.to_string())?;
         store.acknowledge_loss().await.map_err(|e| e.to_string())?;

@@ -42,6 +42,8 @@ pub struct Gateway {
     pub books: Option<Arc<crate::books::Books>>,
     /// Virtual keys issued at run time (`/admin/keys`).
     pub keys: crate::keys::Registry,
+    /// Limits set at run time for one value (`/admin/limits`).
+    pub overrides: crate::overrides::Overrides,
     /// Set once [`crate::server::prepare`] has run.
     pub(crate) prepared: std::sync::atomic::AtomicBool,
 }
@@ -74,6 +76,7 @@ impl Gateway {
             contexts: Contexts::default(),
             keys: crate::keys::Registry::default(),
             prepared: std::sync::atomic::AtomicBool::new(false),
+            overrides: crate::overrides::Overrides::default(),
         }
     }
 

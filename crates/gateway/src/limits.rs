@@ -112,7 +112,8 @@ async fn counted(
         identity: identity.clone(),
         ..RequestFacts::default()
     };
-    let p = tollgate_core::rate_plan(&cfg.policy, &facts);
+    let mut p = tollgate_core::rate_plan(&cfg.policy, &facts);
+    gw.overrides.apply(&mut p);
     if p.rate.is_empty() {
         return Ok(Vec::new());
     }
@@ -140,13 +141,20 @@ async fn rows(
     scope: &ScopeKey,
     rates: &[(String, tollgate_core::decision::Quota)],
 ) -> Result<Vec<Value>, ApiError> {
+    use crate::overrides::Control;
     let now = SystemClock.now();
     let base =
         |control: &str| json!({"rule": &*rule.name, "scope": scope.key(), "control": control});
+    // A limit set at run time for this scope, in the rule's place.
+    let own = |control: Control, default: u64| {
+        gw.overrides
+            .get(scope.id(), control)
+            .map_or(default, |o| o.limit)
+    };
     let mut out = Vec::new();
     if let Some(r) = rule.requests {
         let mut row = base("requests");
-        row["limit"] = json!(r.limit.get());
+        row["limit"] = json!(own(Control::Requests, r.limit.get()));
         row["window"] = json!(
             humantime::format_duration(std::time::Duration::from_millis(r.window_ms.get()))
                 .to_string()
@@ -179,13 +187,21 @@ async fn rows(
         .map_err(crate::path::admit::store_error)?;
     if let Some(c) = rule.concurrency {
         let mut row = base("concurrency");
-        row["limit"] = json!(c.limit.get());
+        let limit = own(Control::Concurrency, c.limit.get());
+        row["limit"] = json!(limit);
         row["used"] = json!(u.leases);
-        row["remaining"] = json!(c.limit.get().saturating_sub(u.leases));
+        row["remaining"] = json!(limit.saturating_sub(u.leases));
         out.push(row);
     }
     if let Some(b) = rule.budget {
-        out.push(amounts(base("budget"), b, u.settled, u.reserved, now));
+        let limit = own(Control::Budget, b.limit.get());
+        out.push(amounts(
+            base("budget"),
+            (b, limit),
+            u.settled,
+            u.reserved,
+            now,
+        ));
     }
     if let Some(t) = rule.tool_calls {
         let id = format!("{}?tool_calls", scope.id());
@@ -194,7 +210,14 @@ async fn rows(
             .usage(&id, Some(t.period))
             .await
             .map_err(crate::path::admit::store_error)?;
-        out.push(amounts(base("tool_calls"), t, tu.settled, tu.reserved, now));
+        let limit = own(Control::ToolCalls, t.limit.get());
+        out.push(amounts(
+            base("tool_calls"),
+            (t, limit),
+            tu.settled,
+            tu.reserved,
+            now,
+        ));
     }
     Ok(out)
 }
@@ -202,16 +225,16 @@ async fn rows(
 /// A budget's row: its amounts in the policy's unit, each with a person's reading.
 fn amounts(
     mut row: Value,
-    b: tollgate_core::policy::BudgetLimit,
+    (b, limit): (tollgate_core::policy::BudgetLimit, u64),
     used: u64,
     reserved: u64,
     now: u64,
 ) -> Value {
     let (_, _, end) = b.period.at(now);
-    let remaining = b.limit.get().saturating_sub(used.saturating_add(reserved));
+    let remaining = limit.saturating_sub(used.saturating_add(reserved));
     row["unit"] = json!(b.unit.as_str());
     for (k, n) in [
-        ("limit", b.limit.get()),
+        ("limit", limit),
         ("used", used),
         ("reserved", reserved),
         ("remaining", remaining),

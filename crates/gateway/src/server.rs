@@ -279,6 +279,8 @@ pub async fn serve_bound(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let gw = Arc::new(gw);
+    // Before any listener answers, the admin API's included.
+    prepare(&gw).await?;
     let cfg = gw.config();
     let admin = match (bound.admin, &cfg.admin) {
         (Some(l), Some(admin)) => Some((l, admin)),
@@ -292,7 +294,7 @@ pub async fn serve_bound(
         (None, None) => None,
     };
     if let Some((l, admin)) = admin {
-        let app = crate::admin::router(gw.clone(), admin.token.clone());
+        let app = crate::admin::router(gw.clone(), admin.clone());
         tokio::spawn(crate::conn::accept(
             l,
             app,

@@ -157,7 +157,7 @@ async fn issued_keys_are_rebuilt_from_the_ledger() {
     let rows = tollgate_ledger::Ledger::open(tollgate_ledger::Settings::new(pg.url()))
         .await
         .unwrap()
-        .issued_keys()
+        .records(tollgate_ledger::Kept::IssuedKeys)
         .await
         .unwrap();
     assert_eq!(rows.len(), 2);
@@ -212,4 +212,100 @@ async fn a_bad_key_request_names_its_fault() {
     );
     let (_, listed) = gw.admin("GET", "/admin/keys", None).await;
     assert_eq!(listed["keys"], json!([]));
+}
+
+/// A tenant's own admin token manages that tenant's keys and reads its usage, and nothing else:
+/// another tenant's keys are not listed, found or issued, and the operator's calls are 403.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_token_manages_its_own_tenant_only() {
+    let sim = sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let acme_token = "acme-admin-token-0123456789";
+    std::fs::write(dir.path().join("acme"), acme_token).unwrap();
+    let text = format!(
+        "[[admin.tenants]]\ntenant = \"acme\"\ntoken_file = \"{}\"\n",
+        dir.path().join("acme").display()
+    );
+    let gw = Instance::start_with(&sim, &text, common::instance::BUDGET).await;
+    let acme = |method: &'static str, path: String, body: Option<Value>| {
+        let gw = &gw;
+        async move { gw.admin_as(acme_token, method, &path, body).await }
+    };
+    let (status, v) = acme(
+        "POST",
+        "/admin/keys".into(),
+        Some(json!({"tenant": "acme"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    let own = v["key"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(gw.ask_with(v["secret"].as_str().unwrap()).await.0, 200);
+    let (status, v) = acme(
+        "POST",
+        "/admin/keys".into(),
+        Some(json!({"tenant": "beta"})),
+    )
+    .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (403, Some("admin_scope_forbidden"))
+    );
+    let (beta, _) = create(&gw, "beta", json!({})).await;
+    let (_, listed) = acme("GET", "/admin/keys".into(), None).await;
+    let ids: Vec<&str> = listed["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [own.as_str()]);
+    let (status, _) = acme("DELETE", format!("/admin/keys/{beta}"), None).await;
+    assert_eq!(status, 404, "another tenant's key is not found");
+    assert_eq!(
+        acme(
+            "POST",
+            format!("/admin/keys/{beta}/rotate"),
+            Some(json!({}))
+        )
+        .await
+        .0,
+        404
+    );
+    let (status, v) = acme(
+        "GET",
+        "/admin/usage?scope=tenant%7Ctenant%3Aacme".into(),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, _) = acme(
+        "GET",
+        "/admin/usage?scope=tenant%7Ctenant%3Abeta".into(),
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+    for (method, path) in [
+        ("GET", "/admin/status"),
+        ("POST", "/admin/reload"),
+        ("GET", "/admin/kill"),
+    ] {
+        let (status, v) = acme(method, path.into(), None).await;
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (403, Some("admin_scope_forbidden")),
+            "{path}"
+        );
+    }
+    assert_eq!(
+        acme("DELETE", format!("/admin/keys/{own}"), None).await.0,
+        200
+    );
+    // The operator's token still does everything.
+    assert_eq!(
+        gw.admin("DELETE", &format!("/admin/keys/{beta}"), None)
+            .await
+            .0,
+        200
+    );
 }

@@ -151,6 +151,25 @@ impl Settings {
     }
 }
 
+/// Records the gateway sets at run time, kept here so that they outlive a store that forgets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// Virtual keys issued at run time, by the digest of their secret (`tollgate_keys`).
+    IssuedKeys,
+    /// Limits set for one value, by scope and control (`tollgate_limits`).
+    Limits,
+}
+
+impl Kept {
+    /// Its table and key column (fixed names, never from outside).
+    fn table(self) -> (&'static str, &'static str) {
+        match self {
+            Kept::IssuedKeys => ("tollgate_keys", "digest"),
+            Kept::Limits => ("tollgate_limits", "field"),
+        }
+    }
+}
+
 /// The ledger: cheap to clone, one buffer and two connections shared (one for the writes'
 /// transactions, one for everything else).
 #[derive(Clone)]
@@ -367,10 +386,11 @@ impl Ledger {
             .collect()
     }
 
-    /// Writes a virtual key issued at run time (`Some(record)`) or deletes it (`None`), by the
-    /// digest of its secret; several at once, atomically.
-    pub async fn put_issued_keys(
+    /// Writes (`Some(record)`) or deletes (`None`) records of `set` by field (an issued key's
+    /// digest, a limit's scope and control); several at once, atomically.
+    pub async fn put_records(
         &self,
+        set: Kept,
         changes: &[(String, Option<String>)],
         at_ms: i64,
     ) -> Result<(), LedgerError> {
@@ -379,30 +399,34 @@ impl Ledger {
             .filter(|(_, r)| r.is_none())
             .map(|(d, _)| d.as_str())
             .collect();
-        let (digests, records): (Vec<&str>, Vec<&str>) = changes
+        let (fields, records): (Vec<&str>, Vec<&str>) = changes
             .iter()
             .filter_map(|(d, r)| r.as_deref().map(|r| (d.as_str(), r)))
             .unzip();
+        let (table, field) = set.table();
         let c = self.inner.conn.get().await?;
         // One statement: the changes land together or not at all.
         c.execute(
-            "WITH gone AS (DELETE FROM tollgate_keys WHERE digest = ANY($1::text[])) \
-             INSERT INTO tollgate_keys (digest, record, at_ms) \
-             SELECT d, r, $4 FROM unnest($2::text[], $3::text[]) AS t(d, r) \
-             ON CONFLICT (digest) DO UPDATE SET record = EXCLUDED.record, at_ms = EXCLUDED.at_ms",
-            &[&gone, &digests, &records, &at_ms],
+            &format!(
+                "WITH gone AS (DELETE FROM {table} WHERE {field} = ANY($1::text[])) \
+                 INSERT INTO {table} ({field}, record, at_ms) \
+                 SELECT d, r, $4 FROM unnest($2::text[], $3::text[]) AS t(d, r) \
+                 ON CONFLICT ({field}) DO UPDATE SET record = EXCLUDED.record, at_ms = EXCLUDED.at_ms"
+            ),
+            &[&gone, &fields, &records, &at_ms],
         )
         .await
         .map(|_| ())
         .map_err(|e| self.inner.conn.failed(e))
     }
 
-    /// Every virtual key issued at run time: (digest of its secret, record).
-    pub async fn issued_keys(&self) -> Result<Vec<(String, String)>, LedgerError> {
+    /// Every record of `set`: (field, record).
+    pub async fn records(&self, set: Kept) -> Result<Vec<(String, String)>, LedgerError> {
+        let (table, field) = set.table();
         let c = self.inner.conn.get().await?;
         let rows = c
             .query(
-                "SELECT digest, record FROM tollgate_keys ORDER BY digest",
+                &format!("SELECT {field}, record FROM {table} ORDER BY {field}"),
                 &[],
             )
             .await

@@ -51,6 +51,12 @@ const MIGRATIONS: &[&str] = &[
         record text NOT NULL,
         at_ms bigint NOT NULL
     );",
+    // 4: limits set at run time for one value, by scope and control.
+    "CREATE TABLE tollgate_limits (
+        field text PRIMARY KEY,
+        record text NOT NULL,
+        at_ms bigint NOT NULL
+    );",
 ];
 
 /// An arbitrary constant: the advisory lock the migrations are run under.

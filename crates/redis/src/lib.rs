@@ -72,6 +72,7 @@ pub use decode::{
     ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, SHADOW_REPLIES, STORE_REASONS,
 };
 pub use encode::{Invocation, Strs, admit_invocation};
+pub use issued::RecordSet;
 pub use keys::KEY_REPLIES;
 pub use slices::{SLICE_REPLIES, SLICE_TICKETS, slice_invocation};
 

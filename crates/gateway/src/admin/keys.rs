@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::AdminScope;
 use crate::gateway::Shared;
 use crate::keys::{self, KeyError};
 use crate::respond::ApiError;
@@ -39,11 +40,18 @@ fn body<T: serde::de::DeserializeOwned>(b: &Bytes) -> Result<T, Response> {
 }
 
 /// `POST /admin/keys`: 201 with the key and its secret, shown this once.
-pub(super) async fn create(State(gw): State<Shared>, b: Bytes) -> Response {
-    let new = match body(&b) {
+pub(super) async fn create(
+    State(gw): State<Shared>,
+    axum::Extension(who): axum::Extension<AdminScope>,
+    b: Bytes,
+) -> Response {
+    let new: keys::NewKey = match body(&b) {
         Ok(n) => n,
         Err(r) => return r,
     };
+    if let Some(t) = who.tenant().filter(|t| *t != new.tenant) {
+        return crate::respond::admin_scope_forbidden(t).into_response();
+    }
     match keys::create(&gw, new).await {
         Ok((issued, secret)) => {
             tracing::info!(id = %issued.id, tenant = %issued.tenant, "a key was issued");
@@ -58,21 +66,33 @@ pub(super) async fn create(State(gw): State<Shared>, b: Bytes) -> Response {
 }
 
 /// `GET /admin/keys`: every issued key that works, without secrets.
-pub(super) async fn list(State(gw): State<Shared>) -> Response {
+pub(super) async fn list(
+    State(gw): State<Shared>,
+    axum::Extension(who): axum::Extension<AdminScope>,
+) -> Response {
     let _ = keys::refresh(&gw).await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    axum::Json(json!({"keys": gw.keys.list(now)})).into_response()
+    let mut listed = gw.keys.list(now);
+    if let Some(t) = who.tenant() {
+        listed.retain(|k| k.tenant == t);
+    }
+    axum::Json(json!({"keys": listed})).into_response()
 }
 
 /// `POST /admin/keys/{id}/rotate`: a new secret; the old one works for the grace period.
-pub(super) async fn rotate(State(gw): State<Shared>, Path(id): Path<String>, b: Bytes) -> Response {
+pub(super) async fn rotate(
+    State(gw): State<Shared>,
+    axum::Extension(who): axum::Extension<AdminScope>,
+    Path(id): Path<String>,
+    b: Bytes,
+) -> Response {
     let r = match body(&b) {
         Ok(r) => r,
         Err(r) => return r,
     };
-    match keys::rotate(&gw, &id, r).await {
+    match keys::rotate(&gw, &id, who.tenant(), r).await {
         Ok((issued, secret)) => {
             tracing::info!(id = %issued.id, "a key was rotated");
             axum::Json(json!({"key": issued, "secret": secret})).into_response()
@@ -82,8 +102,12 @@ pub(super) async fn rotate(State(gw): State<Shared>, Path(id): Path<String>, b: 
 }
 
 /// `DELETE /admin/keys/{id}`: every secret of the key stops working.
-pub(super) async fn revoke(State(gw): State<Shared>, Path(id): Path<String>) -> Response {
-    match keys::revoke(&gw, &id).await {
+pub(super) async fn revoke(
+    State(gw): State<Shared>,
+    axum::Extension(who): axum::Extension<AdminScope>,
+    Path(id): Path<String>,
+) -> Response {
+    match keys::revoke(&gw, &id, who.tenant()).await {
         Ok(()) => {
             tracing::info!(id = %id, "a key was revoked");
             axum::Json(json!({"id": id, "revoked": true})).into_response()

@@ -3,6 +3,7 @@
 //! store sees a kill switch at once (it is checked inside the atomic admission).
 
 mod keys;
+mod overrides;
 mod page;
 mod store;
 pub mod words;
@@ -38,8 +39,9 @@ pub(crate) fn token_matches(given: &str, token: &str) -> bool {
 /// The admin routes; `token` is required as `Authorization: Bearer` (`/metrics` too: Prometheus
 /// sends it as `authorization`), except by `/healthz` and `/readyz` (probes carry no token, and
 /// the admin listener keeps answering through a shutdown's drain, when `/readyz` says 503).
-pub fn router(gw: Shared, token: String) -> Router {
-    let form = page::FormToken::of(&token);
+pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
+    let form = page::FormToken::of(&admin.token);
+    let admin = std::sync::Arc::new(admin);
     Router::new()
         .route("/admin/ui", get(page::page))
         .route("/admin/ui/kill", post(page::kill))
@@ -49,6 +51,12 @@ pub fn router(gw: Shared, token: String) -> Router {
         .route("/admin/kill/{target}", delete(clear_kill))
         .route("/admin/usage", get(usage))
         .route("/admin/reload", post(reload))
+        .route(
+            "/admin/limits",
+            get(overrides::list)
+                .put(overrides::set)
+                .delete(overrides::clear),
+        )
         .route("/admin/keys", get(keys::list).post(keys::create))
         .route("/admin/keys/{id}", delete(keys::revoke))
         .route("/admin/keys/{id}/rotate", post(keys::rotate))
@@ -60,10 +68,10 @@ pub fn router(gw: Shared, token: String) -> Router {
         .route("/metrics", get(crate::telemetry::metrics))
         .layer(middleware::from_fn(
             move |headers: HeaderMap, mut req: axum::extract::Request, next: Next| {
-                let (token, form) = (token.clone(), form.clone());
+                let (admin, form) = (admin.clone(), form.clone());
                 async move {
-                    let ok = given_token(&headers).is_some_and(|g| token_matches(&g, &token));
-                    if !ok {
+                    let Some(scope) = given_token(&headers).and_then(|g| scope_of(&g, &admin))
+                    else {
                         let mut r = crate::respond::admin_unauthorized().into_response();
                         // A browser asks for it: any user name, the token as the password.
                         r.headers_mut().insert(
@@ -73,7 +81,13 @@ pub fn router(gw: Shared, token: String) -> Router {
                             ),
                         );
                         return r;
+                    };
+                    if let AdminScope::Tenant(t) = &scope {
+                        if !tenant_may(req.uri().path()) {
+                            return crate::respond::admin_scope_forbidden(t).into_response();
+                        }
                     }
+                    req.extensions_mut().insert(scope);
                     req.extensions_mut().insert(form);
                     next.run(req).await
                 }
@@ -86,6 +100,57 @@ pub fn router(gw: Shared, token: String) -> Router {
 
 /// The token a request presents: `Authorization: Bearer TOKEN`, or `Basic` with the token as
 /// the password (the user name is not looked at).
+/// Whom an admin call speaks for: the operator (the admin token), or one tenant (a token of
+/// `[[admin.tenants]]`), which manages that tenant's keys and reads its usage only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminScope {
+    /// Everything.
+    All,
+    /// This tenant's keys and usage.
+    Tenant(String),
+}
+
+impl AdminScope {
+    /// The one tenant a call may touch, if it is limited to one.
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            AdminScope::All => None,
+            AdminScope::Tenant(t) => Some(t),
+        }
+    }
+
+    /// Whether a call may read or change scope `id` (`rule|tenant:…/…`).
+    pub fn owns_scope(&self, id: &str) -> bool {
+        match self {
+            AdminScope::All => true,
+            AdminScope::Tenant(t) => id.split_once('|').is_some_and(|(_, key)| {
+                key.split('/')
+                    .any(|part| part.strip_prefix("tenant:") == Some(t.as_str()))
+            }),
+        }
+    }
+}
+
+/// The scope a presented token gives, each compared whole in constant time.
+fn scope_of(given: &str, admin: &crate::config::AdminConfig) -> Option<AdminScope> {
+    if token_matches(given, &admin.token) {
+        return Some(AdminScope::All);
+    }
+    admin
+        .tenants
+        .iter()
+        .find(|(_, t)| token_matches(given, t))
+        .map(|(tenant, _)| AdminScope::Tenant(tenant.clone()))
+}
+
+/// What a tenant's token may call: its keys, its usage and its limits.
+fn tenant_may(path: &str) -> bool {
+    path == "/admin/keys"
+        || path.starts_with("/admin/keys/")
+        || path == "/admin/usage"
+        || path == "/admin/limits"
+}
+
 fn given_token(headers: &HeaderMap) -> Option<String> {
     use base64::Engine;
     let v = headers.get("authorization")?.to_str().ok()?;
@@ -327,7 +392,11 @@ struct UsageQuery {
     at: Option<String>,
 }
 
-async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Response {
+async fn usage(
+    State(gw): State<Shared>,
+    axum::Extension(who): axum::Extension<AdminScope>,
+    Query(q): Query<UsageQuery>,
+) -> Response {
     let cfg = gw.config();
     let rule_name = q.scope.split('|').next().unwrap_or("");
     let Some(rule) = cfg.policy.scopes.iter().find(|r| &*r.name == rule_name) else {
@@ -344,6 +413,10 @@ async fn usage(State(gw): State<Shared>, Query(q): Query<UsageQuery>) -> Respons
             return crate::respond::scope_needs_key(rule_name, &dims.join("/")).into_response();
         }
     };
+    if !who.owns_scope(&scope) {
+        return crate::respond::admin_scope_forbidden(who.tenant().unwrap_or_default())
+            .into_response();
+    }
     let q = UsageQuery { scope, at: q.at };
     let period = rule.budget.map(|b| b.period);
     if let Some(at) = &q.at {

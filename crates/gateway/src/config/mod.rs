@@ -3,6 +3,7 @@
 //! outside world (environment variables, files, TLS clients, tokenizer files) done in a step of
 //! its own (`resolve`). Every error names the field at fault.
 
+mod admin;
 mod check;
 mod log;
 mod raw;
@@ -119,6 +120,9 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// The bearer token.
     pub token: String,
+    /// Tokens of one tenant each (`[[admin.tenants]]`): (tenant, token). They manage that
+    /// tenant's keys and read its usage, nothing else.
+    pub tenants: Vec<(String, String)>,
 }
 
 /// A validated configuration.

@@ -158,6 +158,21 @@ pub struct RawAdmin {
     pub token_env: Option<String>,
     /// File holding the bearer token (e.g. a mounted secret); give this or `token_env`.
     pub token_file: Option<String>,
+    /// Tokens that manage one tenant's keys and read its usage only.
+    #[serde(default)]
+    pub tenants: Vec<RawTenantToken>,
+}
+
+/// `[[admin.tenants]]`: a token of one tenant's own.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenantToken {
+    /// The tenant it manages.
+    pub tenant: String,
+    /// Environment variable holding the token.
+    pub token_env: Option<String>,
+    /// File holding the token; give this or `token_env`.
+    pub token_file: Option<String>,
 }
 
 /// `[responses]`

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use tollgate_tokens::Counting;
 use tollgate_tokens::hf::HfTokenizer;
 
-use super::validate::{Checked, TokenSource, TokenizerSpec, admin_token};
+use super::admin::{TokenSource, admin_token};
+use super::validate::{Checked, TokenizerSpec};
 use super::{ConfigError, GatewayConfig, Upstream, err};
 use crate::upstream::{Route, UpstreamClient};
 
@@ -79,14 +80,26 @@ pub(super) fn resolve(checked: Checked) -> Result<GatewayConfig, ConfigError> {
         config.counter = config.counter.with_model(model, counting);
     }
     if let Some(a) = admin {
-        let token = match &a.token {
-            TokenSource::Env(var) => env(var, "admin.token_env")?,
+        let read = |source: &TokenSource, field: &str| match source {
+            TokenSource::Env(var) => env(var, &format!("{field}.token_env")),
             TokenSource::File(file) => std::fs::read_to_string(file)
-                .map_err(|e| err("admin.token_file", format!("reading {file}: {e}")))?
-                .trim()
-                .to_owned(),
+                .map(|t| t.trim().to_owned())
+                .map_err(|e| {
+                    err(
+                        format!("{field}.token_file"),
+                        format!("reading {file}: {e}"),
+                    )
+                }),
         };
-        config.admin = Some(admin_token(a.listen, token)?);
+        let token = read(&a.token, "admin")?;
+        let mut tenants = Vec::with_capacity(a.tenants.len());
+        for (i, (tenant, source)) in a.tenants.iter().enumerate() {
+            tenants.push((
+                tenant.clone(),
+                read(source, &format!("admin.tenants[{i}]"))?,
+            ));
+        }
+        config.admin = Some(admin_token(a.listen, token, tenants)?);
     }
     Ok(config)
 }

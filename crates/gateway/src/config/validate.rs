@@ -12,10 +12,9 @@ use tollgate_core::{Policy, Reason, Unit};
 use tollgate_tokens::{Counting, Encoding};
 
 use super::{
-    AdminConfig, ConfigError, GatewayConfig, IdempotencyConfig, KeyConfig, MetricsConfig,
-    QueueConfig, RawAdmin, RawAnthropic, RawConfig, RawIdempotency, RawKey, RawKill, RawMetrics,
-    RawOperations, RawQueue, RawRemoteContent, RawResponses, RawServer, RawUpstream,
-    RawUpstreamTools, StreamBounds, err,
+    ConfigError, GatewayConfig, IdempotencyConfig, KeyConfig, MetricsConfig, QueueConfig,
+    RawAnthropic, RawConfig, RawIdempotency, RawKey, RawKill, RawMetrics, RawOperations, RawQueue,
+    RawRemoteContent, RawResponses, RawServer, RawUpstream, RawUpstreamTools, StreamBounds, err,
 };
 use crate::upstream_tools::UpstreamTools;
 
@@ -26,7 +25,7 @@ pub(super) struct Checked {
     pub config: GatewayConfig,
     pub upstreams: Vec<UpstreamSpec>,
     pub tokenizers: Vec<(String, TokenizerSpec)>,
-    pub admin: Option<AdminSpec>,
+    pub admin: Option<super::admin::AdminSpec>,
     pub webhooks: Vec<WebhookSpec>,
     /// `[records] digest_key_env`, read when resolved.
     pub records_key_env: Option<String>,
@@ -58,18 +57,6 @@ pub(super) struct UpstreamSpec {
 /// How a model's tokens are counted: known now, or a tokenizer file to load.
 pub(super) enum TokenizerSpec {
     Known(Counting),
-    File(String),
-}
-
-/// The admin API, checked: where it listens and where its token is.
-pub(super) struct AdminSpec {
-    pub listen: SocketAddr,
-    pub token: TokenSource,
-}
-
-/// Where the admin token is read from.
-pub(super) enum TokenSource {
-    Env(String),
     File(String),
 }
 
@@ -134,7 +121,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         config,
         upstreams,
         tokenizers: tokenizers(&raw.tokenizers)?,
-        admin: raw.admin.as_ref().map(admin).transpose()?,
+        admin: raw.admin.as_ref().map(super::admin::admin).transpose()?,
         webhooks: webhooks(&raw.alerts.webhooks)?,
         records_key_env: raw.records.digest_key_env.clone(),
         store_access: super::stores::access(&raw.store)?,
@@ -616,28 +603,4 @@ fn metrics(raw: &RawMetrics) -> Result<MetricsConfig, ConfigError> {
             .map_err(|e| err("metrics.listen", format!("{e}")))?,
         refresh,
     })
-}
-
-fn admin(a: &RawAdmin) -> Result<AdminSpec, ConfigError> {
-    let token = match (&a.token_env, &a.token_file) {
-        (Some(var), None) => TokenSource::Env(var.clone()),
-        (None, Some(file)) => TokenSource::File(file.clone()),
-        _ => return Err(err("admin", "give exactly one of token_env or token_file")),
-    };
-    let listen = a
-        .listen
-        .parse()
-        .map_err(|e| err("admin.listen", format!("{e}")))?;
-    Ok(AdminSpec { listen, token })
-}
-
-/// The admin API with its token read: at least 16 characters.
-pub(super) fn admin_token(listen: SocketAddr, token: String) -> Result<AdminConfig, ConfigError> {
-    if token.len() < 16 {
-        return Err(err(
-            "admin",
-            "the admin token must be at least 16 characters",
-        ));
-    }
-    Ok(AdminConfig { listen, token })
 }

@@ -10,6 +10,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 pub use record::{Issued, NewKey, Rotation};
+use tollgate_ledger::Kept;
+use tollgate_redis::RecordSet;
 
 use crate::config::{KeyConfig, hash_key};
 use crate::gateway::Gateway;
@@ -120,14 +122,15 @@ impl Registry {
         self.table.read().map_or(0, |t| t.version)
     }
 
-    /// The secrets of the key `id`: (digest, record).
-    fn secrets_of(&self, id: &str) -> Vec<(String, Issued)> {
+    /// The secrets of the key `id` (of tenant `only`, when given): (digest, record).
+    fn secrets_of(&self, id: &str, only: Option<&str>) -> Vec<(String, Issued)> {
         self.table.read().map_or_else(
             |_| Vec::new(),
             |t| {
                 t.by_digest
                     .iter()
                     .filter(|(_, f)| f.issued.id == id)
+                    .filter(|(_, f)| only.is_none_or(|t| f.issued.tenant == t))
                     .map(|(d, f)| (d.clone(), f.issued.clone()))
                     .collect()
             },
@@ -135,25 +138,32 @@ impl Registry {
     }
 }
 
-/// Reads the store's issued keys when they changed (Redis; the memory store's are this
-/// process's own).
+/// Reads the store's issued keys and limit overrides when they changed (Redis; the memory
+/// store's are this process's own).
 pub async fn refresh(gw: &Gateway) -> Result<(), KeyError> {
     let Some(redis) = gw.store.redis() else {
         return Ok(());
     };
-    let known = gw.keys.version();
-    match redis.issued_keys(known).await {
-        Ok(None) => Ok(()),
-        Ok(Some((version, entries))) => {
-            gw.keys.replace(version, &entries);
-            Ok(())
-        }
-        Err(e) => Err(KeyError::Unavailable(e.to_string())),
+    let unavailable = |e: tollgate_core::StoreError| KeyError::Unavailable(e.to_string());
+    if let Some((version, entries)) = redis
+        .records(RecordSet::IssuedKeys, gw.keys.version())
+        .await
+        .map_err(unavailable)?
+    {
+        gw.keys.replace(version, &entries);
     }
+    if let Some((version, entries)) = redis
+        .records(RecordSet::Limits, gw.overrides.version())
+        .await
+        .map_err(unavailable)?
+    {
+        gw.overrides.replace(version, &entries);
+    }
+    Ok(())
 }
 
-/// At start: a memory store's issued keys from the spend ledger (Redis keeps its own, and is
-/// rebuilt from the ledger after a loss).
+/// At start: a memory store's issued keys and limit overrides from the spend ledger (Redis
+/// keeps its own, and is rebuilt from the ledger after a loss).
 pub async fn load(gw: &Gateway) -> Result<(), KeyError> {
     if gw.store.redis().is_some() {
         return refresh(gw).await;
@@ -161,16 +171,16 @@ pub async fn load(gw: &Gateway) -> Result<(), KeyError> {
     let Some(books) = &gw.books else {
         return Ok(());
     };
-    let entries = books
-        .ledger
-        .issued_keys()
-        .await
-        .map_err(|e| KeyError::Unavailable(format!("the spend ledger: {e}")))?;
-    gw.keys.replace(0, &entries);
+    let read =
+        |e: tollgate_ledger::LedgerError| KeyError::Unavailable(format!("the spend ledger: {e}"));
+    let keys = books.ledger.records(Kept::IssuedKeys).await.map_err(read)?;
+    gw.keys.replace(0, &keys);
+    let limits = books.ledger.records(Kept::Limits).await.map_err(read)?;
+    gw.overrides.replace(0, &limits);
     Ok(())
 }
 
-/// Reads the store's issued keys every [`REFRESH_EVERY`] (Redis only).
+/// Reads the store's issued keys and overrides every [`REFRESH_EVERY`] (Redis only).
 pub fn spawn_refresh(gw: Arc<Gateway>) {
     if gw.store.redis().is_none() {
         return;
@@ -187,23 +197,32 @@ pub fn spawn_refresh(gw: Arc<Gateway>) {
     });
 }
 
-/// Writes `changes` (digest, record or deletion): to the ledger first when there is one, then
-/// to the store, then to this instance's table.
-async fn write(gw: &Gateway, changes: Vec<(String, Option<String>)>) -> Result<(), KeyError> {
+/// Writes `changes` (field, record or deletion) of one set: to the ledger first when there is
+/// one, then to the store. The caller applies them to its own table.
+pub(crate) async fn write_set(
+    gw: &Gateway,
+    (kept, set): (Kept, RecordSet),
+    changes: &[(String, Option<String>)],
+) -> Result<(), KeyError> {
     if let Some(books) = &gw.books {
         let at = i64::try_from(now_ms()).unwrap_or(i64::MAX);
         books
             .ledger
-            .put_issued_keys(&changes, at)
+            .put_records(kept, changes, at)
             .await
             .map_err(|e| KeyError::Unavailable(format!("the spend ledger: {e}")))?;
     }
     if let Some(redis) = gw.store.redis() {
         redis
-            .write_issued_keys(&changes, step()?)
+            .write_records(set, changes, step()?)
             .await
             .map_err(|e| KeyError::Unavailable(e.to_string()))?;
     }
+    Ok(())
+}
+
+async fn write(gw: &Gateway, changes: Vec<(String, Option<String>)>) -> Result<(), KeyError> {
+    write_set(gw, (Kept::IssuedKeys, RecordSet::IssuedKeys), &changes).await?;
     gw.keys.apply_locally(&changes);
     Ok(())
 }
@@ -218,9 +237,14 @@ pub async fn create(gw: &Gateway, new: NewKey) -> Result<(Issued, String), KeyEr
     Ok((issued, secret))
 }
 
-/// Rotates key `id`: a new secret, the old ones valid for the grace period (expiring then,
-/// or sooner if they already were to).
-pub async fn rotate(gw: &Gateway, id: &str, r: Rotation) -> Result<(Issued, String), KeyError> {
+/// Rotates key `id` (of tenant `only`, when given): a new secret, the old ones valid for the
+/// grace period (expiring then, or sooner if they already were to).
+pub async fn rotate(
+    gw: &Gateway,
+    id: &str,
+    only: Option<&str>,
+    r: Rotation,
+) -> Result<(Issued, String), KeyError> {
     let _ = refresh(gw).await;
     let grace = match &r.grace {
         None => Duration::from_secs(3600),
@@ -228,7 +252,7 @@ pub async fn rotate(gw: &Gateway, id: &str, r: Rotation) -> Result<(Issued, Stri
             .map_err(|e| KeyError::Invalid(format!("grace {g:?}: {e}")))?,
     };
     let now = now_ms();
-    let old = gw.keys.secrets_of(id);
+    let old = gw.keys.secrets_of(id, only);
     let Some((_, current)) = old.iter().find(|(_, i)| !i.rotated && i.valid_at(now)) else {
         return Err(KeyError::NotFound(id.to_owned()));
     };
@@ -256,11 +280,11 @@ pub async fn rotate(gw: &Gateway, id: &str, r: Rotation) -> Result<(Issued, Stri
     Ok((fresh, secret))
 }
 
-/// Revokes key `id`: every secret of it stops working (on every instance within
-/// [`REFRESH_EVERY`]).
-pub async fn revoke(gw: &Gateway, id: &str) -> Result<(), KeyError> {
+/// Revokes key `id` (of tenant `only`, when given): every secret of it stops working (on every
+/// instance within [`REFRESH_EVERY`]).
+pub async fn revoke(gw: &Gateway, id: &str, only: Option<&str>) -> Result<(), KeyError> {
     let _ = refresh(gw).await;
-    let old = gw.keys.secrets_of(id);
+    let old = gw.keys.secrets_of(id, only);
     if old.is_empty() {
         return Err(KeyError::NotFound(id.to_owned()));
     }
@@ -329,7 +353,7 @@ fn validate(gw: &Gateway, new: NewKey, now: u64) -> Result<Issued, KeyError> {
 }
 
 /// A random step for the store's version of its issued keys (see
-/// [`tollgate_redis::RedisStore::write_issued_keys`]).
+/// [`tollgate_redis::RedisStore::write_records`]).
 pub fn step() -> Result<u32, KeyError> {
     Ok(u32::from_le_bytes(random::<4>()?))
 }
@@ -360,7 +384,7 @@ fn hex(b: &[u8]) -> String {
         })
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

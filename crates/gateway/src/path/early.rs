@@ -48,7 +48,8 @@ pub(crate) async fn early_rate(
         identity,
         ..RequestFacts::default()
     };
-    let p = tollgate_core::rate_plan(&cfg.policy, &facts);
+    let mut p = tollgate_core::rate_plan(&cfg.policy, &facts);
+    gw.overrides.apply(&mut p);
     if p.rate.is_empty() {
         return Ok(Vec::new());
     }

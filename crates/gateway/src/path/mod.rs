@@ -145,6 +145,8 @@ async fn admit_counted(
         }
         e => respond::unpriced_model(e),
     })?;
+    // Limits set at run time for one value take their rules' place.
+    gw.overrides.apply(&mut p);
     // The attempt was counted in these before its body was (see `early`).
     p.rate.retain(|r| !early.contains(&r.scope));
     if gw.books.as_ref().is_some_and(|b| !b.ledger.accepting()) {

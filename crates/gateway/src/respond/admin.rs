@@ -63,3 +63,16 @@ pub fn kill_not_set(target: &str) -> ApiError {
         format!("{target} is not switched off: there is nothing to lift."),
     )
 }
+
+/// A tenant's admin token used beyond its tenant: 403.
+pub fn admin_scope_forbidden(tenant: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "invalid_request_error",
+        "admin_scope_forbidden",
+        format!(
+            "This token manages the keys and reads the usage of tenant {tenant:?} only; the \
+             operator's admin token does the rest."
+        ),
+    )
+}

@@ -56,7 +56,11 @@ impl Instance {
         config.upstreams[0].api_key = Some(super::SIM_KEY.into());
         let store = tollgate_gateway::start_store(&config).await.unwrap();
         let books = tollgate_gateway::open_books(&config).await.unwrap();
-        let gw = Gateway::new(config, store).with_books(books);
+        let records = config.records.clone();
+        let mut gw = Gateway::new(config, store).with_books(books);
+        if let Some(path) = records {
+            gw = gw.with_records(tollgate_gateway::records::RecordSink::open(&path).unwrap());
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -113,13 +117,24 @@ impl Instance {
 
     /// One admin call: (status, JSON answer).
     pub async fn admin(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.admin_as(TOKEN, method, path, body).await
+    }
+
+    /// One admin call with `token`: (status, JSON answer).
+    pub async fn admin_as(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build_http::<http_body_util::Full<bytes::Bytes>>();
         let req = hyper::Request::builder()
             .method(method)
             .uri(format!("http://{}{path}", self.admin))
-            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("authorization", format!("Bearer {token}"))
             .header("content-type", "application/json")
             .body(http_body_util::Full::new(bytes::Bytes::from(
                 body.map(|b| b.to_string()).unwrap_or_default(),

@@ -1,0 +1,367 @@
+//! Limits set at run time for one value: a rule's limit for one tenant, key, user (any scope the
+//! rule keys), set, raised or lowered through the admin API without a reload. An override
+//! replaces that rule's limit for that scope only; every other rule still applies, so a tighter
+//! rule elsewhere still refuses. Kept like issued keys (the store, the ledger, every instance
+//! within [`crate::keys::REFRESH_EVERY`]), and named in the decision records of the requests it
+//! decided, with its revision.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use serde::{Deserialize, Serialize};
+use tollgate_core::pipeline::Plan;
+use tollgate_core::policy::ScopeRule;
+use tollgate_core::{Dimension, Identity, Policy, ScopeKey, Unit};
+
+/// The controls an override can set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Control {
+    /// Attempts per the rule's window.
+    Requests,
+    /// Requests at once.
+    Concurrency,
+    /// The budget per the rule's period, in its unit.
+    Budget,
+    /// Tool calls per the rule's period.
+    ToolCalls,
+}
+
+impl Control {
+    /// Its name, as the API and the CLI write it.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "requests" => Control::Requests,
+            "concurrency" => Control::Concurrency,
+            "budget" => Control::Budget,
+            "tool_calls" => Control::ToolCalls,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Control::Requests => "requests",
+            Control::Concurrency => "concurrency",
+            Control::Budget => "budget",
+            Control::ToolCalls => "tool_calls",
+        }
+    }
+
+    /// The rule's own limit of this control, if it holds the control.
+    pub fn default_of(self, rule: &ScopeRule) -> Option<u64> {
+        match self {
+            Control::Requests => rule.requests.map(|r| r.limit.get()),
+            Control::Concurrency => rule.concurrency.map(|c| c.limit.get()),
+            Control::Budget => rule.budget.map(|b| b.limit.get()),
+            Control::ToolCalls => rule.tool_calls.map(|b| b.limit.get()),
+        }
+    }
+}
+
+/// One limit set for one scope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Override {
+    /// The rule.
+    pub rule: String,
+    /// The scope's storage id (`rule|tenant:acme`).
+    pub scope: String,
+    /// The control.
+    pub control: Control,
+    /// The limit, in the rule's unit for the control.
+    pub limit: u64,
+    /// How many times this scope's control has been set (1 the first time).
+    pub revision: u64,
+    /// When it was last set (ms since the epoch).
+    pub set_at_ms: u64,
+}
+
+impl Override {
+    /// Where it is kept: its scope and control.
+    pub fn field(&self) -> String {
+        field(&self.scope, self.control)
+    }
+
+    /// How a decision record names it.
+    fn named(&self) -> String {
+        format!("{}#{}@{}", self.scope, self.control.name(), self.revision)
+    }
+}
+
+/// Where the override of `control` in scope `scope` is kept.
+pub fn field(scope: &str, control: Control) -> String {
+    format!("{scope}#{}", control.name())
+}
+
+/// The overrides this instance knows.
+#[derive(Debug, Default)]
+pub struct Overrides {
+    table: RwLock<(u64, HashMap<String, Override>)>,
+}
+
+impl Overrides {
+    /// The override of `control` in scope `scope`, if one is set.
+    pub fn get(&self, scope: &str, control: Control) -> Option<Override> {
+        let t = self.table.read().ok()?;
+        t.1.get(&field(scope, control)).cloned()
+    }
+
+    /// Every override, by scope.
+    pub fn list(&self) -> Vec<Override> {
+        let mut all: Vec<Override> = self
+            .table
+            .read()
+            .map(|t| t.1.values().cloned().collect())
+            .unwrap_or_default();
+        all.sort_by_key(Override::field);
+        all
+    }
+
+    /// The version of the store's set this table was read at.
+    pub fn version(&self) -> u64 {
+        self.table.read().map_or(0, |t| t.0)
+    }
+
+    /// Replaces the table with `entries` (field, record JSON) at `version`.
+    pub fn replace(&self, version: u64, entries: &[(String, String)]) {
+        let mut map = HashMap::with_capacity(entries.len());
+        for (f, json) in entries {
+            match serde_json::from_str::<Override>(json) {
+                Ok(o) => {
+                    map.insert(f.clone(), o);
+                }
+                Err(e) => tracing::warn!(cause = %e, "a limit override cannot be read: skipped"),
+            }
+        }
+        if let Ok(mut t) = self.table.write() {
+            *t = (version, map);
+        }
+    }
+
+    /// Applies changes made on this instance at once (others read them from the store).
+    pub fn apply_locally(&self, changes: &[(String, Option<String>)]) {
+        let Ok(mut t) = self.table.write() else {
+            return;
+        };
+        t.0 += 1;
+        for (f, json) in changes {
+            match json.as_deref().map(serde_json::from_str::<Override>) {
+                Some(Ok(o)) => {
+                    t.1.insert(f.clone(), o);
+                }
+                _ => {
+                    t.1.remove(f);
+                }
+            }
+        }
+    }
+
+    /// Puts the overrides that concern `plan`'s checks in place of their rules' limits, and
+    /// names them in its policy version (so in its decision record).
+    pub fn apply(&self, plan: &mut Plan) {
+        let Ok(t) = self.table.read() else {
+            return;
+        };
+        if t.1.is_empty() {
+            return;
+        }
+        let mut used: Vec<String> = Vec::new();
+        let mut set = |scope: &ScopeKey, control: Control, limit: &mut u64| {
+            // A tool-call budget is kept in a child of its rule's scope.
+            let id = scope.id().split('?').next().unwrap_or_default();
+            if let Some(o) = t.1.get(&field(id, control)) {
+                *limit = o.limit;
+                used.push(o.named());
+            }
+        };
+        for r in &mut plan.rate {
+            set(&r.scope, Control::Requests, &mut r.limit);
+        }
+        for c in &mut plan.concurrency {
+            set(&c.scope, Control::Concurrency, &mut c.limit);
+        }
+        for b in &mut plan.budget {
+            let control = match b.unit {
+                Unit::ToolCalls => Control::ToolCalls,
+                Unit::Tokens | Unit::MicroUsd => Control::Budget,
+            };
+            set(&b.scope, control, &mut b.limit);
+        }
+        if !used.is_empty() {
+            plan.policy_version = format!("{}+{}", plan.policy_version, used.join("+")).into();
+        }
+    }
+}
+
+/// The rule and scope a value names (`tenant:acme`, `tenant:acme/user:alice`) for `control`:
+/// the rule named, or the one rule keyed on exactly those dimensions that holds the control.
+pub fn resolve<'p>(
+    policy: &'p Policy,
+    value: &str,
+    control: Control,
+    rule: Option<&str>,
+) -> Result<(&'p ScopeRule, ScopeKey), String> {
+    let mut identity = Identity::default();
+    let mut dims = Vec::new();
+    for part in value.split('/') {
+        let (d, v) = part.split_once(':').ok_or_else(|| {
+            format!("value {value:?}: expected dimension:value, e.g. tenant:acme")
+        })?;
+        let d =
+            Dimension::parse(d).ok_or_else(|| format!("value {value:?}: no dimension {d:?}"))?;
+        if v.is_empty() || v.len() > 256 {
+            return Err(format!("value {value:?}: {d:?} must be 1 to 256 bytes"));
+        }
+        identity = identity.with(d, v.to_owned());
+        dims.push(d);
+    }
+    dims.sort();
+    let fits = |r: &&ScopeRule| {
+        let mut own = r.dims.clone();
+        own.sort();
+        // A user's scope is inside its tenant (`tenant:acme/user:alice` for `key = "user"`):
+        // the value names the tenant too.
+        let mut named = dims.clone();
+        if own.contains(&Dimension::User) && !own.contains(&Dimension::Tenant) {
+            named.retain(|d| *d != Dimension::Tenant);
+        }
+        !r.shadow
+            && own == named
+            && control.default_of(r).is_some()
+            && r.matches
+                .iter()
+                .all(|(d, v)| identity.get(*d) == Some(v.as_str()))
+    };
+    let candidates: Vec<&ScopeRule> = policy.scopes.iter().filter(fits).collect();
+    let chosen = match (rule, candidates.as_slice()) {
+        (Some(name), _) => candidates
+            .iter()
+            .find(|r| &*r.name == name)
+            .copied()
+            .ok_or_else(|| {
+                format!(
+                    "rule {name:?} is not keyed on {value:?} with {} (rules that are: {})",
+                    control.name(),
+                    names(&candidates)
+                )
+            })?,
+        (None, [one]) => *one,
+        (None, []) => {
+            return Err(format!(
+                "no rule keyed on {value:?} holds {}",
+                control.name()
+            ));
+        }
+        (None, many) => {
+            return Err(format!(
+                "several rules are keyed on {value:?} with {}: name one with rule ({})",
+                control.name(),
+                names(many)
+            ));
+        }
+    };
+    let key = ScopeKey::derive_in(&chosen.name, &chosen.dims, &identity, chosen.ip_prefix)
+        .ok_or_else(|| format!("value {value:?} does not name every dimension of its rule"))?;
+    Ok((chosen, key))
+}
+
+fn names(rules: &[&ScopeRule]) -> String {
+    let n: Vec<&str> = rules.iter().map(|r| &*r.name).collect();
+    if n.is_empty() {
+        "none".to_owned()
+    } else {
+        n.join(", ")
+    }
+}
+
+/// A limit as written (`50USD`, `$12.50`, `5000000`, `120/1m`), in `rule`'s unit for `control`.
+/// A period or window after `/` must be the rule's own: an override sets a limit, not a period.
+pub fn amount(rule: &ScopeRule, control: Control, text: &str) -> Result<u64, String> {
+    let (number, per) = match text.split_once('/') {
+        Some((n, p)) => (n.trim(), Some(p.trim())),
+        None => (text.trim(), None),
+    };
+    let (unit, own_per) = match control {
+        Control::Requests => (None, rule.requests.map(|r| r.window_ms.get())),
+        Control::Concurrency => (None, None),
+        Control::Budget => (
+            rule.budget.map(|b| b.unit),
+            rule.budget.and_then(|b| fixed_ms(b.period)),
+        ),
+        Control::ToolCalls => (None, rule.tool_calls.and_then(|b| fixed_ms(b.period))),
+    };
+    if let Some(p) = per {
+        let asked = match p {
+            "day" => Some(86_400_000),
+            "month" => None,
+            other => Some(
+                humantime::parse_duration(other)
+                    .map_err(|e| format!("{text:?}: {other:?} is not a period: {e}"))?
+                    .as_millis() as u64,
+            ),
+        };
+        if asked != own_per || (control == Control::Concurrency) {
+            return Err(format!(
+                "{text:?}: the rule {:?} keeps its own window or period; an override sets its limit only",
+                rule.name
+            ));
+        }
+    }
+    let n = match unit {
+        Some(Unit::MicroUsd) => dollars(number)
+            .ok_or_else(|| format!("{text:?}: expected dollars, e.g. 50USD or $12.50"))?,
+        _ => number
+            .trim_end_matches("tokens")
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| format!("{text:?}: expected a whole number"))?,
+    };
+    if n == 0 {
+        return Err(format!(
+            "{text:?}: a limit of 0; use a kill switch to stop a target"
+        ));
+    }
+    Ok(n)
+}
+
+fn fixed_ms(p: tollgate_core::Period) -> Option<u64> {
+    match p {
+        tollgate_core::Period::Fixed(ms) => Some(ms),
+        tollgate_core::Period::CalendarMonth => None,
+    }
+}
+
+/// `50USD`, `50 usd`, `$12.50`, or micro-USD as a whole number: micro-USD.
+fn dollars(s: &str) -> Option<u64> {
+    let lower = s.to_ascii_lowercase();
+    let d = lower
+        .strip_prefix('$')
+        .or_else(|| lower.strip_suffix("usd"))
+        .map(str::trim);
+    let Some(d) = d else {
+        return s.parse().ok();
+    };
+    let (whole, frac) = d.split_once('.').unwrap_or((d, ""));
+    if frac.len() > 6 || !frac.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let whole: u64 = whole.parse().ok()?;
+    let frac: u64 = format!("{frac:0<6}").parse().ok()?;
+    whole.checked_mul(1_000_000)?.checked_add(frac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dollars;
+
+    #[test]
+    fn dollars_are_read_to_the_micro() {
+        assert_eq!(dollars("50USD"), Some(50_000_000));
+        assert_eq!(dollars("$12.50"), Some(12_500_000));
+        assert_eq!(dollars("0.000001 usd"), Some(1));
+        assert_eq!(dollars("1.0000001usd"), None);
+        assert_eq!(dollars("7"), Some(7));
+        assert_eq!(dollars("$x"), None);
+        assert_eq!(dollars("$99999999999999999999"), None);
+    }
+}
