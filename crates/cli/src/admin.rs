@@ -147,6 +147,7 @@ fn keys_call(
             expires_in,
             expires_at,
             metadata,
+            limits,
         } => {
             let mut meta = serde_json::Map::new();
             for m in metadata {
@@ -168,6 +169,16 @@ fn keys_call(
             }
             if !models.is_empty() {
                 body["models"] = json!(models);
+            }
+            let mut own = serde_json::Map::new();
+            for l in limits {
+                let Some((control, limit)) = l.split_once('=') else {
+                    bail!("--limit {l:?}: expected control=limit, e.g. requests=600");
+                };
+                own.insert(control.to_owned(), Value::String(limit.to_owned()));
+            }
+            if !own.is_empty() {
+                body["limits"] = Value::Object(own);
             }
             ("POST", "/admin/keys".to_owned(), Some(body))
         }

@@ -249,6 +249,10 @@ pub enum KeysCommand {
         /// A label of your own, `name=value` (repeat for more).
         #[arg(long = "meta")]
         metadata: Vec<String>,
+        /// A limit of its own, `control=limit` on the rule keyed on `key` (repeat for more),
+        /// e.g. `requests=600` or `budget=10USD`.
+        #[arg(long = "limit")]
+        limits: Vec<String>,
     },
     /// The keys issued, without their secrets.
     List,

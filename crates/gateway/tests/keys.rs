@@ -309,3 +309,56 @@ async fn a_tenant_token_manages_its_own_tenant_only() {
         200
     );
 }
+
+/// A key created with limits of its own gets them on the rule keyed on `key`, in place of the
+/// rule's; a limit that cannot be set refuses the creation; revoked, its limits go with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_issued_with_limits_of_its_own() {
+    let sim = sim().await;
+    let scopes = "[[policy.scopes]]\nname = \"per-key\"\nkey = \"key\"\n\
+                  requests = { limit = 100, window = \"1m\" }\n";
+    let gw = Instance::start_with(&sim, "", scopes).await;
+    let (id, tight) = create(&gw, "acme", json!({"limits": {"requests": 3}})).await;
+    let (_, plain) = create(&gw, "acme", json!({})).await;
+    for _ in 0..3 {
+        assert_eq!(gw.ask_with(&tight).await.0, 200);
+    }
+    assert_eq!(
+        gw.ask_with(&tight).await,
+        (429, "request_rate_limit".into())
+    );
+    for _ in 0..5 {
+        assert_eq!(gw.ask_with(&plain).await.0, 200);
+    }
+    let (_, listed) = gw.admin("GET", "/admin/limits", None).await;
+    assert_eq!(listed["limits"][0]["scope"], format!("per-key|key:{id}"));
+    let (status, v) = gw
+        .admin(
+            "POST",
+            "/admin/keys",
+            Some(json!({"tenant": "acme", "limits": {"budget": "5USD"}})),
+        )
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limits.budget"),
+        "{v}"
+    );
+    let (_, keys) = gw.admin("GET", "/admin/keys", None).await;
+    assert_eq!(
+        keys["keys"].as_array().unwrap().len(),
+        2,
+        "nothing issued for the refusal"
+    );
+    assert_eq!(
+        gw.admin("DELETE", &format!("/admin/keys/{id}"), None)
+            .await
+            .0,
+        200
+    );
+    let (_, listed) = gw.admin("GET", "/admin/limits", None).await;
+    assert_eq!(listed["limits"], json!([]));
+}

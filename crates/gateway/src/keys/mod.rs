@@ -228,13 +228,56 @@ async fn write(gw: &Gateway, changes: Vec<(String, Option<String>)>) -> Result<(
 }
 
 /// Creates a key: its record and its secret (shown once, kept only as a digest).
-pub async fn create(gw: &Gateway, new: NewKey) -> Result<(Issued, String), KeyError> {
+pub async fn create(gw: &Gateway, mut new: NewKey) -> Result<(Issued, String), KeyError> {
     let now = now_ms();
+    let limits = std::mem::take(&mut new.limits);
     let issued = validate(gw, new, now)?;
+    // Its own limits first: a key is never issued without the limits it was asked with.
+    let own = own_limits(gw, &issued.id, &limits, now)?;
+    if !own.is_empty() {
+        write_set(gw, (Kept::Limits, RecordSet::Limits), &own).await?;
+        gw.overrides.apply_locally(&own);
+    }
     let secret = secret()?;
     let json = serde_json::to_string(&issued).map_err(|e| KeyError::Invalid(e.to_string()))?;
     write(gw, vec![(digest(&secret), Some(json))]).await?;
     Ok((issued, secret))
+}
+
+/// The overrides a new key asks for (control → limit), each on the rule keyed on `key` that
+/// holds the control, checked as `/admin/limits` checks them.
+fn own_limits(
+    gw: &Gateway,
+    id: &str,
+    limits: &std::collections::BTreeMap<String, serde_json::Value>,
+    now: u64,
+) -> Result<Vec<(String, Option<String>)>, KeyError> {
+    use crate::overrides::{self, Control, Override};
+    let cfg = gw.config();
+    let mut out = Vec::with_capacity(limits.len());
+    for (control, limit) in limits {
+        let bad = |m: String| KeyError::Invalid(format!("limits.{control}: {m}"));
+        let c = Control::parse(control)
+            .ok_or_else(|| bad("one of requests, concurrency, budget, tool_calls".into()))?;
+        let value = format!("key:{id}");
+        let (rule, key) = overrides::resolve(&cfg.policy, &value, c, None).map_err(bad)?;
+        let text = match limit {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Number(n) => n.to_string(),
+            other => return Err(bad(format!("{other} is not a limit"))),
+        };
+        let o = Override {
+            rule: rule.name.to_string(),
+            scope: key.id().to_owned(),
+            control: c,
+            limit: overrides::amount(rule, c, &text).map_err(bad)?,
+            revision: 1,
+            set_at_ms: now,
+        };
+        let json = serde_json::to_string(&o).map_err(|e| bad(e.to_string()))?;
+        out.push((o.field(), Some(json)));
+    }
+    Ok(out)
 }
 
 /// Rotates key `id` (of tenant `only`, when given): a new secret, the old ones valid for the
@@ -288,7 +331,21 @@ pub async fn revoke(gw: &Gateway, id: &str, only: Option<&str>) -> Result<(), Ke
     if old.is_empty() {
         return Err(KeyError::NotFound(id.to_owned()));
     }
-    write(gw, old.into_iter().map(|(d, _)| (d, None)).collect()).await
+    write(gw, old.into_iter().map(|(d, _)| (d, None)).collect()).await?;
+    // Its own limits go with it.
+    let own = format!("key:{id}");
+    let limits: Vec<(String, Option<String>)> = gw
+        .overrides
+        .list()
+        .into_iter()
+        .filter(|o| o.scope.split_once('|').is_some_and(|(_, k)| k == own))
+        .map(|o| (o.field(), None))
+        .collect();
+    if !limits.is_empty() {
+        write_set(gw, (Kept::Limits, RecordSet::Limits), &limits).await?;
+        gw.overrides.apply_locally(&limits);
+    }
+    Ok(())
 }
 
 /// The record of a new key, checked against the configuration (its models must be served).

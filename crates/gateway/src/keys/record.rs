@@ -85,6 +85,11 @@ pub struct NewKey {
     /// The operator's own labels.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// Limits of its own, by control (`requests`, `concurrency`, `budget`, `tool_calls`): each
+    /// set for the key's scope of the rule keyed on `key` that holds the control, as
+    /// `/admin/limits` sets them.
+    #[serde(default)]
+    pub limits: BTreeMap<String, serde_json::Value>,
 }
 
 /// `POST /admin/keys/{id}/rotate`.
