@@ -38,6 +38,19 @@ pub enum StoreError {
          if it is new, or rebuild it from the ledger if it forgot"
     )]
     Uninitialised,
+    /// The store's marker names another schema: an instance of another version keeps its books
+    /// under this prefix, and the two must not share it.
+    #[error(
+        "the store holds the books of another version (schema {found:?}, this one is {ours:?}): \
+         instances of different versions must not share a prefix; give this one another \
+         prefix, or stop the others and start this one on an empty store"
+    )]
+    OtherSchema {
+        /// The marker's value.
+        found: String,
+        /// This version's schema.
+        ours: String,
+    },
 }
 
 /// What a store's marker says about what it holds.

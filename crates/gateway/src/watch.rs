@@ -37,6 +37,9 @@ pub async fn start(gw: &Gateway) -> std::io::Result<Found> {
     if gw.store.redis().is_none() {
         return restore_memory(gw).await.map_err(std::io::Error::other);
     }
+    if let Err(e @ StoreError::OtherSchema { .. }) = gw.store.state().await {
+        return Err(std::io::Error::other(e.to_string()));
+    }
     Ok(look(gw).await)
 }
 
@@ -44,6 +47,10 @@ pub async fn start(gw: &Gateway) -> std::io::Result<Found> {
 pub async fn look(gw: &Gateway) -> Found {
     let state = match gw.store.state().await {
         Ok(s) => s,
+        Err(e @ StoreError::OtherSchema { .. }) => {
+            STORE.fail(&e, "another version wrote its marker under this prefix");
+            return Found::Unknown;
+        }
         // The admissions that meet the same fault log it.
         Err(_) => return Found::Unknown,
     };
@@ -171,6 +178,7 @@ pub async fn initialise(
     match store.initialise().await {
         Ok(wrote) => Ok(wrote),
         Err(StoreError::StateLost) => Err(InitError::Lost),
+        Err(e @ StoreError::OtherSchema { .. }) => Err(InitError::Failed(e.to_string())),
         Err(e) => Err(InitError::Failed(e.to_string())),
     }
 }

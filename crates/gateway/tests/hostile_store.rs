@@ -195,3 +195,38 @@ async fn eviction_is_refused_where_it_would_reopen() {
     assert_eq!(gw.ask("acme").await.0, 200);
     assert_eq!(gw.ask("beta").await, (503, "kill_switch".into()));
 }
+
+/// Two versions must not share a prefix: an instance that finds another schema in the marker
+/// (here `1`, what builds before the schema was written left) refuses to start, saying why,
+/// and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_version_on_the_prefix_is_refused_at_start() {
+    let redis = RedisServer::start();
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "set", "hs:marker", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = format!(
+        "{}[[upstreams]]\nname = \"up\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [\"gpt-4o\"]\n",
+        redis_text(&redis)
+    );
+    let config = GatewayConfig::from_toml(&text).unwrap();
+    let store = tollgate_gateway::start_store(&config).await.unwrap();
+    let gw = tollgate_gateway::Gateway::new(config, store.clone());
+    let e = tollgate_gateway::prepare(&gw)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("another version") && e.contains("\"1\"") && e.contains(tollgate_redis::SCHEMA),
+        "{e}"
+    );
+    let e = store.initialise().await.unwrap_err().to_string();
+    assert!(e.contains("another version"), "{e}");
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "get", "hs:marker"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
+}

@@ -66,7 +66,7 @@ impl crate::RedisStore {
                 .ignore()
                 .cmd("SET")
                 .arg(format!("{p}:marker"))
-                .arg("1")
+                .arg(crate::SCHEMA)
                 .ignore();
             tokio::time::timeout(self.config.call_timeout, pipe.query_async::<()>(&mut conn))
                 .await

@@ -74,6 +74,7 @@ pub use decode::{
 pub use encode::{Invocation, Strs, admit_invocation};
 pub use issued::RecordSet;
 pub use keys::KEY_REPLIES;
+pub use marker::SCHEMA;
 pub use slices::{SLICE_REPLIES, SLICE_TICKETS, slice_invocation};
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};

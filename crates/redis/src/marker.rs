@@ -7,6 +7,10 @@ use std::sync::atomic::Ordering;
 use tollgate_core::{StoreError, StoreState};
 
 use crate::RedisStore;
+
+/// The schema of what the scripts keep under a prefix, written as its marker's value (`SCHEMA`
+/// in `common_v7.lua`): instances of another schema refuse to start on the prefix.
+pub const SCHEMA: &str = "7.5";
 use crate::conn::{evalsha, no_answer, scripts, unavailable};
 
 impl RedisStore {
@@ -19,10 +23,16 @@ impl RedisStore {
                 .markers
                 .get(shard)
                 .is_some_and(|m| m.load(Ordering::Relaxed));
-            let answer = self
+            let (answer, found) = self
                 .marker_call(prefix, "watch", if seen { "1" } else { "0" })
                 .await?;
             let state = match answer.as_str() {
+                "kept" if found != crate::SCHEMA => {
+                    return Err(StoreError::OtherSchema {
+                        found,
+                        ours: crate::SCHEMA.to_owned(),
+                    });
+                }
                 "kept" => {
                     if let Some(m) = self.markers.get(shard) {
                         m.store(true, Ordering::Relaxed);
@@ -55,8 +65,15 @@ impl RedisStore {
     pub async fn initialise(&self) -> Result<bool, StoreError> {
         let mut wrote = false;
         for (shard, prefix) in self.shards.iter().enumerate() {
-            match self.marker_call(prefix, "init", "0").await?.as_str() {
+            let (answer, found) = self.marker_call(prefix, "init", "0").await?;
+            match answer.as_str() {
                 "initialised" => wrote = true,
+                "kept" if found != crate::SCHEMA => {
+                    return Err(StoreError::OtherSchema {
+                        found,
+                        ours: crate::SCHEMA.to_owned(),
+                    });
+                }
                 "kept" => {}
                 "lost" => return Err(StoreError::StateLost),
                 other => {
@@ -91,13 +108,24 @@ impl RedisStore {
         Ok(())
     }
 
-    async fn marker_call(&self, prefix: &str, op: &str, seen: &str) -> Result<String, StoreError> {
+    /// One call of `state_v1.lua`: its state and the marker's value.
+    async fn marker_call(
+        &self,
+        prefix: &str,
+        op: &str,
+        seen: &str,
+    ) -> Result<(String, String), StoreError> {
         let keys = [format!("{prefix}:marker"), format!("{prefix}:lost")];
         let keys = [keys[0].as_str(), keys[1].as_str()];
         let mut conn = self.conn.clone();
         tokio::time::timeout(
             self.config.call_timeout,
-            evalsha::<String>(&mut conn, &scripts().state, &keys, &[op, seen]),
+            evalsha::<(String, String)>(
+                &mut conn,
+                &scripts().state,
+                &keys,
+                &[op, seen, crate::SCHEMA],
+            ),
         )
         .await
         .map_err(|_| no_answer(self.config.call_timeout))?

@@ -326,3 +326,14 @@ fn script_replies_are_the_named_ones() {
         }
     }
 }
+
+/// The schema the scripts write as the marker is the one the Rust side checks.
+#[test]
+fn the_scripts_write_the_schema_the_store_checks() {
+    let common = include_str!("lua/common_v7.lua");
+    assert!(
+        common.contains(&format!("local SCHEMA = '{}'", crate::SCHEMA)),
+        "common_v7.lua's SCHEMA is not {}",
+        crate::SCHEMA
+    );
+}

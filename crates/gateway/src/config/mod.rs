@@ -5,6 +5,7 @@
 
 mod admin;
 mod check;
+mod keys;
 mod log;
 mod raw;
 mod resolve;

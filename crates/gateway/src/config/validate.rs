@@ -3,18 +3,18 @@
 //!
 //! Over 600 lines because the file has that many sections; each function is one section's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
-use tollgate_core::{Policy, Reason, Unit};
+use tollgate_core::{Policy, Unit};
 use tollgate_tokens::{Counting, Encoding};
 
 use super::{
-    ConfigError, GatewayConfig, IdempotencyConfig, KeyConfig, MetricsConfig, QueueConfig,
-    RawAnthropic, RawConfig, RawIdempotency, RawKey, RawKill, RawMetrics, RawOperations, RawQueue,
-    RawRemoteContent, RawResponses, RawServer, RawUpstream, RawUpstreamTools, StreamBounds, err,
+    ConfigError, GatewayConfig, IdempotencyConfig, MetricsConfig, QueueConfig, RawAnthropic,
+    RawConfig, RawIdempotency, RawKill, RawMetrics, RawOperations, RawQueue, RawRemoteContent,
+    RawResponses, RawServer, RawUpstream, RawUpstreamTools, StreamBounds, err,
 };
 use crate::upstream_tools::UpstreamTools;
 
@@ -66,7 +66,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
     let conns = connection_bounds(&raw.server)?;
     let policy = Policy::validate(raw.policy, "policy")?;
     let (upstreams, models) = upstreams(raw.upstreams, &policy)?;
-    let keys = keys(raw.keys, &models)?;
+    let keys = super::keys::keys(raw.keys, &models)?;
     let (unknown_context_tokens, context_ttl) = responses(&raw.responses)?;
     validate_betas(&raw.anthropic)?;
     let config = GatewayConfig {
@@ -352,58 +352,6 @@ fn upstreams(
         });
     }
     Ok((upstreams, models))
-}
-
-/// The virtual keys, by the hex of their hash.
-fn keys(
-    raw: Vec<RawKey>,
-    models: &BTreeMap<String, usize>,
-) -> Result<HashMap<String, KeyConfig>, ConfigError> {
-    let mut keys = HashMap::new();
-    for (i, k) in raw.into_iter().enumerate() {
-        let field = format!("keys[{i}]");
-        let hex = k
-            .hash
-            .strip_prefix("sha256:")
-            .filter(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()))
-            .ok_or_else(|| {
-                err(
-                    format!("{field}.hash"),
-                    "expected sha256:<64 hex digits> (see `tollgate hash-key`)",
-                )
-            })?
-            .to_ascii_lowercase();
-        let mut exempt = Vec::new();
-        for (j, e) in k.exempt.iter().enumerate() {
-            exempt.push(Reason::from_code(e).ok_or_else(|| {
-                err(
-                    format!("{field}.exempt[{j}]"),
-                    format!("unknown control {e:?}"),
-                )
-            })?);
-        }
-        for (j, m) in k.models.iter().flatten().enumerate() {
-            if !models.contains_key(m) {
-                return Err(err(
-                    format!("{field}.models[{j}]"),
-                    format!("no upstream serves {m:?}"),
-                ));
-            }
-        }
-        let key = KeyConfig {
-            name: k.name.unwrap_or_else(|| format!("key{i}")),
-            key_id: hex[..16].to_owned(),
-            tenant: k.tenant,
-            user: k.user,
-            allow_user: k.allow_user,
-            models: k.models,
-            exempt,
-        };
-        if keys.insert(hex, key).is_some() {
-            return Err(err(format!("{field}.hash"), "the same key twice"));
-        }
-    }
-    Ok(keys)
 }
 
 fn queue(q: &RawQueue) -> Result<QueueConfig, ConfigError> {

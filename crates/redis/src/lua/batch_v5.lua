@@ -26,7 +26,7 @@ local function store_state(seen)
     return 'lost'
   end
   if seen == '2' then
-    redis.call('SET', PREFIX .. ':marker', '1')
+    redis.call('SET', PREFIX .. ':marker', SCHEMA)
     return 'kept'
   end
   return 'uninitialised'

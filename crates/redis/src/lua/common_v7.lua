@@ -16,6 +16,9 @@
 -- captured by every function that uses it, and the script makes every function again on each
 -- call. Division rounded down is math.floor(a / b) written out, for the same reason.
 local PREFIX = ARGV[1]
+-- The schema of what these scripts keep, written as the marker's value (crate::SCHEMA): an
+-- instance of another schema refuses to start on the prefix.
+local SCHEMA = '7.5'
 
 -- Conversions of one call, remembered for the rest of it: a batch's items repeat the same
 -- limits, windows, lengths and TTLs, and a conversion (strtod, printf) costs about ten times a

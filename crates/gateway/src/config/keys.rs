@@ -1,0 +1,60 @@
+//! `[[keys]]`, checked: each key's digest, tenant, end user, models and exemptions.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tollgate_core::Reason;
+
+use super::raw::RawKey;
+use super::{ConfigError, KeyConfig, err};
+
+/// The virtual keys, by the hex of their hash.
+pub(super) fn keys(
+    raw: Vec<RawKey>,
+    models: &BTreeMap<String, usize>,
+) -> Result<HashMap<String, KeyConfig>, ConfigError> {
+    let mut keys = HashMap::new();
+    for (i, k) in raw.into_iter().enumerate() {
+        let field = format!("keys[{i}]");
+        let hex = k
+            .hash
+            .strip_prefix("sha256:")
+            .filter(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()))
+            .ok_or_else(|| {
+                err(
+                    format!("{field}.hash"),
+                    "expected sha256:<64 hex digits> (see `tollgate hash-key`)",
+                )
+            })?
+            .to_ascii_lowercase();
+        let mut exempt = Vec::new();
+        for (j, e) in k.exempt.iter().enumerate() {
+            exempt.push(Reason::from_code(e).ok_or_else(|| {
+                err(
+                    format!("{field}.exempt[{j}]"),
+                    format!("unknown control {e:?}"),
+                )
+            })?);
+        }
+        for (j, m) in k.models.iter().flatten().enumerate() {
+            if !models.contains_key(m) {
+                return Err(err(
+                    format!("{field}.models[{j}]"),
+                    format!("no upstream serves {m:?}"),
+                ));
+            }
+        }
+        let key = KeyConfig {
+            name: k.name.unwrap_or_else(|| format!("key{i}")),
+            key_id: hex[..16].to_owned(),
+            tenant: k.tenant,
+            user: k.user,
+            allow_user: k.allow_user,
+            models: k.models,
+            exempt,
+        };
+        if keys.insert(hex, key).is_some() {
+            return Err(err(format!("{field}.hash"), "the same key twice"));
+        }
+    }
+    Ok(keys)
+}
