@@ -18,6 +18,7 @@ use tollgate_gateway::store::AnyStore;
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_testkit::sim::{Sim, SimConfig};
 
+pub mod e2e;
 pub mod instance;
 
 /// One `#[tokio::test]` per store for each named `async fn NAME(redis: bool)` of the test file:
