@@ -9,17 +9,18 @@
 //! the store its requests were charged, `amount` what the store holds for it. So the engine's
 //! committed amount stays within what the store holds, whatever the engine does.
 //!
-//! This file is over 600 lines: the book's state and the local admission's steps share its
-//! private fields; the orders are in `book/orders.rs`, maintenance and answers in `book/tend.rs`.
+//! The orders are in `book/orders.rs`, maintenance and answers in `book/tend.rs`, the orders
+//! waiting to be sent in `book/pending.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::SliceConfig;
 
+mod hot;
 mod orders;
+mod pending;
 mod tend;
-use super::exchange::Order;
 use crate::clock::{Clock, Millis};
 use crate::decision::{Decision, Quota, Reason};
 use crate::ledger::{Period, RateWindow};
@@ -28,6 +29,8 @@ use crate::pipeline::Plan;
 use crate::policy::Unit;
 use crate::scope::ScopeKey;
 use crate::store::{ShadowOutcome, StoreError};
+use hot::Hot;
+pub(in crate::slices) use pending::{Mark, Pending};
 
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -105,46 +108,6 @@ impl BudgetSlice {
     }
 }
 
-/// How to read the answer to one order.
-#[derive(Debug, Clone)]
-pub(super) enum Mark {
-    Rate(RateKey),
-    Lease(LeaseKey),
-    /// With the settled total the order reported.
-    Budget(BudgetKey, u64),
-}
-
-/// Orders to send, each with its mark.
-#[derive(Debug, Default)]
-pub(super) struct Pending {
-    pub orders: Vec<Order>,
-    pub marks: Vec<Mark>,
-    pub kills: bool,
-}
-
-impl Pending {
-    pub fn is_empty(&self) -> bool {
-        self.orders.is_empty() && !self.kills
-    }
-
-    fn push(&mut self, o: Order, m: Mark) {
-        self.orders.push(o);
-        self.marks.push(m);
-    }
-
-    fn has_lease(&self, key: &LeaseKey) -> bool {
-        self.marks
-            .iter()
-            .any(|m| matches!(m, Mark::Lease(k) if k == key))
-    }
-
-    fn has_budget(&self, key: &BudgetKey) -> bool {
-        self.marks
-            .iter()
-            .any(|m| matches!(m, Mark::Budget(k, _) if k == key))
-    }
-}
-
 /// What the local admission came to.
 #[derive(Debug)]
 pub(super) enum Step {
@@ -159,37 +122,6 @@ pub(super) enum Step {
 
 /// What the engine holds of one scope: leases, and a budget period's settled and reserved.
 type Held = (u64, u64, u64);
-
-/// Plan shapes (their scopes) seen lately, to slice only what is admitted often: a fixed table,
-/// so that a flood of distinct users costs no memory.
-#[derive(Debug)]
-struct Hot {
-    slots: Vec<(u64, Millis, u32)>,
-}
-
-impl Hot {
-    const N: usize = 1024;
-
-    fn new() -> Self {
-        Self {
-            slots: vec![(0, 0, 0); Self::N],
-        }
-    }
-
-    /// Counts a sighting of `sig` at `now`; whether it was seen more than `after` times in
-    /// the last second.
-    fn hit(&mut self, sig: u64, now: Millis, after: u32) -> bool {
-        let i = (sig % Self::N as u64) as usize;
-        let Some(e) = self.slots.get_mut(i) else {
-            return false;
-        };
-        if e.0 != sig || now >= e.1.saturating_add(1_000) {
-            *e = (sig, now, 0);
-        }
-        e.2 = e.2.saturating_add(1);
-        e.2 > after
-    }
-}
 
 /// The instance's slices and what goes with them.
 #[derive(Debug)]

@@ -1,0 +1,285 @@
+//! A policy's rules checked one by one: each field's bounds, with the path of the field that is
+//! wrong in the error.
+
+#[allow(clippy::wildcard_imports)]
+// the policy's types and raw forms, which this module checks
+use super::*;
+
+pub(super) fn positive(v: u64, path: &str) -> Result<NonZeroU64, PolicyError> {
+    if v > MAX_LIMIT {
+        return Err(PolicyError::new(
+            path,
+            format!("must be at most {MAX_LIMIT}"),
+        ));
+    }
+    NonZeroU64::new(v).ok_or_else(|| PolicyError::new(path, "must be greater than 0"))
+}
+
+pub(super) fn duration_ms(s: &str, path: &str) -> Result<NonZeroU64, PolicyError> {
+    let d: Duration = humantime::parse_duration(s.trim())
+        .map_err(|e| PolicyError::new(path, format!("invalid duration {s:?}: {e}")))?;
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 {
+        return Err(PolicyError::new(path, "must be at least 1ms"));
+    }
+    if ms > MAX_WINDOW_MS {
+        return Err(PolicyError::new(path, "must be at most 400 days"));
+    }
+    NonZeroU64::new(ms).ok_or_else(|| PolicyError::new(path, "must be at least 1ms"))
+}
+
+/// A rule's `ip_prefix`: only on rules keyed on `ip`; each length within its family's.
+pub(super) fn validate_ip_prefix(
+    raw: Option<&RawIpPrefix>,
+    dims: &[Dimension],
+    path: &str,
+) -> Result<IpPrefix, PolicyError> {
+    let d = IpPrefix::default();
+    let Some(p) = raw else { return Ok(d) };
+    if !dims.contains(&Dimension::Ip) {
+        return Err(PolicyError::new(
+            format!("{path}.ip_prefix"),
+            "applies only to a rule keyed on ip",
+        ));
+    }
+    let (v4, v6) = (p.v4.unwrap_or(d.v4), p.v6.unwrap_or(d.v6));
+    if !(1..=32).contains(&v4) {
+        return Err(PolicyError::new(
+            format!("{path}.ip_prefix.v4"),
+            "must be from 1 to 32",
+        ));
+    }
+    if !(1..=128).contains(&v6) {
+        return Err(PolicyError::new(
+            format!("{path}.ip_prefix.v6"),
+            "must be from 1 to 128",
+        ));
+    }
+    Ok(IpPrefix { v4, v6 })
+}
+
+pub(super) fn validate_scope(
+    s: RawScope,
+    path: &str,
+    prices: &BTreeMap<String, Price>,
+) -> Result<ScopeRule, PolicyError> {
+    let dims = validate_dims(&s.key, path)?;
+    let ip_prefix = validate_ip_prefix(s.ip_prefix.as_ref(), &dims, path)?;
+    let name: Arc<str> = s.name.unwrap_or_else(|| s.key.trim().to_owned()).into();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '/' | '.'))
+    {
+        return Err(PolicyError::new(
+            format!("{path}.name"),
+            "must be non-empty ASCII letters, digits, '-', '_', '.', '/'",
+        ));
+    }
+    let mut matches = Vec::new();
+    for (k, v) in s.match_ {
+        let d = Dimension::parse(&k)
+            .ok_or_else(|| PolicyError::new(format!("{path}.match.{k}"), "unknown dimension"))?;
+        matches.push((d, v));
+    }
+    let requests = match s.requests {
+        Some(r) => Some(RateLimit {
+            limit: positive(r.limit, &format!("{path}.requests.limit"))?,
+            window_ms: duration_ms(&r.window, &format!("{path}.requests.window"))?,
+        }),
+        None => None,
+    };
+    let (input_tokens, trim_input) = match s.input_tokens {
+        None => (None, false),
+        Some(RawInput::Max(v)) => (Some(positive(v, &format!("{path}.input_tokens"))?), false),
+        Some(RawInput::Rule(r)) => {
+            let max = positive(r.max, &format!("{path}.input_tokens.max"))?;
+            let trim = match r.mode.as_deref() {
+                None | Some("reject") => false,
+                Some("trim") => true,
+                Some(m) => {
+                    return Err(PolicyError::new(
+                        format!("{path}.input_tokens.mode"),
+                        format!("unknown mode {m:?}; expected \"reject\" or \"trim\""),
+                    ));
+                }
+            };
+            (Some(max), trim)
+        }
+    };
+    let total_tokens = s
+        .total_tokens
+        .map(|v| positive(v, &format!("{path}.total_tokens")))
+        .transpose()?;
+    let output_tokens = s
+        .output_tokens
+        .map(|o| validate_output(o, path))
+        .transpose()?;
+    let concurrency = match s.concurrency {
+        Some(c) => Some(ConcurrencyLimit {
+            limit: positive(c.limit, &format!("{path}.concurrency.limit"))?,
+            lease_ttl_ms: match c.lease_ttl {
+                Some(t) => duration_ms(&t, &format!("{path}.concurrency.lease_ttl"))?,
+                None => NonZeroU64::new(300_000).unwrap_or(NonZeroU64::MIN),
+            },
+        }),
+        None => None,
+    };
+    let budget = s
+        .budget
+        .map(|b| validate_budget(b, path, prices))
+        .transpose()?;
+    let tool_calls = match s.tool_calls {
+        Some(t) => Some(BudgetLimit {
+            limit: positive(t.limit, &format!("{path}.tool_calls.limit"))?,
+            unit: Unit::ToolCalls,
+            period: Period::parse(&t.period)
+                .map_err(|m| PolicyError::new(format!("{path}.tool_calls.period"), m))?,
+            alert_at: AlertAt::default(),
+        }),
+        None => None,
+    };
+    let loops = match s.loops {
+        Some(l) => Some(LoopLimit {
+            max_identical: positive(l.max_identical, &format!("{path}.loops.max_identical"))?,
+            window_ms: duration_ms(&l.window, &format!("{path}.loops.window"))?,
+        }),
+        None => None,
+    };
+    let shadow = shadow_mode(s.mode.as_deref(), trim_input, path)?;
+    let global_key = dims
+        .is_empty()
+        .then(|| ScopeKey::derive(&name, &dims, &Identity::default()))
+        .flatten();
+    Ok(ScopeRule {
+        global_key,
+        same_key_as: None,
+        ip_prefix,
+        name,
+        dims,
+        matches,
+        requests,
+        input_tokens,
+        trim_input,
+        output_tokens,
+        total_tokens,
+        concurrency,
+        budget,
+        tool_calls,
+        loops,
+        shadow,
+    })
+}
+
+/// `mode`: `enforce` (the default) or `shadow`; a shadow rule cannot trim.
+pub(super) fn shadow_mode(
+    mode: Option<&str>,
+    trim_input: bool,
+    path: &str,
+) -> Result<bool, PolicyError> {
+    let shadow = match mode {
+        None | Some("enforce") => false,
+        Some("shadow") => true,
+        Some(m) => {
+            return Err(PolicyError::new(
+                format!("{path}.mode"),
+                format!("unknown mode {m:?}; expected \"enforce\" or \"shadow\""),
+            ));
+        }
+    };
+    // Trimming changes the request itself, which a rule that must not change answers cannot.
+    if shadow && trim_input {
+        return Err(PolicyError::new(
+            format!("{path}.input_tokens.mode"),
+            "a shadow rule cannot trim: trimming would change the request; use \"reject\" to see which requests it would refuse",
+        ));
+    }
+    Ok(shadow)
+}
+
+/// `key`: `global`, or dimensions joined by `/`, each once; sorted.
+pub(super) fn validate_dims(key: &str, path: &str) -> Result<Vec<Dimension>, PolicyError> {
+    let key_path = format!("{path}.key");
+    let mut dims = Vec::new();
+    if key.trim() != "global" {
+        for part in key.split('/') {
+            let d = Dimension::parse(part.trim()).ok_or_else(|| {
+                PolicyError::new(
+                    &key_path,
+                    format!(
+                        "unknown dimension {part:?}; expected \"global\" or tenant, key, user, ip, model, operation joined by '/'"
+                    ),
+                )
+            })?;
+            if dims.contains(&d) {
+                return Err(PolicyError::new(&key_path, format!("dimension {d} twice")));
+            }
+            dims.push(d);
+        }
+    }
+    dims.sort();
+    Ok(dims)
+}
+
+/// `output_tokens = { max, mode, default }`: the default at most the max.
+pub(super) fn validate_output(o: RawOutput, path: &str) -> Result<OutputLimit, PolicyError> {
+    let max = positive(o.max, &format!("{path}.output_tokens.max"))?;
+    let mode = match o.mode.as_deref() {
+        None | Some("reject") => OutputMode::Reject,
+        Some("clamp") => OutputMode::Clamp,
+        Some(m) => {
+            return Err(PolicyError::new(
+                format!("{path}.output_tokens.mode"),
+                format!("unknown mode {m:?}; expected \"reject\" or \"clamp\""),
+            ));
+        }
+    };
+    let default = match o.default {
+        Some(d) => positive(d, &format!("{path}.output_tokens.default"))?,
+        None => max,
+    };
+    if default > max {
+        return Err(PolicyError::new(
+            format!("{path}.output_tokens.default"),
+            format!("{default} is above max {max}"),
+        ));
+    }
+    Ok(OutputLimit { max, mode, default })
+}
+
+/// `budget = { tokens | micro_usd, period }`: money needs prices.
+pub(super) fn validate_budget(
+    b: RawBudget,
+    path: &str,
+    prices: &BTreeMap<String, Price>,
+) -> Result<BudgetLimit, PolicyError> {
+    let bpath = format!("{path}.budget");
+    let (limit, unit) = match (b.tokens, b.micro_usd) {
+        (Some(t), None) => (positive(t, &format!("{bpath}.tokens"))?, Unit::Tokens),
+        (None, Some(m)) => {
+            if prices.is_empty() {
+                return Err(PolicyError::new(
+                    format!("{bpath}.micro_usd"),
+                    "a money budget needs a [prices] table",
+                ));
+            }
+            (positive(m, &format!("{bpath}.micro_usd"))?, Unit::MicroUsd)
+        }
+        _ => {
+            return Err(PolicyError::new(
+                bpath,
+                "give exactly one of `tokens` or `micro_usd`",
+            ));
+        }
+    };
+    let period =
+        Period::parse(&b.period).map_err(|m| PolicyError::new(format!("{bpath}.period"), m))?;
+    let alert_at =
+        AlertAt::of(&b.alert_at).map_err(|m| PolicyError::new(format!("{bpath}.alert_at"), m))?;
+    Ok(BudgetLimit {
+        limit,
+        unit,
+        period,
+        alert_at,
+    })
+}
