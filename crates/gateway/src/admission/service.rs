@@ -107,6 +107,7 @@ where
                 queue: layer.queue.as_ref().map(|(q, c)| (&**q, *c)),
                 queue_key,
                 alerts: layer.alerts.as_ref(),
+                on_lost: None,
             };
             let (admitted, shadowed) = match controls.decide_shadowed(&mut p, shadow).await {
                 Ok((Decision::Admit(a), s)) => (a, s),

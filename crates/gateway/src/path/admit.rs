@@ -31,6 +31,18 @@ pub(crate) struct Controls<'a, S> {
     pub queue_key: &'a str,
     /// Where budget thresholds, exhausted budgets and a store's loss are told.
     pub alerts: Option<&'a crate::alerts::Alerts>,
+    /// What to do when the store says it lost its state (the proxy: rebuild from the ledger).
+    pub on_lost: Option<OnLost<'a>>,
+}
+
+/// What a caller does when the store says it lost its state.
+#[derive(Clone, Copy)]
+pub(crate) struct OnLost<'a>(pub &'a (dyn Fn() + Sync));
+
+impl std::fmt::Debug for OnLost<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnLost")
+    }
 }
 
 /// What a request's shadow rules made of it.
@@ -288,8 +300,13 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
                 })
             }
             e => {
-                if let (StoreError::StateLost, Some(a)) = (&e, self.alerts) {
-                    a.store_lost();
+                if let StoreError::StateLost = &e {
+                    if let Some(a) = self.alerts {
+                        a.store_lost();
+                    }
+                    if let Some(OnLost(lost)) = self.on_lost {
+                        lost();
+                    }
                 }
                 return Err(store_error(e));
             }

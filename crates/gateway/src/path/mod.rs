@@ -153,6 +153,12 @@ async fn admit_counted(
         crate::telemetry::ledger_event("refused");
         return Err(respond::ledger_full());
     }
+    // A store that lost its state is rebuilt from the ledger, when there is one.
+    let rebuild = || {
+        if let Some(b) = &gw.books {
+            b.store_lost(&gw.store);
+        }
+    };
     let controls = Controls {
         store: &gw.store,
         exempt: &key.exempt,
@@ -160,17 +166,10 @@ async fn admit_counted(
         queue: cfg.queue.map(|q| (&gw.queue, q)),
         queue_key: &key.key_id,
         alerts: Some(&gw.alerts),
+        on_lost: Some(admit::OnLost(&rebuild)),
     };
     let decided = Instant::now();
-    let (decision, shadowed) = match controls.decide_shadowed(&mut p, shadow).await {
-        Ok(d) => d,
-        Err(e) => {
-            if let (Some(b), "store_state_lost") = (&gw.books, e.code.as_str()) {
-                b.store_lost(&gw.store);
-            }
-            return Err(e);
-        }
-    };
+    let (decision, shadowed) = controls.decide_shadowed(&mut p, shadow).await?;
     let decision_us = u64::try_from(decided.elapsed().as_micros()).unwrap_or(u64::MAX);
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
