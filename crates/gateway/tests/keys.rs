@@ -46,6 +46,7 @@ async fn takes(on: &Instance, secret: &str, status: u16) -> Duration {
 /// Two instances on one Redis: a key created on one is served by the other within the refresh
 /// bound; rotation keeps the old secret for its grace; revocation and expiry stop a key on both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::print_stderr)] // the two delays, for whoever runs it
 async fn issued_keys_reach_every_instance_and_stop_everywhere() {
     let (sim, redis) = (sim().await, RedisServer::start());
     let a = Instance::start_with(&sim, &redis_text(&redis), RATE).await;
@@ -109,6 +110,9 @@ async fn issued_keys_reach_every_instance_and_stop_everywhere() {
     assert_eq!(status, 200);
     let stopped = takes(&a, &last, 401).await;
     assert!(stopped < Duration::from_secs(3), "{stopped:?}");
+    eprintln!(
+        "issued on one instance, served by the other after {reached:?}; revoked, refused after {stopped:?}"
+    );
     let (status, v) = b.admin("DELETE", &format!("/admin/keys/{id}"), None).await;
     assert_eq!(
         (status, v["error"]["code"].as_str()),
