@@ -133,8 +133,13 @@ async fn a_budget_set_for_one_tenant_holds_on_every_instance() {
     assert_eq!(v["limit"]["revision"], 1);
     let (_, refusal) = served_until_refused(&a, "gamma").await;
     assert_eq!(refusal.1, "budget_limit");
-    let text = std::fs::read_to_string(&records).unwrap();
-    assert!(text.contains("tenant-day|tenant:gamma#budget@1"), "{text}");
+    // Records are written off the request's path: read once they are there.
+    until("the record naming the override", async || {
+        std::fs::read_to_string(&records)
+            .unwrap_or_default()
+            .contains("tenant-day|tenant:gamma#budget@1")
+    })
+    .await;
 
     // Cleared: the rule's limit again.
     let (status, _) = a
