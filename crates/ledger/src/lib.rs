@@ -138,6 +138,17 @@ pub struct Settings {
     pub on_full: OnFull,
 }
 
+/// Whether `url` is a PostgreSQL URL the ledger can connect with (a host, or a Unix socket's
+/// directory percent-encoded as the host, as libpq writes it); the parser's words when not.
+pub fn check_url(url: &str) -> Result<(), String> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err("expected postgres://…".into());
+    }
+    url.parse::<tokio_postgres::Config>()
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
 impl Settings {
     /// Defaults: 100,000 buffered, batches of 1,000, every 200 ms, refuse when full.
     pub fn new(url: impl Into<String>) -> Self {

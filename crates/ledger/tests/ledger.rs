@@ -144,3 +144,23 @@ async fn a_batch_repeating_a_written_id_writes_the_rest() {
     );
     assert_eq!(ledger.written(), 4);
 }
+
+/// A URL is read as the client reads it: a host, or a Unix socket's directory percent-encoded
+/// as the host (libpq's form); anything else is refused with the parser's words.
+#[test]
+fn urls_are_read_as_the_client_reads_them() {
+    for ok in [
+        "postgres://tollgate@db.internal:5432/tollgate",
+        "postgresql://tollgate:secret@127.0.0.1/tollgate",
+        "postgres://tollgate@%2Fvar%2Frun%2Fpostgresql:5432/tollgate",
+    ] {
+        assert_eq!(tollgate_ledger::check_url(ok), Ok(()), "{ok}");
+    }
+    for bad in [
+        "mysql://db/tollgate",
+        "postgres://tollgate@db:notaport/tollgate",
+        "db.internal:5432",
+    ] {
+        assert!(tollgate_ledger::check_url(bad).is_err(), "{bad}");
+    }
+}

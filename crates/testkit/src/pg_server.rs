@@ -1,23 +1,25 @@
-//! A PostgreSQL server of a test's own: `initdb` into a fresh directory, `pg_ctl start` on a free
-//! loopback port, trust authentication for the one local user, stopped (`immediate`) and removed
-//! when dropped. As root (PostgreSQL refuses to run as root) the server runs as the `postgres`
-//! user, which owns the directory.
+//! A PostgreSQL server of a test's own: `initdb` into a fresh directory, `pg_ctl start` listening
+//! on a Unix socket in that directory only (no TCP port: none to pick, release and lose to
+//! another process before the server binds it), trust authentication for the one local user,
+//! stopped (`immediate`) and removed when dropped. As root (PostgreSQL refuses to run as root)
+//! the server runs as the `postgres` user, which owns the directory.
 
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// A running PostgreSQL.
 #[derive(Debug)]
 pub struct PgServer {
-    port: u16,
     dir: PathBuf,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
+/// The port number names the socket file (`.s.PGSQL.5432`) in the server's own directory.
+const PORT: u16 = 5432;
+
+/// Servers started by this process so far, for their directories' names.
+static STARTED: AtomicU32 = AtomicU32::new(0);
 
 /// Whether this process runs as root.
 fn is_root() -> bool {
@@ -41,8 +43,9 @@ fn pg_cmd(prog: &str) -> Command {
 impl PgServer {
     /// Makes a cluster and starts it; panics (test code) if PostgreSQL is missing.
     pub fn start() -> Self {
-        let port = free_port().expect("a free port");
-        let dir = std::env::temp_dir().join(format!("tollgate-pg-{}-{port}", std::process::id()));
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        // Short: a socket's path is limited to about 100 bytes.
+        let dir = std::env::temp_dir().join(format!("tgpg-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let data = dir.join("data");
         std::fs::create_dir_all(&dir).expect("a directory for PostgreSQL");
@@ -58,15 +61,14 @@ impl PgServer {
             .status()
             .expect("initdb runs (is PostgreSQL installed? .ci/run installs it)");
         assert!(ok.success(), "initdb failed");
-        let server = Self { port, dir };
+        let server = Self { dir };
         server.pg_ctl_start();
         server
     }
 
     fn pg_ctl_start(&self) {
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off",
-            self.port,
+            "-p {PORT} -k {} -c listen_addresses='' -c fsync=off -c full_page_writes=off",
             self.dir.display()
         );
         let ok = pg_cmd("pg_ctl")
@@ -84,8 +86,9 @@ impl PgServer {
             "pg_ctl start failed: see {}",
             self.dir.join("log").display()
         );
+        let socket = self.dir.join(format!(".s.PGSQL.{PORT}"));
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
             assert!(
                 Instant::now() < deadline,
                 "PostgreSQL did not listen within 10 s"
@@ -94,9 +97,20 @@ impl PgServer {
         }
     }
 
-    /// `postgres://tollgate@127.0.0.1:PORT/postgres`.
+    /// `postgres://tollgate@<the socket's directory, percent-encoded>:5432/postgres`: libpq's
+    /// form for a Unix socket.
     pub fn url(&self) -> String {
-        format!("postgres://tollgate@127.0.0.1:{}/postgres", self.port)
+        let dir: String = self
+            .dir
+            .display()
+            .to_string()
+            .bytes()
+            .map(|b| match b {
+                b'/' => "%2F".to_owned(),
+                b => char::from(b).to_string(),
+            })
+            .collect();
+        format!("postgres://tollgate@{dir}:{PORT}/postgres")
     }
 
     /// Stops the server (fast shutdown), as a database going down does.
@@ -110,7 +124,7 @@ impl PgServer {
             .status();
     }
 
-    /// Starts it again on its port, with its data.
+    /// Starts it again on its socket, with its data.
     pub fn restart(&self) {
         self.stop();
         self.pg_ctl_start();

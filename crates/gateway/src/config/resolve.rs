@@ -132,10 +132,10 @@ fn resolve_store(
     if let Some(l) = &mut config.ledger {
         if let Err(var) = &l.url {
             let url = env(var, "ledger.url_env")?;
-            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            if let Err(e) = tollgate_ledger::check_url(&url) {
                 return Err(err(
                     "ledger.url_env",
-                    format!("{var} must hold a postgres://… URL"),
+                    format!("{var} must hold a postgres://… URL: {e}"),
                 ));
             }
             l.url = Ok(url);

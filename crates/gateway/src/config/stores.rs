@@ -166,10 +166,9 @@ pub(super) fn ledger(raw: &RawLedger) -> Result<super::LedgerConfig, ConfigError
         _ => return Err(err("ledger.url", "give url or url_env, one of them")),
     };
     if let Ok(u) = &url {
-        if !(u.starts_with("postgres://") || u.starts_with("postgresql://")) {
-            return Err(err("ledger.url", "expected postgres://…"));
-        }
-        super::check::url("ledger.url", u, "the ledger's URL")?;
+        // Read as the ledger's client reads it (a socket's directory is a host there).
+        tollgate_ledger::check_url(u)
+            .map_err(|e| err("ledger.url", format!("the ledger's URL: {e}")))?;
     }
     let n = |v: Option<usize>, default: usize, max: usize, field: &str| match v {
         None => Ok(default),
