@@ -45,9 +45,11 @@ pub fn deny_in(d: &Deny, unit: Option<Unit>) -> ApiError {
         match d.retry_after_ms {
             Some(ms) => {
                 let ms = ms.max(1);
-                put_retry_after(&mut e.headers, ms.saturating_add(jitter_ms(ms)));
+                let sent = ms.saturating_add(jitter_ms(ms));
+                put_retry_after(&mut e.headers, sent);
                 message.push_str(&format!(" Retry {}.", in_words(ms)));
-                if ms > LONG_WAIT_MS {
+                // Judged on the wait sent, jitter included: what an SDK would sleep.
+                if sent > LONG_WAIT_MS {
                     put(&mut e.headers, "x-should-retry", "false");
                 }
             }
