@@ -3,7 +3,7 @@
 # carries, counted by Valgrind (callgrind, only inside EVALSHA): `redis-benchmark` sends one call
 # at a time; each figure is the difference between 1,500 and 500 calls, divided by 1,000.
 #
-#   bench/call-cost.sh [COMMON=crates/redis/src/lua/common_v7.lua] [BATCH=crates/redis/src/lua/batch_v4.lua]
+#   bench/call-cost.sh [COMMON=the assembled ledger] [BATCH=crates/redis/src/lua/batch_v5.lua]
 #
 # Rows: `return 1` (the floor); the ledger's definitions, then `return 1` (Redis runs a script
 # from the top on every call, so every function is made again each time); a batch call with no
@@ -16,8 +16,8 @@
 # run as root). Servers listen on free loopback ports and are shut down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-COMMON="${1:-crates/redis/src/lua/common_v7.lua}"
-BATCH="${2:-crates/redis/src/lua/batch_v4.lua}"
+COMMON="${1:-$(bench/lua-script.sh ledger.lua)}"
+BATCH="${2:-crates/redis/src/lua/batch_v5.lua}"
 . bench/need-valgrind.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -32,7 +32,7 @@ load() { redis-cli -p "$port" SCRIPT LOAD "$1"; }
 trivial=$(load 'return 1')
 one=$(load "$(cat bench/floor/one.lua)")
 batch=$(load "$(cat bench/floor/batch.lua)")
-ledger=$(load "$(cat crates/redis/src/lua/common_v7.lua crates/redis/src/lua/batch_v4.lua)")
+ledger=$(load "$(cat "$(bench/lua-script.sh batch.lua)")")
 # redis-benchmark -q prints progress lines ended by \r; the last one holds the total.
 rps() { tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}'; }
 bench() { # clients requests command... -> calls per second

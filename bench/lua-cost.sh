@@ -4,7 +4,7 @@
 # shared machine, the counts compare two script versions exactly. Each figure is the difference
 # between a run of 1,500 and one of 500 iterations, divided by 1,000 (the script's setup cancels).
 #
-#   bench/lua-cost.sh [SCRIPT=crates/redis/src/lua/common_v7.lua] [B=1] [U=16] [F=64]
+#   bench/lua-cost.sh [SCRIPT=the assembled ledger, bench/lua-script.sh] [B=1] [U=16] [F=64]
 #
 # B: items per script call. A call remembers the conversions of its items (a batch repeats the
 # same limits and TTLs, and often the same scopes); B=1 is one admission per call, as with a single
@@ -16,7 +16,7 @@
 # here when missing and run as root). Servers listen on free loopback ports and are shut down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-COMMON="${1:-crates/redis/src/lua/common_v7.lua}"
+COMMON="${1:-$(bench/lua-script.sh ledger.lua)}"
 B="${2:-1}"
 U="${3:-16}"
 F="${4:-64}"

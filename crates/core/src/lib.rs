@@ -41,6 +41,7 @@
 //! this one.
 
 pub mod clock;
+pub mod controls;
 pub mod decision;
 pub mod ledger;
 pub mod memory;

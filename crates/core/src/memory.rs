@@ -48,7 +48,7 @@ pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
 /// settlement of a forgotten id answers `Unknown`: still a no-op.
 pub const DEFAULT_MAX_REMEMBERED: usize = 1_000_000;
 /// The longest hint given for a concurrency retry: a lease usually ends long before it expires.
-pub const CONCURRENCY_RETRY_HINT_MS: u64 = 1_000;
+pub const CONCURRENCY_RETRY_HINT_MS: u64 = crate::controls::concurrency::RETRY_HINT_MS;
 const FULL_SWEEP_EVERY_MS: u64 = 1_000;
 /// Scope slots examined per call while a pass is under way: a pass over a million scopes is
 /// spread over about a thousand calls instead of pausing one call for the whole pass, which every

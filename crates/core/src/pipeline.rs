@@ -6,7 +6,7 @@
 //! attempt in every rate scope first and reports a rate denial ahead of them, as the order says.
 
 use crate::decision::{Deny, Reason};
-use crate::ledger::{Period, Usage};
+use crate::ledger::Usage;
 use crate::policy::{OutputMode, Policy, Price, Unit};
 use crate::scope::{Dimension, Identity, ScopeKey};
 
@@ -40,42 +40,7 @@ pub struct RequestFacts {
     pub price_tier: Option<String>,
 }
 
-/// A rate check in one scope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RateCheck {
-    /// Scope.
-    pub scope: ScopeKey,
-    /// Attempts per window.
-    pub limit: u64,
-    /// Window, ms.
-    pub window_ms: u64,
-}
-
-/// A lease to take in one scope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConcurrencyCheck {
-    /// Scope.
-    pub scope: ScopeKey,
-    /// Leases at once.
-    pub limit: u64,
-}
-
-/// A reservation to make in one scope: of tokens, money, or tool calls.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BudgetCheck {
-    /// Scope.
-    pub scope: ScopeKey,
-    /// Budget per period.
-    pub limit: u64,
-    /// Tokens or money.
-    pub unit: Unit,
-    /// Period.
-    pub period: Period,
-    /// Amount to reserve: the estimate in `unit`.
-    pub amount: u64,
-    /// Where alerts fire (the gateway's business: stores ignore it).
-    pub alert_at: crate::policy::AlertAt,
-}
+pub use crate::controls::{BudgetCheck, ConcurrencyCheck, RateCheck};
 
 /// Everything a store needs to decide one request atomically.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -248,13 +213,7 @@ pub fn rate_plan(policy: &Policy, facts: &RequestFacts) -> Plan {
     let rate: Vec<RateCheck> = scopes
         .iter()
         .filter(|(i, _)| !policy.scopes[*i].shadow)
-        .filter_map(|(i, k)| {
-            policy.scopes[*i].requests.map(|r| RateCheck {
-                scope: k.clone(),
-                limit: r.limit.get(),
-                window_ms: r.window_ms.get(),
-            })
-        })
+        .filter_map(|(i, k)| rate::plan(&policy.scopes[*i], k))
         .collect();
     Plan {
         fail_open: rate.is_empty() || policy.fail_open.contains(&Reason::RequestRateLimit),
@@ -346,31 +305,20 @@ fn build(
     granted: u64,
     id_suffix: &str,
 ) -> Result<Plan, PlanError> {
-    let rule = |i: usize| &policy.scopes[i];
-    let rate: Vec<RateCheck> = scopes
-        .iter()
-        .filter_map(|(i, k)| {
-            rule(*i).requests.map(|r| RateCheck {
-                scope: k.clone(),
-                limit: r.limit.get(),
-                window_ms: r.window_ms.get(),
-            })
-        })
+    let rules = scopes.iter().map(|(i, k)| (&policy.scopes[*i], k));
+    let rate: Vec<RateCheck> = rules
+        .clone()
+        .filter_map(|(r, k)| rate::plan(r, k))
         .collect();
     let input = facts.input_tokens;
-    let token_verdict = token_verdict(policy, scopes, input, granted);
-    let concurrency: Vec<ConcurrencyCheck> = scopes
-        .iter()
-        .filter_map(|(i, k)| {
-            rule(*i).concurrency.map(|c| ConcurrencyCheck {
-                scope: k.clone(),
-                limit: c.limit.get(),
-            })
-        })
+    let token_verdict = tokens::verdict(rules.clone(), input, granted);
+    let concurrency: Vec<ConcurrencyCheck> = rules
+        .clone()
+        .filter_map(|(r, k)| concurrency::plan(r, k))
         .collect();
-    let ttl_ms = scopes
-        .iter()
-        .filter_map(|(i, _)| rule(*i).concurrency.map(|c| c.lease_ttl_ms.get()))
+    let ttl_ms = rules
+        .clone()
+        .filter_map(|(r, _)| concurrency::lease_ttl_ms(r))
         .min()
         .unwrap_or(policy.reservation_ttl.get());
     let model = facts.identity.model.as_deref().unwrap_or("");
@@ -391,8 +339,25 @@ fn build(
         cache_write_1h_tokens: facts.cache_write_tokens.min(input),
         tool_calls: 0,
     };
-    let budget = budgets(policy, scopes, (model, tier), price, &estimate)?;
-    let (repeats, loop_verdict) = loops(policy, scopes, facts);
+    let pricing = budget::Pricing {
+        model,
+        tier,
+        price,
+        estimate: &estimate,
+    };
+    let mut budget = Vec::new();
+    for (r, k) in rules.clone() {
+        budget.extend(budget::plan(r, k, pricing)?);
+    }
+    // Tool calls after every budget, as their control comes after the budget's.
+    budget.extend(rules.clone().filter_map(|(r, k)| tool_calls::plan(r, k)));
+    let repeats: Vec<RateCheck> = rules
+        .clone()
+        .filter_map(|(r, k)| loops::plan(r, k, facts.fingerprint))
+        .collect();
+    let loop_verdict = rules
+        .clone()
+        .find_map(|(r, k)| loops::history_verdict(r, k, facts.tool_call_repeats));
     // Made at its length: a suffix pushed onto a copy moved it once more.
     let request_id = match id_suffix {
         "" => facts.request_id.clone(),
@@ -492,7 +457,8 @@ pub fn charge(unit: Unit, price: Option<Price>, usage: &Usage) -> u64 {
 }
 
 mod checks;
-use checks::{budgets, expired_usage, loops, token_verdict};
+use crate::controls::{budget, concurrency, loops, rate, tokens, tool_calls};
+use checks::expired_usage;
 
 #[cfg(test)]
 mod tests;

@@ -16,22 +16,20 @@ pub(crate) struct Scripts {
     pub(crate) state: Script,
 }
 
+/// A script assembled by the build script (`build.rs`): the ledger's files and its own.
 macro_rules! script {
-    ($($file:literal),+) => {
-        Script::new(concat!(
-            include_str!("lua/common_v7.lua"),
-            $("\n", include_str!($file)),+
-        ))
+    ($file:literal) => {
+        Script::new(include_str!(concat!(env!("OUT_DIR"), "/", $file)))
     };
 }
 
 pub(crate) fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
-        batch: script!("lua/slices_v1.lua", "lua/batch_v5.lua"),
-        renew: script!("lua/renew_v4.lua"),
-        usage: script!("lua/usage_v2.lua"),
-        sweep: script!("lua/sweep_v2.lua"),
+        batch: script!("batch.lua"),
+        renew: script!("renew.lua"),
+        usage: script!("usage.lua"),
+        sweep: script!("sweep.lua"),
         // Touches one key and nothing of the ledger's.
         keys: Script::new(include_str!("lua/keys_v1.lua")),
         state: Script::new(include_str!("lua/state_v1.lua")),

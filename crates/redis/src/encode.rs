@@ -1,11 +1,13 @@
 //! Wire encoding: a plan, a settlement or a release as the KEYS and ARGV of one item of a
-//! batch call, in the layout `common_v7.lua` reads.
+//! batch call, in the layouts of [`crate::contract`], which the scripts read by the same names.
 
 use tollgate_core::pipeline::Plan;
 use tollgate_core::policy::Unit;
 use tollgate_core::{Period, Usage};
 
 pub use crate::strs::Strs;
+
+use crate::contract::{Admit, BudgetScope, Finish, LeaseScope, RateScope, Shadow};
 
 /// The keys and arguments of one script call.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,12 +27,6 @@ impl Invocation {
             args: args.iter().copied().collect(),
         }
     }
-}
-
-pub(crate) fn usage_args(args: &mut Strs, u: &Usage) {
-    args.push_num(u.input_tokens);
-    args.push_num(u.cached_input_tokens);
-    args.push_num(u.output_tokens);
 }
 
 pub(crate) fn period_arg(p: Period) -> (u64, String) {
@@ -86,67 +82,91 @@ fn scope_count(plan: &Plan) -> usize {
     plan.rate.len() + plan.repeats.len() + plan.concurrency.len() + plan.budget.len()
 }
 
-/// How many arguments [`admit_args`] pushes for `plan`: the sixteen of the header, the kill
-/// targets, then three per rate or repeat scope, two per lease scope and six per budget.
+/// How many arguments [`admit_args`] pushes for `plan`: the header, the kill targets, then
+/// each scope's layout.
 fn admit_arg_count(plan: &Plan) -> usize {
-    16 + plan.kill_targets.len() + scope_arg_count(plan)
+    Admit::LEN + plan.kill_targets.len() + scope_arg_count(plan)
 }
 
 fn scope_arg_count(plan: &Plan) -> usize {
-    3 * (plan.rate.len() + plan.repeats.len()) + 2 * plan.concurrency.len() + 6 * plan.budget.len()
+    RateScope::LEN * (plan.rate.len() + plan.repeats.len())
+        + LeaseScope::LEN * plan.concurrency.len()
+        + BudgetScope::LEN * plan.budget.len()
 }
 
-/// Pushes an admission's keys and arguments, in the layout `admit_one` reads.
+/// Pushes an admission's keys and arguments: the header by name, in the contract's order, then
+/// the kill targets and the scopes.
 fn admit_args(prefix: &str, plan: &Plan, retention_ms: u64, keys: &mut Strs, args: &mut Strs) {
     keys.push_key(prefix, "ts", &plan.request_id);
-    let price = plan
+    let (price_in, price_cached, price_out) = plan
         .price
-        .map_or([0, 0, 0], |p| [p.input, p.cached_input, p.output]);
-    args.push(&plan.request_id);
-    args.push_num(plan.ttl_ms);
-    args.push_num(retention_ms);
-    args.push_flag(plan.token_verdict.is_some());
-    args.push_num(plan.rate.len());
-    args.push_num(plan.concurrency.len());
-    args.push_num(plan.budget.len());
-    for n in price {
-        args.push_num(n);
+        .map_or((0, 0, 0), |p| (p.input, p.cached_input, p.output));
+    let expired = &plan.expired_usage;
+    for field in Admit::ALL {
+        match field {
+            Admit::Id => args.push(&plan.request_id),
+            Admit::Ttl => args.push_num(plan.ttl_ms),
+            Admit::Retention => args.push_num(retention_ms),
+            Admit::TokenDeny => args.push_flag(plan.token_verdict.is_some()),
+            Admit::NRate => args.push_num(plan.rate.len()),
+            Admit::NLease => args.push_num(plan.concurrency.len()),
+            Admit::NBudget => args.push_num(plan.budget.len()),
+            Admit::PriceInput => args.push_num(price_in),
+            Admit::PriceCached => args.push_num(price_cached),
+            Admit::PriceOutput => args.push_num(price_out),
+            Admit::ExpiredInput => args.push_num(expired.input_tokens),
+            Admit::ExpiredCached => args.push_num(expired.cached_input_tokens),
+            Admit::ExpiredOutput => args.push_num(expired.output_tokens),
+            Admit::NKill => args.push_num(plan.kill_targets.len()),
+            Admit::NRepeat => args.push_num(plan.repeats.len()),
+            Admit::LoopDeny => args.push_flag(plan.loop_verdict.is_some()),
+        }
     }
-    usage_args(args, &plan.expired_usage);
-    args.push_num(plan.kill_targets.len());
-    args.push_num(plan.repeats.len());
-    args.push_flag(plan.loop_verdict.is_some());
     args.extend(plan.kill_targets.iter());
     scope_args(prefix, plan, keys, args);
 }
 
-/// A plan's scopes, each with its limits, in the layout `admit_one` reads after the header.
+/// A plan's scopes, each in its layout, after the header.
 fn scope_args(prefix: &str, plan: &Plan, keys: &mut Strs, args: &mut Strs) {
     for r in plan.rate.iter().chain(&plan.repeats) {
         keys.push_key(prefix, "r", r.scope.id());
-        args.push_key(prefix, "r", r.scope.id());
-        args.push_num(r.limit);
-        args.push_num(r.window_ms);
+        for field in RateScope::ALL {
+            match field {
+                RateScope::Key => args.push_key(prefix, "r", r.scope.id()),
+                RateScope::Limit => args.push_num(r.limit),
+                RateScope::Window => args.push_num(r.window_ms),
+            }
+        }
     }
     for c in &plan.concurrency {
         keys.push_key(prefix, "l", c.scope.id());
-        args.push_key(prefix, "l", c.scope.id());
-        args.push_num(c.limit);
+        for field in LeaseScope::ALL {
+            match field {
+                LeaseScope::Key => args.push_key(prefix, "l", c.scope.id()),
+                LeaseScope::Limit => args.push_num(c.limit),
+            }
+        }
     }
     for b in &plan.budget {
         keys.push_key(prefix, "b", b.scope.id());
-        args.push_key(prefix, "b", b.scope.id());
-        args.push_num(b.limit);
-        match b.unit {
-            Unit::Tokens => args.push("t"),
-            Unit::MicroUsd => args.push("m"),
-            // With what the round is charged when it ends without an answer.
-            Unit::ToolCalls => args.push(&format!("c{}", plan.expired_usage.tool_calls)),
-        }
         let (len, label) = period_arg(b.period);
-        args.push_num(len);
-        args.push(&label);
-        args.push_num(b.amount);
+        for field in BudgetScope::ALL {
+            match field {
+                BudgetScope::Key => args.push_key(prefix, "b", b.scope.id()),
+                BudgetScope::Limit => args.push_num(b.limit),
+                BudgetScope::Unit => match b.unit {
+                    Unit::Tokens => args.push("t"),
+                    Unit::MicroUsd => args.push("m"),
+                    // With what the round is charged when it ends without an answer.
+                    Unit::ToolCalls => {
+                        args.push(&format!("c{}", plan.expired_usage.tool_calls));
+                    }
+                },
+                BudgetScope::PeriodLen => args.push_num(len),
+                BudgetScope::Label => args.push(&label),
+                BudgetScope::Amount => args.push_num(b.amount),
+            }
+        }
     }
 }
 
@@ -158,18 +178,24 @@ pub(crate) fn finish_invocation(
     usage: Option<Usage>,
     ending: &str,
 ) -> Invocation {
-    let mut args = strs(10);
-    args.push(id);
-    args.push_num(retention_ms);
-    args.push(ending);
-    args.push_flag(usage.is_some());
+    let mut args = strs(Finish::LEN);
     // Bounded before it is written: the script computes in doubles, and a number past 2^63
     // would be formatted negative there.
     let u = usage.unwrap_or_default().bounded();
-    usage_args(&mut args, &u);
-    args.push_num(u.cache_write_tokens);
-    args.push_num(u.cache_write_1h_tokens);
-    args.push_num(u.tool_calls);
+    for field in Finish::ALL {
+        match field {
+            Finish::Id => args.push(id),
+            Finish::Retention => args.push_num(retention_ms),
+            Finish::Ending => args.push(ending),
+            Finish::HasUsage => args.push_flag(usage.is_some()),
+            Finish::Input => args.push_num(u.input_tokens),
+            Finish::Cached => args.push_num(u.cached_input_tokens),
+            Finish::Output => args.push_num(u.output_tokens),
+            Finish::Write5m => args.push_num(u.cache_write_tokens),
+            Finish::Write1h => args.push_num(u.cache_write_1h_tokens),
+            Finish::ToolCalls => args.push_num(u.tool_calls),
+        }
+    }
     let mut keys = strs(1);
     keys.push_key(prefix, "ts", id);
     Invocation { keys, args }
@@ -187,16 +213,20 @@ pub(crate) fn admit_shadowed_invocation(
     let s = shadow;
     let mut keys = strs(key_count(plan) + scope_count(s));
     let n = admit_arg_count(plan);
-    let mut args = strs(1 + n + 6 + scope_arg_count(s));
+    let mut args = strs(1 + n + Shadow::LEN + scope_arg_count(s));
     // The request's arguments are pushed after their count, not copied in behind it.
     args.push_num(n);
     admit_args(prefix, plan, retention_ms, &mut keys, &mut args);
-    args.push_flag(s.token_verdict.is_some());
-    args.push_num(s.rate.len());
-    args.push_num(s.concurrency.len());
-    args.push_num(s.budget.len());
-    args.push_num(s.repeats.len());
-    args.push_flag(s.loop_verdict.is_some());
+    for field in Shadow::ALL {
+        match field {
+            Shadow::TokenDeny => args.push_flag(s.token_verdict.is_some()),
+            Shadow::NRate => args.push_num(s.rate.len()),
+            Shadow::NLease => args.push_num(s.concurrency.len()),
+            Shadow::NBudget => args.push_num(s.budget.len()),
+            Shadow::NRepeat => args.push_num(s.repeats.len()),
+            Shadow::LoopDeny => args.push_flag(s.loop_verdict.is_some()),
+        }
+    }
     scope_args(prefix, s, &mut keys, &mut args);
     Invocation { keys, args }
 }

@@ -38,6 +38,9 @@ mod batch;
 mod books;
 mod config;
 mod conn;
+/// The named contract between the encoder and the scripts: every argument list's layout, one
+/// table that the encoder writes by and the build script substitutes into the Lua sources.
+pub mod contract;
 mod decode;
 mod encode;
 mod issued;

@@ -235,12 +235,21 @@ async fn remembered_admissions_are_pruned() {
     assert_eq!(m.map.len(), 5_000);
 }
 
+/// The files of the ledger, in the order the build script assembles them.
+const LEDGER_SOURCES: [&str; 5] = [
+    include_str!("lua/common_v7.lua"),
+    include_str!("lua/controls/rate.lua"),
+    include_str!("lua/controls/concurrency.lua"),
+    include_str!("lua/controls/budget.lua"),
+    include_str!("lua/ledger_v7.lua"),
+];
+
 /// The reply kinds and reason codes the scripts write are exactly those the Rust side names, and
 /// the decoder reads each kind it names.
 #[test]
 fn script_replies_are_the_named_ones() {
     let sources = [
-        include_str!("lua/common_v7.lua"),
+        LEDGER_SOURCES.concat().leak() as &str,
         include_str!("lua/slices_v1.lua"),
         include_str!("lua/batch_v5.lua"),
         include_str!("lua/renew_v4.lua"),
@@ -336,4 +345,21 @@ fn the_scripts_write_the_schema_the_store_checks() {
         "common_v7.lua's SCHEMA is not {}",
         crate::SCHEMA
     );
+}
+
+/// Every field of the argument contract is read by the scripts under its name: the table has
+/// no field the Lua side ignores (a field the Lua names and the table lacks fails the build).
+#[test]
+fn every_contract_field_is_read_by_name() {
+    let sources = [
+        LEDGER_SOURCES.concat(),
+        include_str!("lua/batch_v5.lua").to_owned(),
+    ]
+    .concat();
+    for (layout, fields) in crate::contract::LAYOUTS {
+        for field in *fields {
+            let name = format!("@{layout}.{field}");
+            assert!(sources.contains(&name), "{name} is not read by the scripts");
+        }
+    }
 }

@@ -5,10 +5,10 @@
 //! counts, so a refusal takes nothing.
 
 use super::{
-    CONCURRENCY_RETRY_HINT_MS, Cell, Fresh, Hold, Request, Reservation, Resolved, State, Ticket,
-    lost_slot, too_many_in_flight,
+    Cell, Fresh, Hold, Request, Reservation, Resolved, State, Ticket, lost_slot, too_many_in_flight,
 };
 use crate::clock::Millis;
+use crate::controls::{budget, concurrency, rate};
 use crate::decision::{Admitted, Decision, Deny, Quota, Reason};
 use crate::ledger::RateWindow;
 use crate::pipeline::Plan;
@@ -180,35 +180,15 @@ impl State {
             let Some(scope) = self.slots.get_mut(slot) else {
                 return Err(lost_slot());
             };
-            let entry = scope
+            let window = scope
                 .rate
                 .get_or_insert((c.window_ms, RateWindow::default()));
-            if entry.0 != c.window_ms {
-                *entry = (c.window_ms, RateWindow::default());
-            }
-            let w = &mut entry.1;
-            let ok = w.attempt(now, c.window_ms, c.limit);
-            let reset = w.start + c.window_ms - now;
-            if !ok && rate_deny.is_none() {
-                rate_deny = Some(Deny {
-                    reason,
-                    scope: c.scope.clone(),
-                    limit: c.limit,
-                    remaining: 0,
-                    requested: 1,
-                    retry_after_ms: Some(w.retry_after(now, c.window_ms, c.limit)),
-                    reset_after_ms: Some(reset),
-                });
+            let counted = rate::count(window, c, now);
+            if counted.over && rate_deny.is_none() {
+                rate_deny = Some(rate::deny(c, counted, reason));
             }
             if let Some(q) = quotas.as_deref_mut() {
-                q.push(Quota {
-                    reason,
-                    check,
-                    limit: c.limit,
-                    remaining: w.remaining(now, c.window_ms, c.limit),
-                    window_ms: Some(c.window_ms),
-                    reset_after_ms: Some(reset),
-                });
+                q.push(rate::quota(check, c, counted));
             }
         }
         Ok(rate_deny)
@@ -225,33 +205,10 @@ impl State {
         for (check, c) in plan.concurrency.iter().enumerate() {
             let scope = self.find(&c.scope, seen).and_then(|i| self.slots.get(i));
             let held = scope.map_or(0, |s| s.leases);
-            if held >= c.limit {
-                // A lease known to expire within the hint shortens it; a bound already past
-                // (its lease has ended) says nothing of the others.
-                let soonest = scope.map_or(now, |s| s.soonest);
-                let wait = if soonest > now {
-                    (soonest - now).min(CONCURRENCY_RETRY_HINT_MS)
-                } else {
-                    CONCURRENCY_RETRY_HINT_MS
-                };
-                return Some(Decision::Deny(Deny {
-                    reason: Reason::ConcurrencyLimit,
-                    scope: c.scope.clone(),
-                    limit: c.limit,
-                    remaining: 0,
-                    requested: 1,
-                    retry_after_ms: Some(wait),
-                    reset_after_ms: None,
-                }));
+            match concurrency::check(c, held, scope.map(|s| s.soonest), now) {
+                Ok(remaining) => quotas.push(concurrency::quota(check, c, remaining)),
+                Err(d) => return Some(Decision::Deny(d)),
             }
-            quotas.push(Quota {
-                reason: Reason::ConcurrencyLimit,
-                check,
-                limit: c.limit,
-                remaining: c.limit - held - 1,
-                window_ms: None,
-                reset_after_ms: None,
-            });
         }
         None
     }
@@ -281,25 +238,10 @@ impl State {
                     ..Cell::default()
                 });
             let committed = cell.settled.saturating_add(cell.reserved);
-            if committed.saturating_add(c.amount) > c.limit {
-                return Some(Decision::Deny(Deny {
-                    reason: c.unit.reason(),
-                    scope: c.scope.clone(),
-                    limit: c.limit,
-                    remaining: c.limit.saturating_sub(committed),
-                    requested: c.amount,
-                    retry_after_ms: (c.amount <= c.limit).then_some(end - now),
-                    reset_after_ms: Some(end - now),
-                }));
+            match budget::check(i, c, committed, (start, end), now) {
+                Ok(q) => quotas.push(q),
+                Err(d) => return Some(Decision::Deny(d)),
             }
-            quotas.push(Quota {
-                reason: c.unit.reason(),
-                check: i,
-                limit: c.limit,
-                remaining: c.limit - committed - c.amount,
-                window_ms: Some(end - start),
-                reset_after_ms: Some(end - now),
-            });
         }
         None
     }

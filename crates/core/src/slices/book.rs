@@ -22,6 +22,7 @@ mod orders;
 mod pending;
 mod tend;
 use crate::clock::{Clock, Millis};
+use crate::controls::{budget, rate};
 use crate::decision::{Decision, Quota, Reason};
 use crate::ledger::{Period, RateWindow};
 use crate::memory::MemoryStore;
@@ -442,7 +443,7 @@ impl Book {
             p.rate.iter().any(|c| {
                 self.rate
                     .get(&Self::rate_key(c))
-                    .is_none_or(|s| s.window.remaining(now, c.window_ms, c.limit) == 0)
+                    .is_none_or(|s| rate::remaining(&s.window, c, now) == 0)
             }) || p.concurrency.iter().any(|c| {
                 self.leases
                     .get(&Self::lease_key(c))
@@ -450,7 +451,7 @@ impl Book {
             }) || p.budget.iter().any(|b| {
                 self.budgets
                     .get(&Self::budget_key(b, now).0)
-                    .is_none_or(|s| s.headroom < b.amount)
+                    .is_none_or(|s| !budget::fits(b.amount, s.headroom))
             })
         })
     }
@@ -466,14 +467,13 @@ impl Book {
                 // The window as if only the attempts made were counted.
                 let mut w = s.window;
                 w.current = w.current.saturating_sub(s.left);
-                quotas.push(Quota {
-                    reason: Reason::RequestRateLimit,
-                    check,
-                    limit: c.limit,
-                    remaining: w.remaining(now, c.window_ms, c.limit),
-                    window_ms: Some(c.window_ms),
-                    reset_after_ms: Some(w.start.saturating_add(c.window_ms).saturating_sub(now)),
-                });
+                let counted = rate::Counted {
+                    over: false,
+                    remaining: rate::remaining(&w, c, now),
+                    reset_after_ms: w.start.saturating_add(c.window_ms).saturating_sub(now),
+                    retry_after_ms: 0,
+                };
+                quotas.push(rate::quota(check, c, counted));
             }
         }
         for c in shadow.iter().flat_map(|s| &s.rate) {

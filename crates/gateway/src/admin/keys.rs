@@ -9,27 +9,23 @@ use serde_json::json;
 use super::AdminScope;
 use crate::gateway::Shared;
 use crate::keys::{self, KeyError};
-use crate::respond::ApiError;
+use crate::respond::{ApiError, Class, Fault};
 
 fn refused(e: KeyError) -> Response {
-    let (status, kind, code) = match &e {
+    let (class, kind, code) = match &e {
         KeyError::Invalid(_) => (
-            StatusCode::BAD_REQUEST,
+            Class::Client(Fault::Invalid),
             "invalid_request_error",
             "invalid_key_request",
         ),
         KeyError::NotFound(_) => (
-            StatusCode::NOT_FOUND,
+            Class::Client(Fault::NotFound),
             "invalid_request_error",
             "key_not_found",
         ),
-        KeyError::Unavailable(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "service_unavailable",
-            "store_unavailable",
-        ),
+        KeyError::Unavailable(_) => (Class::Books, "service_unavailable", "store_unavailable"),
     };
-    ApiError::new(status, kind, code, e.to_string()).into_response()
+    ApiError::new(class, kind, code, e.to_string()).into_response()
 }
 
 /// A JSON body, or a 400 that says what is wrong with it; an empty body is `{}`.

@@ -2,7 +2,6 @@
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
@@ -13,7 +12,7 @@ use super::AdminScope;
 use crate::gateway::Shared;
 use crate::keys::KeyError;
 use crate::overrides::{self, Control, Override};
-use crate::respond::ApiError;
+use crate::respond::{ApiError, Class, Fault};
 
 /// `PUT /admin/limits` and the query of `DELETE /admin/limits`.
 #[derive(Debug, Deserialize)]
@@ -35,7 +34,7 @@ fn bad(message: String) -> Response {
 
 fn failed(e: KeyError) -> Response {
     ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+        Class::Books,
         "service_unavailable",
         "store_unavailable",
         e.to_string(),
@@ -159,7 +158,7 @@ pub(super) async fn set(
     let default = control.default_of(rule).unwrap_or(0);
     if let (Some(tenant), true) = (who.tenant(), limit > default) {
         return ApiError::new(
-            StatusCode::FORBIDDEN,
+            Class::Client(Fault::Forbidden),
             "invalid_request_error",
             "admin_scope_forbidden",
             format!(
@@ -221,7 +220,7 @@ pub(super) async fn clear(
     let _ = crate::keys::refresh(&gw).await;
     if gw.overrides.get(&scope, control).is_none() {
         return ApiError::new(
-            StatusCode::NOT_FOUND,
+            Class::Client(Fault::NotFound),
             "invalid_request_error",
             "limit_not_set",
             format!("No limit is set at run time for {scope} ({}).", t.control),

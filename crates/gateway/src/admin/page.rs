@@ -244,10 +244,10 @@ async fn act(gw: &Shared, form: &FormToken, f: &KillForm, kill: bool) -> Respons
     }
     if !kill {
         if let Err(e) = super::liftable(gw, target).await {
-            return problem(e.status, &e.message);
+            return problem(e.status(), &e.message);
         }
     } else if let Some(e) = super::evicting(gw) {
-        return problem(e.status, &e.message);
+        return problem(e.status(), &e.message);
     }
     match gw.store.set_kill(target, kill.then_some(reason)).await {
         Ok(()) => {

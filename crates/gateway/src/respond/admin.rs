@@ -1,14 +1,13 @@
 //! What the admin API refuses: kill switches that cannot be set or lifted, and stores that cannot
 //! be initialised, each a 4xx in the API's error format.
 
-use axum::http::StatusCode;
-
 use super::ApiError;
+use super::class::{Class, Fault};
 
 /// Lifting a kill switch that the configuration file sets: 409, naming the file.
 pub fn kill_in_configuration(target: &str, file: &str) -> ApiError {
     ApiError::new(
-        StatusCode::CONFLICT,
+        Class::Client(Fault::Conflict),
         "invalid_request_error",
         "kill_switch_in_configuration",
         format!(
@@ -22,7 +21,7 @@ pub fn kill_in_configuration(target: &str, file: &str) -> ApiError {
 /// rebuilds it from the ledger).
 pub fn store_has_books() -> ApiError {
     ApiError::new(
-        StatusCode::CONFLICT,
+        Class::Client(Fault::Conflict),
         "invalid_request_error",
         "store_has_books",
         "The spend ledger holds books for this deployment, so an empty store forgot them rather \
@@ -34,7 +33,7 @@ pub fn store_has_books() -> ApiError {
 /// initialised over).
 pub fn init_over_loss() -> ApiError {
     ApiError::new(
-        StatusCode::CONFLICT,
+        Class::Client(Fault::Conflict),
         "invalid_request_error",
         "store_state_lost",
         "The store has lost its state, and the loss is written down: acknowledge it \
@@ -45,7 +44,7 @@ pub fn init_over_loss() -> ApiError {
 /// Setting a kill switch in a store that may evict it: 409.
 pub fn kill_on_evicting_store() -> ApiError {
     ApiError::new(
-        StatusCode::CONFLICT,
+        Class::Client(Fault::Conflict),
         "invalid_request_error",
         "kill_switch_needs_a_store_that_keeps",
         "The store may evict keys ([store] allow_eviction = true), and an evicted kill switch \
@@ -57,7 +56,7 @@ pub fn kill_on_evicting_store() -> ApiError {
 /// Lifting a target that nothing switches off: 404, and no alert.
 pub fn kill_not_set(target: &str) -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
+        Class::Client(Fault::NotFound),
         "invalid_request_error",
         "kill_switch_not_set",
         format!("{target} is not switched off: there is nothing to lift."),
@@ -67,7 +66,7 @@ pub fn kill_not_set(target: &str) -> ApiError {
 /// A tenant's admin token used beyond its tenant: 403.
 pub fn admin_scope_forbidden(tenant: &str) -> ApiError {
     ApiError::new(
-        StatusCode::FORBIDDEN,
+        Class::Client(Fault::Forbidden),
         "invalid_request_error",
         "admin_scope_forbidden",
         format!(

@@ -1,9 +1,8 @@
 //! What is wrong with a client's request: 4xx in OpenAI's format (Anthropic's where its API
 //! was called), each naming the field at fault.
 
-use axum::http::StatusCode;
-
 use super::ApiError;
+use super::class::{Class, Fault};
 
 /// The longest piece of a client-chosen value quoted in an error message, in characters.
 const SHOWN_CHARS: usize = 64;
@@ -92,7 +91,7 @@ pub fn unsupported_beta(beta: &str) -> ApiError {
 /// A URL nothing is served on: 404.
 pub fn unknown_url() -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
+        Class::Client(Fault::NotFound),
         "invalid_request_error",
         "unknown_url",
         "Unknown URL.",
@@ -106,7 +105,7 @@ pub fn unknown_scope(rule: &str, close: &[&str]) -> ApiError {
         names => format!(" Did you mean {}?", names.join(", ")),
     };
     ApiError::new(
-        StatusCode::NOT_FOUND,
+        Class::Client(Fault::NotFound),
         "invalid_request_error",
         "unknown_scope",
         format!("No rule named {:?}.{hint}", shown(rule)),
@@ -129,7 +128,7 @@ pub fn scope_needs_key(rule: &str, dims: &str) -> ApiError {
 /// An admin call without the admin token: 401.
 pub fn admin_unauthorized() -> ApiError {
     ApiError::new(
-        StatusCode::UNAUTHORIZED,
+        Class::Client(Fault::Unauthenticated),
         "invalid_request_error",
         "invalid_admin_token",
         "Admin token required.",
@@ -188,7 +187,7 @@ pub fn idempotency_key_invalid(max: usize) -> ApiError {
 /// A key whose first request, with the same body, is still being answered.
 pub fn idempotency_key_in_flight() -> ApiError {
     let mut e = ApiError::new(
-        StatusCode::CONFLICT,
+        Class::Client(Fault::Conflict),
         "invalid_request_error",
         "idempotency_key_in_flight",
         "A request with this Idempotency-Key and the same body is still being answered; \
@@ -201,7 +200,7 @@ pub fn idempotency_key_in_flight() -> ApiError {
 /// A key used before with another body (or on another endpoint).
 pub fn idempotency_key_reused() -> ApiError {
     ApiError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
+        Class::Client(Fault::Unprocessable),
         "invalid_request_error",
         "idempotency_key_reused",
         "This Idempotency-Key was used with another request body; use a new key for a new \
@@ -213,7 +212,7 @@ pub fn idempotency_key_reused() -> ApiError {
 /// A key whose request was answered, with a response too large to keep for replay.
 pub fn idempotent_response_not_kept() -> ApiError {
     let mut e = ApiError::new(
-        StatusCode::CONFLICT,
+        Class::Client(Fault::Conflict),
         "invalid_request_error",
         "idempotent_response_not_kept",
         "A request with this Idempotency-Key was answered, but its response was larger than \

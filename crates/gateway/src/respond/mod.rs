@@ -8,9 +8,11 @@ use serde_json::json;
 use tollgate_core::{Admitted, Plan, Quota, Reason};
 
 mod admin;
+mod class;
 mod client;
 mod refusal;
 pub use admin::*;
+pub use class::{Class, Fault, Refusal, Upstream};
 pub use client::*;
 pub use refusal::*;
 
@@ -18,11 +20,12 @@ pub use refusal::*;
 /// do not keep retrying (rate and concurrency waits stay retryable).
 pub const LONG_WAIT_MS: u64 = 60_000;
 
-/// An error in OpenAI's format: `{"error": {"message", "type", "param", "code"}}`.
+/// A failure as a value, up to the edge: its class (what happened) and what it says, in
+/// OpenAI's format: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug)]
 pub struct ApiError {
-    /// HTTP status.
-    pub status: StatusCode,
+    /// What kind of failure it is: the status follows from it, at the edge.
+    pub class: Class,
     /// `type`.
     pub kind: &'static str,
     /// `code`.
@@ -38,19 +41,23 @@ pub struct ApiError {
 impl ApiError {
     /// A new error.
     pub fn new(
-        status: StatusCode,
+        class: Class,
         kind: &'static str,
         code: impl Into<String>,
         message: impl Into<String>,
     ) -> Self {
         Self {
-            status,
+            class,
             kind,
             code: code.into(),
             message: message.into(),
             param: None,
             headers: HeaderMap::new(),
         }
+    }
+    /// The HTTP status: chosen from the class, here only.
+    pub fn status(&self) -> StatusCode {
+        self.class.status()
     }
     /// With `param`.
     #[must_use]
@@ -61,7 +68,7 @@ impl ApiError {
     /// 400 invalid request.
     pub fn invalid(code: &str, message: impl Into<String>) -> Self {
         Self::new(
-            StatusCode::BAD_REQUEST,
+            Class::Client(Fault::Invalid),
             "invalid_request_error",
             code,
             message,
@@ -76,17 +83,9 @@ impl ApiError {
     /// OpenAI's format (`retry-after`, `retry-after-ms` and `x-should-retry`, which Anthropic's
     /// SDKs read too).
     pub fn into_anthropic_response(self) -> Response {
-        let kind = match self.status.as_u16() {
-            401 => "authentication_error",
-            403 => "permission_error",
-            404 => "not_found_error",
-            413 => "request_too_large",
-            429 => "rate_limit_error",
-            s if s >= 500 => "api_error",
-            _ => "invalid_request_error",
-        };
+        let kind = self.class.anthropic_type();
         let body = json!({"type": "error", "error": {"type": kind, "message": self.message, "code": self.code}});
-        with_error_body(self.status, body, self.headers)
+        with_error_body(self.status(), body, self.headers)
     }
 }
 
@@ -100,7 +99,7 @@ fn with_error_body(status: StatusCode, body: serde_json::Value, headers: HeaderM
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
-        with_error_body(self.status, body, self.headers)
+        with_error_body(self.status(), body, self.headers)
     }
 }
 
@@ -249,7 +248,7 @@ pub fn admitted_headers(h: &mut HeaderMap, p: &Plan, a: &Admitted) {
 /// The store could not be reached: fail closed.
 pub fn store_unavailable() -> ApiError {
     let mut e = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+        Class::Books,
         "service_unavailable",
         "store_unavailable",
         "The admission store is unavailable; the request was not sent upstream.",
@@ -262,7 +261,7 @@ pub fn store_unavailable() -> ApiError {
 /// The store holds as many idempotency keys as it may: the request is not sent without one.
 pub fn idempotency_keys_full() -> ApiError {
     let mut e = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+        Class::Books,
         "service_unavailable",
         "idempotency_keys_full",
         "The gateway holds as many idempotency keys as it may; the request was not sent \
@@ -294,7 +293,7 @@ pub fn replayed(status: u16, content_type: &str, body: Vec<u8>) -> Option<Respon
 /// No API key, or one this gateway does not know: 401.
 pub fn unauthorized(message: &str) -> ApiError {
     ApiError::new(
-        StatusCode::UNAUTHORIZED,
+        Class::Client(Fault::Unauthenticated),
         "invalid_request_error",
         "invalid_api_key",
         message,
@@ -304,7 +303,7 @@ pub fn unauthorized(message: &str) -> ApiError {
 /// A body over `max_body_bytes`: 413, refused before it is read.
 pub fn body_too_large(max: usize) -> ApiError {
     ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
+        Class::Client(Fault::TooLarge),
         "invalid_request_error",
         "request_too_large",
         format!("Request bodies are limited to {max} bytes."),
@@ -314,7 +313,7 @@ pub fn body_too_large(max: usize) -> ApiError {
 /// A body that did not arrive within `body_timeout`: 408.
 pub fn body_timeout() -> ApiError {
     ApiError::new(
-        StatusCode::REQUEST_TIMEOUT,
+        Class::Client(Fault::TooSlow),
         "invalid_request_error",
         "body_timeout",
         "The request body did not arrive in time.",
@@ -324,7 +323,7 @@ pub fn body_timeout() -> ApiError {
 /// A model no upstream serves: 404 (`shown` is the client's name for it, bounded).
 pub fn model_not_found(shown: &str) -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
+        Class::Client(Fault::NotFound),
         "invalid_request_error",
         "model_not_found",
         format!("The model {shown:?} does not exist or is not served here."),
@@ -335,7 +334,7 @@ pub fn model_not_found(shown: &str) -> ApiError {
 /// A model the key may not use: 403.
 pub fn model_not_allowed(model: &str) -> ApiError {
     ApiError::new(
-        StatusCode::FORBIDDEN,
+        Class::Client(Fault::Forbidden),
         "invalid_request_error",
         "model_not_allowed",
         format!("This key may not use {model:?}."),
@@ -345,12 +344,7 @@ pub fn model_not_allowed(model: &str) -> ApiError {
 
 /// Something on this side failed: 500 with `code`.
 pub fn internal(code: &str, message: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "server_error",
-        code,
-        message.to_string(),
-    )
+    ApiError::new(Class::Internal, "server_error", code, message.to_string())
 }
 
 /// A decision that contradicts itself (a bug): 500.
@@ -366,7 +360,7 @@ pub fn unpriced_model(e: impl std::fmt::Display) -> ApiError {
 /// An admin call the store could not answer: 503 with the store's error.
 pub fn store_failed(e: &tollgate_core::StoreError) -> ApiError {
     ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+        Class::Books,
         "service_unavailable",
         "store_unavailable",
         e.to_string(),
@@ -386,7 +380,7 @@ pub fn ready() -> Response {
 /// The upstream's answer could not be read: 502.
 pub fn upstream_body() -> ApiError {
     ApiError::new(
-        StatusCode::BAD_GATEWAY,
+        Class::Upstream(Upstream::Failed),
         "upstream_error",
         "upstream_body",
         "The upstream's response could not be read.",
@@ -396,7 +390,7 @@ pub fn upstream_body() -> ApiError {
 /// The upstream could not be reached (`why`): 502, nothing charged.
 pub fn upstream_unreachable(why: &str) -> ApiError {
     ApiError::new(
-        StatusCode::BAD_GATEWAY,
+        Class::Upstream(Upstream::Failed),
         "upstream_error",
         "upstream_unreachable",
         format!("The upstream could not be reached: {why}"),
@@ -406,7 +400,7 @@ pub fn upstream_unreachable(why: &str) -> ApiError {
 /// The upstream sent no response headers within `upstream_timeout`: 504.
 pub fn upstream_timeout() -> ApiError {
     ApiError::new(
-        StatusCode::GATEWAY_TIMEOUT,
+        Class::Upstream(Upstream::Timeout),
         "upstream_error",
         "upstream_timeout",
         "The upstream did not answer in time.",
@@ -417,7 +411,7 @@ pub fn upstream_timeout() -> ApiError {
 /// retryable until an operator acknowledges the loss (`POST /admin/store/acknowledge-loss`).
 pub fn store_state_lost() -> ApiError {
     let mut e = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+        Class::Books,
         "service_unavailable",
         "store_state_lost",
         "The admission store has lost its state (spent budgets and kill switches would reopen); \
@@ -433,7 +427,7 @@ pub fn store_state_lost() -> ApiError {
 /// initialises it (`tollgate admin init-store`) or the ledger rebuilds it.
 pub fn store_uninitialised() -> ApiError {
     let mut e = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+        Class::Books,
         "service_unavailable",
         "store_uninitialised",
         "The admission store is empty and not initialised: it may be new, or it may have lost \
@@ -448,7 +442,7 @@ pub fn store_uninitialised() -> ApiError {
 /// 503, retryable; nothing was counted or sent upstream.
 pub fn ledger_full() -> ApiError {
     let mut e = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+        Class::Books,
         "service_unavailable",
         "ledger_unavailable",
         "The spend ledger cannot keep up, so no new request is admitted until it has written \
@@ -461,7 +455,7 @@ pub fn ledger_full() -> ApiError {
 /// `/admin/usage?at=…` without a ledger, or for a scope without a budget: 404.
 pub fn no_ledger() -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
+        Class::Client(Fault::NotFound),
         "invalid_request_error",
         "no_ledger",
         "Usage of a past period is answered from the spend ledger ([ledger]), for a scope with a \
@@ -472,7 +466,7 @@ pub fn no_ledger() -> ApiError {
 /// An `at` that is neither a UTC day nor a UTC time: 400.
 pub fn bad_instant(at: &str) -> ApiError {
     let mut e = ApiError::new(
-        StatusCode::BAD_REQUEST,
+        Class::Client(Fault::Invalid),
         "invalid_request_error",
         "invalid_at",
         "at must be a UTC day (2026-11-30) or time (2026-11-30T08:00:00Z).",
@@ -485,7 +479,7 @@ pub fn bad_instant(at: &str) -> ApiError {
 /// The spend ledger did not answer: 503.
 pub fn ledger_failed(detail: &str) -> ApiError {
     ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+        Class::Books,
         "service_unavailable",
         "ledger_unavailable",
         format!("The spend ledger did not answer: {detail}"),
@@ -496,7 +490,7 @@ pub fn ledger_failed(detail: &str) -> ApiError {
 /// an operator lifts it.
 pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
     let mut e = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+        Class::Refused(Refusal::Killed),
         "service_unavailable",
         "kill_switch",
         format!("Requests for {} are switched off: {}", k.target, k.reason),

@@ -1,7 +1,7 @@
 //! Refusals at the edge: a decision's denial becomes its status, its headers (one wait in all
 //! of them) and a message whose every number carries its unit.
 
-use axum::http::StatusCode;
+use super::class::{Class, Refusal};
 use tollgate_core::{Deny, Quota, Reason, Unit};
 
 use super::{ApiError, LONG_WAIT_MS, inconsistent, killed, put, put_retry_after, quota_headers};
@@ -16,20 +16,20 @@ use super::{ApiError, LONG_WAIT_MS, inconsistent, killed, put, put_retry_after, 
 /// not all come back at once. A wait longer than an SDK sleeps (a minute) says
 /// `x-should-retry: false`.
 pub fn deny_in(d: &Deny, unit: Option<Unit>) -> ApiError {
-    let (status, kind) = match d.reason {
+    let (class, kind) = match d.reason {
         Reason::RequestRateLimit | Reason::ConcurrencyLimit => {
-            (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
+            (Class::Refused(Refusal::Limit), "rate_limit_error")
         }
-        Reason::BudgetLimit => (StatusCode::TOO_MANY_REQUESTS, "insufficient_quota"),
+        Reason::BudgetLimit => (Class::Refused(Refusal::Limit), "insufficient_quota"),
         Reason::ToolCallLimit | Reason::LoopDetected => {
-            (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
+            (Class::Refused(Refusal::Limit), "rate_limit_error")
         }
         Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => {
-            (StatusCode::BAD_REQUEST, "invalid_request_error")
+            (Class::Refused(Refusal::TooLarge), "invalid_request_error")
         }
     };
     let mut message = refusal_message(d, unit);
-    let mut e = ApiError::new(status, kind, d.reason.code(), String::new());
+    let mut e = ApiError::new(class, kind, d.reason.code(), String::new());
     put(&mut e.headers, "x-tollgate-reason", d.reason.code());
     put(&mut e.headers, "x-tollgate-scope", d.scope.key());
     if d.reason.is_retryable() {

@@ -1,0 +1,120 @@
+//! Control 6, the budget: input + the granted output cap is reserved at admission in every
+//! budget scope, in tokens or money, and replaced by the charge at settlement. Settled,
+//! reserved and this request's amount must stay within the limit of the period containing
+//! now. Tool calls are budgets too ([`super::tool_calls`]), checked the same way.
+//!
+//! Lua twin: `crates/redis/src/lua/controls/budget.lua`.
+
+use crate::clock::Millis;
+use crate::decision::{Deny, Quota};
+use crate::ledger::{Period, Usage};
+use crate::pipeline::PlanError;
+use crate::policy::{AlertAt, Price, ScopeRule, Unit};
+use crate::scope::ScopeKey;
+
+/// A reservation to make in one scope: of tokens, money, or tool calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetCheck {
+    /// Scope.
+    pub scope: ScopeKey,
+    /// Budget per period.
+    pub limit: u64,
+    /// Tokens or money.
+    pub unit: Unit,
+    /// Period.
+    pub period: Period,
+    /// Amount to reserve: the estimate in `unit`.
+    pub amount: u64,
+    /// Where alerts fire (the gateway's business: stores ignore it).
+    pub alert_at: AlertAt,
+}
+
+/// What a request is priced as: its model and service tier, the price found for them, and its
+/// estimate (input + granted output).
+#[derive(Debug, Clone, Copy)]
+pub struct Pricing<'a> {
+    /// The model.
+    pub model: &'a str,
+    /// The service tier, when not the standard one.
+    pub tier: Option<&'a str>,
+    /// The price, when the policy has one.
+    pub price: Option<Price>,
+    /// The estimate.
+    pub estimate: &'a Usage,
+}
+
+/// The budget check of `rule` in scope `key`: input + granted output in tokens, or its price
+/// at the estimate in money (a model without a price cannot be reserved in money).
+pub fn plan(
+    rule: &ScopeRule,
+    key: &ScopeKey,
+    p: Pricing<'_>,
+) -> Result<Option<BudgetCheck>, PlanError> {
+    let Some(b) = rule.budget else {
+        return Ok(None);
+    };
+    let e = p.estimate;
+    let amount = match b.unit {
+        Unit::Tokens | Unit::ToolCalls => e.input_tokens.saturating_add(e.output_tokens),
+        Unit::MicroUsd => match p.price {
+            Some(price) => price.cost(e),
+            None => {
+                let (model, scope) = (p.model.to_owned(), key.to_string());
+                return Err(match p.tier {
+                    Some(t) => PlanError::UnpricedTier {
+                        model,
+                        tier: t.to_owned(),
+                        scope,
+                    },
+                    None => PlanError::UnpricedModel { model, scope },
+                });
+            }
+        },
+    };
+    Ok(Some(BudgetCheck {
+        scope: key.clone(),
+        limit: b.limit.get(),
+        unit: b.unit,
+        period: b.period,
+        amount,
+        alert_at: b.alert_at,
+    }))
+}
+
+/// Checks `c`'s reservation in a scope that has `committed` (settled + reserved) in the
+/// period `[start, end)` containing `now`: the quota after it, reported as the `check`th
+/// budget, or the refusal. A request larger than the whole limit is told no wait: no reset
+/// will admit it.
+pub fn check(
+    check: usize,
+    c: &BudgetCheck,
+    committed: u64,
+    (start, end): (Millis, Millis),
+    now: Millis,
+) -> Result<Quota, Deny> {
+    let reset = end.saturating_sub(now);
+    if committed.saturating_add(c.amount) > c.limit {
+        return Err(Deny {
+            reason: c.unit.reason(),
+            scope: c.scope.clone(),
+            limit: c.limit,
+            remaining: c.limit.saturating_sub(committed),
+            requested: c.amount,
+            retry_after_ms: (c.amount <= c.limit).then_some(reset),
+            reset_after_ms: Some(reset),
+        });
+    }
+    Ok(Quota {
+        reason: c.unit.reason(),
+        check,
+        limit: c.limit,
+        remaining: c.limit - committed - c.amount,
+        window_ms: Some(end.saturating_sub(start)),
+        reset_after_ms: Some(reset),
+    })
+}
+
+/// Whether `amount` more fits in `headroom` (what a limit has left).
+pub fn fits(amount: u64, headroom: u64) -> bool {
+    amount <= headroom
+}

@@ -1,0 +1,74 @@
+//! Control 5, concurrency: a lease per request in flight in every concurrency scope; a scope
+//! whose leases are all held refuses. Leases expire unless renewed.
+//!
+//! Lua twin: `crates/redis/src/lua/controls/concurrency.lua`.
+
+use crate::clock::Millis;
+use crate::decision::{Deny, Quota, Reason};
+use crate::policy::ScopeRule;
+use crate::scope::ScopeKey;
+
+/// The longest wait a concurrency refusal suggests: when a lease ends is not known, only when
+/// it expires at the latest.
+pub const RETRY_HINT_MS: u64 = 1_000;
+
+/// A lease to take in one scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConcurrencyCheck {
+    /// Scope.
+    pub scope: ScopeKey,
+    /// Leases at once.
+    pub limit: u64,
+}
+
+/// The concurrency check of `rule` in scope `key`, when the rule limits concurrency.
+pub fn plan(rule: &ScopeRule, key: &ScopeKey) -> Option<ConcurrencyCheck> {
+    rule.concurrency.map(|c| ConcurrencyCheck {
+        scope: key.clone(),
+        limit: c.limit.get(),
+    })
+}
+
+/// How long a lease of `rule` lives without renewal, when the rule limits concurrency.
+pub fn lease_ttl_ms(rule: &ScopeRule) -> Option<u64> {
+    rule.concurrency.map(|c| c.lease_ttl_ms.get())
+}
+
+/// Checks one more lease in a scope that holds `held`, the soonest of which expires at
+/// `soonest` (when known): the leases left after it, or the refusal. A refusal suggests the
+/// soonest expiry still ahead, at most [`RETRY_HINT_MS`], at least a millisecond.
+pub fn check(
+    c: &ConcurrencyCheck,
+    held: u64,
+    soonest: Option<Millis>,
+    now: Millis,
+) -> Result<u64, Deny> {
+    if held < c.limit {
+        return Ok(c.limit - held - 1);
+    }
+    let wait = match soonest {
+        Some(s) if s > now => (s - now).min(RETRY_HINT_MS),
+        _ => RETRY_HINT_MS,
+    };
+    Err(Deny {
+        reason: Reason::ConcurrencyLimit,
+        scope: c.scope.clone(),
+        limit: c.limit,
+        remaining: 0,
+        requested: 1,
+        retry_after_ms: Some(wait),
+        reset_after_ms: None,
+    })
+}
+
+/// The quota an admission reports for the `check`th concurrency scope.
+pub fn quota(check: usize, c: &ConcurrencyCheck, remaining: u64) -> Quota {
+    Quota {
+        reason: Reason::ConcurrencyLimit,
+        check,
+        limit: c.limit,
+        remaining,
+        window_ms: None,
+        reset_after_ms: None,
+    }
+}

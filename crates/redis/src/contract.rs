@@ -1,0 +1,103 @@
+// The named contract between the Rust side and the scripts: the layout of every argument list
+// an admission or a settlement sends, one table, read twice. The encoder writes each list in
+// its table's order, by name (`encode.rs`); the build script (`build.rs`, which includes this
+// file) replaces every `@layout.field` in the Lua sources with the field's offset and every
+// `@layout#` with the layout's length, and fails the build on a name the table lacks. So a
+// field added, moved or renamed here moves on both sides at once.
+//
+// This file is included by the build script as well: it holds the tables and nothing else.
+
+macro_rules! layouts {
+    ($($(#[$doc:meta])* $ty:ident $lua:literal { $($field:ident $name:literal),+ $(,)? })+) => {
+        $(
+            $(#[$doc])*
+            #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+            #[allow(dead_code)]
+            pub enum $ty { $($field),+ }
+
+            #[allow(dead_code)]
+            impl $ty {
+                /// The layout's name in the scripts (`@name.field`).
+                pub const LUA: &'static str = $lua;
+                /// Every field, in the order sent.
+                pub const ALL: &'static [$ty] = &[$($ty::$field),+];
+                /// The fields' names in the scripts, in the order sent.
+                pub const NAMES: &'static [&'static str] = &[$($name),+];
+                /// How many arguments the layout takes.
+                pub const LEN: usize = Self::NAMES.len();
+                /// The field's offset from the layout's first argument.
+                pub const fn at(self) -> usize {
+                    self as usize
+                }
+            }
+        )+
+
+        /// Every layout: its name in the scripts and its fields' names, in order.
+        #[allow(dead_code)]
+        pub const LAYOUTS: &[(&str, &[&str])] = &[$(($lua, $ty::NAMES)),+];
+    };
+}
+
+layouts! {
+    /// An admission's header (`admit_one`), before its kill-switch targets and its scopes.
+    Admit "admit" {
+        Id "id",
+        Ttl "ttl",
+        Retention "retention",
+        TokenDeny "token_deny",
+        NRate "n_rate",
+        NLease "n_lease",
+        NBudget "n_budget",
+        PriceInput "price_input",
+        PriceCached "price_cached",
+        PriceOutput "price_output",
+        ExpiredInput "expired_input",
+        ExpiredCached "expired_cached",
+        ExpiredOutput "expired_output",
+        NKill "n_kill",
+        NRepeat "n_repeat",
+        LoopDeny "loop_deny",
+    }
+    /// A shadow plan's header (`admit_shadowed`): its verdicts and counts, nothing for a ticket.
+    Shadow "shadow" {
+        TokenDeny "token_deny",
+        NRate "n_rate",
+        NLease "n_lease",
+        NBudget "n_budget",
+        NRepeat "n_repeat",
+        LoopDeny "loop_deny",
+    }
+    /// A rate or repeat scope of an admission.
+    RateScope "rate" {
+        Key "key",
+        Limit "limit",
+        Window "window",
+    }
+    /// A concurrency scope of an admission.
+    LeaseScope "lease" {
+        Key "key",
+        Limit "limit",
+    }
+    /// A budget or tool-call scope of an admission.
+    BudgetScope "budget" {
+        Key "key",
+        Limit "limit",
+        Unit "unit",
+        PeriodLen "period_len",
+        Label "label",
+        Amount "amount",
+    }
+    /// A settlement or a release (`finish_one`).
+    Finish "finish" {
+        Id "id",
+        Retention "retention",
+        Ending "ending",
+        HasUsage "has_usage",
+        Input "input",
+        Cached "cached",
+        Output "output",
+        Write5m "write_5m",
+        Write1h "write_1h",
+        ToolCalls "tool_calls",
+    }
+}

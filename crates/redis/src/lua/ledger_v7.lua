@@ -1,0 +1,526 @@
+-- The ledger: tickets, admission, settlement and expiry, over the controls' checks
+-- (controls/*.lua, assembled before this file). Its state and conversions are common_v7.lua's.
+
+-- period_of (controls/budget.lua), remembered per length for the rest of the call (see MEMO).
+local function period_at(len, now)
+  local p = ITEMS > 1 and PERIODS[len]
+  if p and p[1] == now then return p[2], p[3], p[4] end
+  local id, start, stop = period_of(len, now)
+  if ITEMS > 1 then PERIODS[len] = {now, id, start, stop} end
+  return id, start, stop
+end
+
+-- Cost in micro-units, rounded up: exact while tokens per request stay under 10^9. (No tables:
+-- inside Redis a table costs its allocation, its growth and its collection.) Prompt-cache
+-- writes (w5: five minutes, w1h: one hour; part of the fresh input) add a quarter or one whole
+-- input price, rounded up on their own, as Price::cost in crates/core/src/ledger.rs does.
+local function cost(price, input, cached, output, w5, w1h)
+  if cached > input then cached = input end
+  local whole, frac, n = 0, 0, input - cached
+  local fresh = n
+  for k = 1, 3 do
+    if k == 2 then n = cached elseif k == 3 then n = output end
+    local p = price[k]
+    local a = math.floor(p / 1000000)
+    whole = whole + n * a
+    frac = frac + n * (p - a * 1000000)
+  end
+  whole = whole + math.ceil(frac / 1000000)
+  if w5 > 0 or w1h > 0 then
+    if w5 > fresh then w5 = fresh end
+    if w1h > fresh - w5 then w1h = fresh - w5 end
+    -- (w5 / 4 + w1h) * p / 10^6, in quarter micro-units for the fractions: each product stays
+    -- under 2^53 (4 * 10^15 apiece) while tokens per request stay under 10^9.
+    local p = price[1]
+    local a5, a1 = math.floor(p / 4000000), math.floor(p / 1000000)
+    whole = whole + w5 * a5 + w1h * a1
+      + math.ceil((w5 * (p - a5 * 4000000) + 4 * w1h * (p - a1 * 1000000)) / 4000000)
+  end
+  return whole
+end
+
+-- A ticket is a msgpack array of strings: [1] exp, [2] ttl, [3..5] price, [6..8] expired usage,
+-- [9] the number of leases n, [10..9+n] the lease keys, then per reservation: key, field, unit
+-- ('t' tokens, 'm' money, 'c<n>' tool calls, n of them charged without usage; in capitals for a
+-- shadow rule's), amount, period length, label. Written from strings only (see int). cmsgpack is C: packing and
+-- unpacking cost less than RPUSH and LRANGE of the same fields did. The scripts read it as the
+-- array cmsgpack.unpack makes, by position: a table per part cost more than the reading.
+
+-- How a request ended, as its ticket key holds it afterwards.
+local ENDINGS = {settled = true, released = true, expired = true}
+
+-- The ticket of an unfinished request at tkey, or nil.
+local function peek_ticket(tkey)
+  local packed = redis.call('GET', tkey)
+  if not packed or ENDINGS[packed] then return nil end
+  return cmsgpack.unpack(packed)
+end
+
+-- Marks the request at tkey as ended (`ending`, kept for `retention` ms: the ARGV string) and
+-- returns its ticket; or nil and how it had ended ('unknown': it never was admitted, or it was
+-- forgotten).
+local function take_ticket(tkey, ending, retention)
+  local old = redis.call('SET', tkey, ending, 'PX', retention, 'GET')
+  if not old then
+    redis.call('DEL', tkey)
+    return nil, 'unknown'
+  end
+  if ENDINGS[old] then
+    -- Ended before: its ending goes back (the marker's retention restarts, which is harmless).
+    redis.call('SET', tkey, old, 'KEEPTTL')
+    return nil, old
+  end
+  return cmsgpack.unpack(old), nil
+end
+
+-- Ends a ticket `v` that take_ticket took: leases back, each reservation replaced by the charge
+-- for the usage (input, cached input, output, cache writes for five minutes and for one hour,
+-- tool calls; without it, the ticket's expired usage), out of the expiry index. Appends the
+-- charges to `out` when given.
+local function end_ticket(id, v, now, out, input, cached, output, w5, w1h, calls)
+  -- A lease whose expiry is ahead is in its set (only the sweep and the clean-up of a full set
+  -- take members out, and only expired ones), so a known count goes down by one; otherwise the
+  -- count is read again when next needed.
+  local exp = v[1]
+  local live
+  if NOW_STR then
+    -- Both '%d' strings: the longer, or at equal length the greater, is later (no strtod).
+    live = #exp > #NOW_STR or (#exp == #NOW_STR and exp > NOW_STR)
+  else
+    live = num(exp) > now
+  end
+  local n = num(v[9])
+  for i = 10, 9 + n do
+    local l = lease(v[i])
+    local rem = l[3]
+    if rem then rem[#rem + 1] = id else l[3] = {id} end
+    if l[1] then
+      if live then l[1] = l[1] - 1 else l[1] = false end
+    end
+  end
+  if input == nil then input, cached, output, w5, w1h = num(v[6]), num(v[7]), num(v[8]), 0, 0 end
+  local price = nil
+  for i = 10 + n, #v, 6 do
+    local bkey, field, amount = v[i], v[i + 1], v[i + 3]
+    -- A shadow rule's unit is in capitals: charged the same, not reported as the request's.
+    local charge, unit = nil, v[i + 2]
+    local u = string.byte(unit)
+    if u == 116 or u == 84 then
+      -- 't': tokens.
+      charge = input + output
+    elseif u == 99 or u == 67 then
+      -- 'c': tool calls.
+      charge = calls or num(string.sub(unit, 2))
+    else
+      if price == nil then price = {num(v[3]), num(v[4]), num(v[5])} end
+      charge = cost(price, input, cached, output, w5, w1h)
+    end
+    if field == v[i + 5] .. '@' .. int(period_at(num(v[i + 4]), now)) then
+      local cell, reserved = budget(bkey, field), num(amount)
+      cell[7] = cell[5] == 0 and '-' .. amount
+      cell[4], cell[5] = cell[4] + charge, cell[5] - reserved
+      if cell[2] then cell[2], cell[3] = cell[2] + charge, cell[3] - reserved end
+    else
+      -- An old period (rare; never the cell remembered, which is the current one): written at
+      -- once, and dropped when nothing is outstanding in it.
+      local left = redis.call('HINCRBY', bkey, field .. ':r', '-' .. amount)
+      if left <= 0 then
+        redis.call('HDEL', bkey, field .. ':r', field .. ':s')
+      else
+        redis.call('HINCRBY', bkey, field .. ':s', int(charge))
+      end
+    end
+    if out and u > 96 then out[#out + 1] = charge end
+  end
+  XREM[#XREM + 1] = id
+end
+
+-- An expired request's charges, for a spend ledger: appended to the stream `P:expired` (at
+-- most about 100,000 entries) while `P:ledger` exists, which instances keeping a ledger write.
+-- Fields: id, at, then per reservation k (budget key), f (period field), u (unit), l (period
+-- length), c (charge).
+local function expiry_entry(id, v, now_str, out)
+  local args = {PREFIX .. ':expired', 'MAXLEN', '~', '100000', '*', 'id', id, 'at', now_str}
+  local j = 1
+  for i = 10 + num(v[9]), #v, 6 do
+    -- A shadow rule's reservation (its unit in capitals) is no spend.
+    if string.byte(v[i + 2]) > 96 then
+      local n = #args
+      args[n + 1], args[n + 2], args[n + 3], args[n + 4] = 'k', v[i], 'f', v[i + 1]
+      args[n + 5], args[n + 6], args[n + 7], args[n + 8] = 'u', v[i + 2], 'l', v[i + 4]
+      args[n + 9], args[n + 10] = 'c', int(out[j])
+      j = j + 1
+    end
+  end
+  redis.call('XADD', unpack(args))
+end
+
+-- A slice's ticket (slices_v1.lua) is a msgpack array: [1] '~L' and a lease set's key, its
+-- slots ([3]); or [1] '~B', the budget key, its period field, unit, amount held, settled
+-- reported so far, period length and label. Its slots are members '<slice id>#<n>', n = 1 to
+-- the slots, of the lease set, scored by the slice's expiry.
+
+-- Expires the slice `id` whose ticket is `v`: its slots leave their set, its reservation is
+-- charged in full (what its instance spent of it since its last report is unknown), written
+-- for a spend ledger when one keeps expiries.
+local function expire_slice(id, v, now_str, ledger)
+  if v[1] == '~L' then
+    local n = tonumber(v[3])
+    local members = {}
+    for i = 1, n do members[i] = id .. '#' .. i end
+    if n > 0 then redis.call('ZREM', v[2], unpack(members)) end
+    return
+  end
+  local key, field, amount = v[2], v[3], v[5]
+  redis.call('HINCRBY', key, field .. ':s', amount)
+  local left = redis.call('HINCRBY', key, field .. ':r', '-' .. amount)
+  if left <= 0 and redis.call('HGET', key, 'cur') ~= field then
+    redis.call('HDEL', key, field .. ':r', field .. ':s')
+  end
+  if ledger then
+    redis.call('XADD', PREFIX .. ':expired', 'MAXLEN', '~', '100000', '*', 'id', id, 'at', now_str,
+      'k', key, 'f', field, 'u', v[4], 'l', v[7], 'c', amount)
+  end
+end
+
+-- Expires up to `max` tickets whose time has come. `now_str`, `max` and `retention` are the
+-- strings that Redis commands take (see store_now and take_ticket).
+local function sweep(now, now_str, max, retention)
+  local ids = redis.call('ZRANGEBYSCORE', PREFIX .. ':x', '-inf', now_str, 'LIMIT', '0', max)
+  local ledger = nil
+  for _, id in ipairs(ids) do
+    local v = take_ticket(PREFIX .. ':ts:' .. id, 'expired', retention)
+    if v and (v[1] == '~L' or v[1] == '~B') then
+      -- A slice: its cached keys are written first, and read again after.
+      flush(true)
+      if ledger == nil then ledger = redis.call('EXISTS', PREFIX .. ':ledger') == 1 end
+      expire_slice(id, v, now_str or int(now), ledger)
+      XREM[#XREM + 1] = id
+    elseif v then
+      if ledger == nil then ledger = redis.call('EXISTS', PREFIX .. ':ledger') == 1 end
+      if ledger then
+        local out = {}
+        end_ticket(id, v, now, out)
+        expiry_entry(id, v, now_str or int(now), out)
+      else
+        end_ticket(id, v, now)
+      end
+    else
+      XREM[#XREM + 1] = id
+    end
+  end
+  -- Every script sweeps first: what follows may read these keys directly.
+  if #ids > 0 then flush() end
+end
+
+-- The kill switch's targets and reasons, read once per call.
+local function kill_table()
+  local all = redis.call('HGETALL', PREFIX .. ':kill')
+  local t = {}
+  for i = 1, #all, 2 do t[all[i]] = all[i + 1] end
+  return t
+end
+
+-- Takes the leases of the n scopes whose keys are A[al], A[al + 2], ... (counted by the checks,
+-- so their entries are read) for request id, into the call's pending state and the ticket v,
+-- whose last value set is v[nv]. Returns the new nv.
+local function take_leases(A, al, n, id, expires_arg, keep, v, nv)
+  for i = 0, n - 1 do
+    local key = A[al + @lease# * i + @lease.key]
+    local l = LEASE[key]
+    local k = l[4]
+    l[5 + k], l[6 + k], l[4] = expires_arg, id, k + 2
+    l[1] = l[1] + 1
+    if not l[2] or keep > l[2] then l[2] = keep end
+    nv = nv + 1
+    v[nv] = key
+  end
+  return nv
+end
+
+-- Makes the reservations of the n budget scopes at A[ab] (six values each) with what their
+-- checks found (bud: four values per scope), into the pending state and the ticket v. A shadow
+-- rule's unit goes into the ticket in capitals (see end_ticket). Returns the new nv.
+local function take_budgets(A, ab, n, bud, now, ttl, retention, v, nv, shadow)
+  for i = 0, n - 1 do
+    local b, k = ab + @budget# * i, 4 * i
+    local key, field, pend, cur, amount = A[b + @budget.key], bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4]
+    local cell = BUDGET[key]
+    if cur ~= field then
+      -- A new period (rare, written at once): drop the previous one unless reservations still
+      -- settle into it. (The cell remembered is this period's, not the previous one.)
+      budget_flush(key, cell)
+      if cur and tonumber(redis.call('HGET', key, cur .. ':r') or '0') <= 0 then
+        redis.call('HDEL', key, cur .. ':r', cur .. ':s')
+      end
+      redis.call('HSET', key, 'cur', field)
+      cell[6] = field
+    end
+    cell[7] = cell[5] == 0 and A[b + @budget.amount]
+    cell[3], cell[5] = cell[3] + amount, cell[5] + amount
+    -- Kept through the period, and while any reservation in it may still settle: set when the
+    -- period starts, and again only for a reservation that outlives the period.
+    if cur ~= field or ttl > pend - now then
+      redis.call('PEXPIRE', key, int(math.max(pend - now, ttl) + retention))
+    end
+    local unit = A[b + @budget.unit]
+    if shadow then unit = string.upper(unit) end
+    -- key, field, unit, amount, period length, label
+    v[nv + 1], v[nv + 2], v[nv + 3], v[nv + 4], v[nv + 5], v[nv + 6] =
+      key, field, unit, A[b + @budget.amount], A[b + @budget.period_len], A[b + @budget.label]
+    nv = nv + 6
+  end
+  return nv
+end
+
+-- One admission: count the attempt in every rate scope, apply the token verdict, take a lease
+-- in every concurrency scope and reserve in every budget scope, all or nothing.
+--
+-- A[a], ...: the header (the `admit` layout of crates/redis/src/contract.rs), the kill-switch
+--   targets, then the `rate` layout per rate scope and then per repeat scope, the `lease` layout
+--   per lease scope, the `budget` layout per budget scope (unit t|m|c<n>, period length 0 for
+--   a month).
+-- Returns {'admit', expires_at, quota values...} | {'deny', reason code, scope index, remaining,
+--   retry_after (-1 none), reset (-1 none)} | {'token'} | {'loop'} | {'dup'} |
+--   {'killed', target, reason}. A repeat scope's index counts from the first repeat scope.
+-- `known`: the id was checked for a duplicate already. `shadow`: what a shadow plan's probe
+-- (in the same A) found, {start, lease args, n_lease, budget args, n_budget, its checks' table},
+-- to take into this ticket as well when this admission passes.
+local function admit_one(A, a, now, kills, probe, shadow, known)
+  ITEMS = ITEMS + 1
+  if ITEMS == 2 then MEMO, PERIODS = {}, {} end
+  local id, ttl, retention, a0, token_deny, loop_deny, n_rate, n_lease, n_budget, n_kill
+  -- Most admissions have no repeat scope: '0' is known without a conversion (see num).
+  local n_repeat = 0
+  if probe == 'shadow' then
+    -- A shadow plan's header (admit_shadowed): its verdicts and counts, nothing for a ticket.
+    token_deny, loop_deny = A[a + @shadow.token_deny] == '1', A[a + @shadow.loop_deny] == '1'
+    n_rate, n_lease = num(A[a + @shadow.n_rate]), num(A[a + @shadow.n_lease])
+    n_budget = num(A[a + @shadow.n_budget])
+    if A[a + @shadow.n_repeat] ~= '0' then n_repeat = num(A[a + @shadow.n_repeat]) end
+    n_kill, a = 0, a + @shadow#
+  else
+    id, ttl, retention = A[a + @admit.id], num(A[a + @admit.ttl]), num(A[a + @admit.retention])
+    token_deny = A[a + @admit.token_deny] == '1'
+    n_rate, n_lease = num(A[a + @admit.n_rate]), num(A[a + @admit.n_lease])
+    n_budget = num(A[a + @admit.n_budget])
+    -- Price and expired usage only go into the ticket: kept as the strings they came in, and
+    -- read where they are (no table of their own).
+    a0 = a
+    n_kill = num(A[a + @admit.n_kill])
+    if A[a + @admit.n_repeat] ~= '0' then n_repeat = num(A[a + @admit.n_repeat]) end
+    loop_deny = A[a + @admit.loop_deny] == '1'
+    a = a + @admit#
+  end
+  -- The kill switch comes before anything is counted.
+  for i = 0, n_kill - 1 do
+    local reason = kills[A[a + i]]
+    if reason then return {'killed', A[a + i], reason} end
+  end
+  a = a + n_kill
+
+  if not known and redis.call('EXISTS', PREFIX .. ':ts:' .. id) > 0 then
+    return {'dup'}
+  end
+
+  -- The reply: its quotas are appended as the controls pass, and its second value, the expiry,
+  -- is set at the end. Made with room for six quotas (a scope's rate, lease and budget): a
+  -- table grown one value at a time is copied at every power of two.
+  local out, no = {'admit', 0, nil, nil, nil, nil, nil, nil}, 2
+  -- 1. Rate: every attempt counts in every rate scope, and every repeat in its repeat scope
+  -- (refused last, after the budgets).
+  local rate_fail, repeat_fail = nil, nil
+  for i = 1, n_rate + n_repeat do
+    local key, limit, window_arg = A[a + @rate.key], num(A[a + @rate.limit]), A[a + @rate.window]
+    local window = num(window_arg)
+    a = a + @rate#
+    -- The entry's first three are the window {start, current, previous} that roll() moves.
+    local w = RATE[key]
+    if w == nil then
+      local h = redis.call('HMGET', key, 's', 'c', 'p', 'w')
+      -- The start and the previous count change once a window: remembered like policy numbers.
+      local s, c = num(h[1] or '0'), 0 + (h[2] or 0)
+      w = {s, c, num(h[3] or '0'), h[4] or false, h[1] and s or -1, c, h[4] or false}
+      RATE[key] = w
+    end
+    if w[4] ~= window_arg then
+      -- Another window length (the policy changed): counting starts again.
+      if w[4] then w[1], w[2], w[3] = 0, 0, 0 end
+      w[4] = window_arg
+    end
+    local over, left, reset, retry = rate_count(w, now, window, limit)
+    if i > n_rate then
+      if over and repeat_fail == nil then
+        repeat_fail = {'deny', 'loop_detected', i - n_rate - 1, 0, retry, reset}
+      end
+    else
+      if over and rate_fail == nil then
+        rate_fail = {'deny', 'request_rate_limit', i - 1, 0, retry, reset}
+      end
+      out[no + 1], out[no + 2] = left, reset
+      no = no + 2
+    end
+  end
+  if rate_fail ~= nil then return rate_fail end
+  -- 2-4. Token controls, decided by the caller.
+  if token_deny then return {'token'} end
+  -- 5. Concurrency. The lease keys are read again from A when the leases are taken.
+  local a_lease = a
+  for i = 1, n_lease do
+    local key, limit = A[a + @lease.key], num(A[a + @lease.limit])
+    a = a + @lease#
+    -- A lease leaves its set when its request ends or expires (the sweep), so the set's size
+    -- (without the skiplist member) is the number held unless the sweep is behind; only at the
+    -- limit are expired members taken out here and the set counted again. (Counting the
+    -- unexpired members, ZCOUNT from now, walks them: about 20,000 instructions at 50.)
+    local l = lease(key, true)
+    local held = l[1]
+    if held >= limit then
+      lease_flush(key, l)
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+      held = redis.call('ZCOUNT', key, '-inf', '(+inf')
+      l[1] = held
+    end
+    local soonest = nil
+    if held >= limit then
+      local s = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+      if s[2] ~= nil then soonest = tonumber(s[2]) end
+    end
+    local left, wait = lease_verdict(held, limit, soonest, now)
+    if left == nil then return {'deny', 'concurrency_limit', i - 1, 0, wait, -1} end
+    no = no + 1
+    out[no] = left
+  end
+  -- 6. Budget: check all, then reserve all. What a reservation needs beyond A goes into one flat
+  -- table, four values per scope: the period's field, its end, the current field (false when
+  -- none) and the amount.
+  local a_budget, bud = a, nil
+  for i = 1, n_budget do
+    local key, limit, len = A[a + @budget.key], num(A[a + @budget.limit]), num(A[a + @budget.period_len])
+    local label, amount, unit = A[a + @budget.label], num(A[a + @budget.amount]), A[a + @budget.unit]
+    a = a + @budget#
+    local pid, _, pend = period_at(len, now)
+    local field = label .. '@' .. int(pid)
+    local cell = budget(key, field, true)
+    local committed = cell[2] + cell[3]
+    local fits, left, retry = budget_verdict(committed, amount, limit, pend, now)
+    if not fits then
+      -- Unit 'c': tool calls.
+      if string.byte(unit) == 99 then
+        return {'deny', 'tool_call_limit', i - 1, left, retry, pend - now}
+      end
+      return {'deny', 'budget_limit', i - 1, left, retry, pend - now}
+    end
+    local cur = cell[6]
+    if cur == '' then cur = false end
+    if bud == nil then
+      bud = {field, pend, cur, amount}
+    else
+      local k = 4 * (i - 1)
+      bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4] = field, pend, cur, amount
+    end
+    out[no + 1], out[no + 2] = left, pend - now
+    no = no + 2
+  end
+  -- 7. Loops: the request's repeats, then its history's (decided by the caller).
+  if repeat_fail ~= nil then return repeat_fail end
+  if loop_deny then return {'loop'} end
+  -- A probe (sharded stores, after another shard refused; a shadow plan) counts and checks,
+  -- takes nothing, and says where what it would take is.
+  if probe then return out, a_lease, n_lease, a_budget, n_budget, bud end
+  -- Everything passed: take the leases, make the reservations, record the ticket (its layout
+  -- is above peek_ticket), built as it goes.
+  local expires = now + ttl
+  local expires_arg = int(expires)
+  local keep = ttl + 60000
+  -- With room for a lease and a reservation (nil until set; cmsgpack packs what is set).
+  local v = {expires_arg, A[a0 + @admit.ttl], A[a0 + @admit.price_input],
+    A[a0 + @admit.price_cached], A[a0 + @admit.price_output], A[a0 + @admit.expired_input],
+    A[a0 + @admit.expired_cached], A[a0 + @admit.expired_output], A[a0 + @admit.n_lease],
+    nil, nil, nil, nil, nil, nil, nil}
+  local nv = take_leases(A, a_lease, n_lease, id, expires_arg, keep, v, 9)
+  if shadow then
+    -- The shadow's checks passed: its leases and reservations are held by this ticket.
+    nv = take_leases(A, shadow[2], shadow[3], id, expires_arg, keep, v, nv)
+    v[9] = int(n_lease + shadow[3])
+  end
+  nv = take_budgets(A, a_budget, n_budget, bud, now, ttl, retention, v, nv, false)
+  if shadow then
+    take_budgets(A, shadow[4], shadow[5], shadow[6], now, ttl, retention, v, nv, true)
+  end
+  redis.call('SET', PREFIX .. ':ts:' .. id, cmsgpack.pack(v), 'PX', int(ttl + retention))
+  XADD[#XADD + 1] = expires_arg
+  XADD[#XADD + 1] = id
+  out[2] = expires
+  return out
+end
+
+-- An admission with the plan of its shadow rules (op 's'). A[a]: the number m of the request's
+-- arguments; then the request's (as admit_one reads them), then the shadow plan's header (the
+-- `shadow` layout of crates/redis/src/contract.rs), then its scopes as admit_one reads them
+-- (no id, TTL, price or kill targets: its holds go into the request's ticket). The shadow
+-- is checked first, its attempts counted and nothing taken (its scopes are its rules', never
+-- the request's, so the request's admission leaves its checks true); the request's admission
+-- then takes the shadow's leases and reservations into its own ticket when both pass. A known
+-- id counts nowhere. Returns {'dup'} or {'shadowed', the request's reply, the shadow's}: the
+-- probe's refusal ('deny', 'token' or 'loop', of the shadow plan), or {'held'} or {'passed'}
+-- (it would have admitted; the request was not admitted, so nothing is held).
+local function admit_shadowed(A, a, now, kills)
+  local e = a + 1
+  local s = e + num(A[a])
+  if redis.call('EXISTS', PREFIX .. ':ts:' .. A[e + @admit.id]) > 0 then return {'dup'} end
+  local probe, al, nl, ab, nb, bud = admit_one(A, s, now, kills, 'shadow', nil, true)
+  if probe[1] ~= 'admit' then
+    return {'shadowed', admit_one(A, e, now, kills, false, nil, true), probe}
+  end
+  local reply = admit_one(A, e, now, kills, false, {s, al, nl, ab, nb, bud}, true)
+  if reply[1] == 'admit' then return {'shadowed', reply, {'held'}} end
+  return {'shadowed', reply, {'passed'}}
+end
+
+-- Undoes this shard's part of an admission that another shard refused (sharded stores): leases
+-- and reservations back, no charge, no finished marker (the request never was admitted).
+-- A[a]: request id. Returns {'undone'} | {'unknown'}.
+local function undo_one(A, a)
+  -- Rare (a sharded store's roll-back): done directly, with nothing pending or remembered.
+  flush(true)
+  local id = A[a]
+  local tkey = PREFIX .. ':ts:' .. id
+  local v = peek_ticket(tkey)
+  if not v then return {'unknown'} end
+  local n = tonumber(v[9])
+  for i = 10, 9 + n do redis.call('ZREM', v[i], id) end
+  for i = 10 + n, #v, 6 do redis.call('HINCRBY', v[i], v[i + 1] .. ':r', '-' .. v[i + 3]) end
+  redis.call('DEL', tkey)
+  redis.call('ZREM', PREFIX .. ':x', id)
+  return {'undone'}
+end
+
+-- One settlement or release. Idempotent: a second call answers how the request ended.
+--
+-- A[a], ...: the `finish` layout of crates/redis/src/contract.rs (ending settled|released;
+--   without usage, the ticket's expired usage is charged).
+-- Returns {'done', charges...} | {'ended', ending} | {'unknown'}.
+local function finish_one(A, a, now)
+  ITEMS = ITEMS + 1
+  if ITEMS == 2 then MEMO, PERIODS = {}, {} end
+  local id, retention, ending = A[a + @finish.id], A[a + @finish.retention], A[a + @finish.ending]
+  -- A slice is ended by its own orders, never as a request.
+  if string.sub(id, 1, 3) == '~s:' then return {'unknown'} end
+  local v, how = take_ticket(PREFIX .. ':ts:' .. id, ending, retention)
+  if not v then
+    if how == 'unknown' then return {'unknown'} end
+    return {'ended', how}
+  end
+  local out = {'done'}
+  if A[a + @finish.has_usage] == '1' then
+    -- Most settlements make no tool call: '0' is known without a conversion (see num).
+    local calls = 0
+    if A[a + @finish.tool_calls] ~= '0' then calls = 0 + A[a + @finish.tool_calls] end
+    end_ticket(id, v, now, out, 0 + A[a + @finish.input], 0 + A[a + @finish.cached],
+      0 + A[a + @finish.output], 0 + A[a + @finish.write_5m], 0 + A[a + @finish.write_1h], calls)
+  else
+    end_ticket(id, v, now, out)
+  end
+  return out
+end
