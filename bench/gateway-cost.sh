@@ -49,6 +49,7 @@ quiet() {
 count() { # name store policy -> "requests instructions-per-request"
   local port; port=$(free_port)
   gateway_config "$1" "$port" "$SIM" "$2" "$3"
+  init_store "$1" "$2"
   # One worker thread: under Valgrind threads take turns anyway, and a second worker's search for
   # work costs instructions that follow the clock, not the requests (they doubled the counts).
   TOKIO_WORKER_THREADS=1 valgrind --tool=callgrind --callgrind-out-file="$tmp/$1.cg.%p" \

@@ -100,7 +100,8 @@ budget = { tokens = 500000000000, period = "day", alert_at = [80] }
 url = "http://127.0.0.1:9/unused"
 '
 
-# gateway_config NAME PORT SIM_PORT STORE_TOML POLICY_TOML: writes $tmp/NAME.toml.
+# gateway_config NAME PORT SIM_PORT STORE_TOML POLICY_TOML: writes $tmp/NAME.toml ($SERVER_EXTRA,
+# when set, goes into its [server] section).
 gateway_config() {
   local hash; hash=$("$BIN/tollgate" hash-key sk-bench)
   cat > "$tmp/$1.toml" <<TOML
@@ -110,6 +111,7 @@ $4
 listen = "127.0.0.1:$2"
 max_connections = 4096
 max_connections_per_ip = 4096
+${SERVER_EXTRA:-}
 [[upstreams]]
 name = "sim"
 base_url = "http://127.0.0.1:$3"
@@ -126,11 +128,18 @@ TOML
 gateway() {
   local port; port=$(free_port)
   gateway_config "$1" "$port" "$SIM" "$2" "$3"
+  init_store "$1" "$2"
   "$BIN/tollgate" serve --config "$tmp/$1.toml" >/dev/null 2>&1 &
   echo $! >> "$tmp/gateway-pids"
   echo $! > "$tmp/pid-$1"
   wait_port "$port"
   echo "$port"
+}
+
+# init_store NAME STORE_TOML: a fresh Redis is initialised by an operator before the first start
+# (an empty store is never taken for a new one on its own), here from the gateway's file.
+init_store() {
+  case "$2" in *redis://*) "$BIN/tollgate" admin init-store --config "$tmp/$1.toml" >/dev/null ;; esac
 }
 
 # redis_store_toml PORT: the [store] section of the Redis setup.

@@ -138,26 +138,12 @@ fn governor_check_key(bencher: Bencher) {
     });
 }
 
-/// The store's clock (`SystemClock::now()`, wall-clock ms through the CPU's counter), which an
+/// The store's clock (`SystemClock::now()`, the system's wall clock in ms), which an
 /// admit + settle reads twice: once per call.
 #[divan::bench(sample_count = 200, sample_size = 50)]
 fn system_clock_now(bencher: Bencher) {
     use tollgate_core::Clock;
     bencher.bench(|| divan::black_box(SystemClock.now()));
-}
-
-/// The system's wall clock in ms (`SystemTime`), which `SystemClock` reads once a second.
-#[divan::bench(sample_count = 200, sample_size = 50)]
-fn wall_clock_now(bencher: Bencher) {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    bencher.bench(|| {
-        divan::black_box(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis())
-                .unwrap_or(0),
-        )
-    });
 }
 
 #[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 50)]

@@ -179,9 +179,6 @@ struct Reservation {
 impl MemoryStore<SystemClock> {
     /// A store on the system clock.
     pub fn new() -> Self {
-        // The clock's first read calibrates the CPU's counter (about a millisecond on the test
-        // machines, up to 200 ms by quanta's documentation): here, not in the first admission.
-        SystemClock.now();
         Self::with_clock(SystemClock)
     }
 }

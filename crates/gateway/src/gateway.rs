@@ -25,6 +25,8 @@ pub struct Gateway {
     pub store: AnyStore,
     /// Where large bodies are counted (see [`crate::counting`]).
     pub(crate) counting: crate::counting::CountPool,
+    /// Counts of long texts kept per tenant (fixed at start-up, like the pool).
+    pub(crate) memos: crate::memo::CountMemos,
     /// 48 random bits per gateway process: ids stay unique across the instances that share a
     /// store (see [`request_id`]).
     nonce: u64,
@@ -61,6 +63,7 @@ impl Gateway {
             RandomState::new().hash_one((std::process::id(), Instant::now())) & 0xffff_ffff_ffff
         };
         let alerts = crate::alerts::Alerts::new(&config.alerts);
+        let memos = crate::memo::CountMemos::new(config.count_memo_entries);
         Self {
             books: None,
             alerts,
@@ -68,6 +71,7 @@ impl Gateway {
             config_path: None,
             store,
             counting: crate::counting::CountPool::per_core(),
+            memos,
             nonce,
             seq: AtomicU64::new(0),
             queue: Queue::default(),

@@ -41,6 +41,7 @@ pub mod faults;
 pub mod gateway;
 pub mod keys;
 pub mod limits;
+pub mod memo;
 pub mod overrides;
 mod path;
 pub mod records;

@@ -68,7 +68,7 @@ pub(crate) fn count_messages(
 ) -> Result<RequestCount, RequestError> {
     let req: MessagesRequest<'_> = parse(body)?;
     let counting = counter.counting_for(&req.model);
-    let mut t = Tally::new(counting.clone(), limit);
+    let mut t = Tally::new(counting.clone(), limit).with_memo(counter.memo.clone());
     t.estimated();
     if let Some(sys) = req.system {
         blocks(&mut t, sys, "system", 0)?;

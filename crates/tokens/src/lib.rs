@@ -33,6 +33,7 @@ mod anthropic;
 #[cfg(feature = "huggingface")]
 pub mod hf;
 mod image;
+pub mod memo;
 mod openai;
 mod responses;
 mod tally;
@@ -40,6 +41,7 @@ mod tally;
 use std::collections::BTreeMap;
 
 pub use image::{ImageCost, image_tokens};
+pub use memo::Memo;
 pub use tally::Tally;
 
 /// A BPE vocabulary.
@@ -106,6 +108,7 @@ impl Counting {
 #[derive(Debug, Clone, Default)]
 pub struct TokenCounter {
     overrides: BTreeMap<String, Counting>,
+    memo: Option<std::sync::Arc<dyn Memo>>,
 }
 
 /// OpenAI model families by name prefix, most specific first.
@@ -131,6 +134,16 @@ impl TokenCounter {
     pub fn with_model(mut self, model: impl Into<String>, counting: Counting) -> Self {
         self.overrides.insert(model.into(), counting);
         self
+    }
+
+    /// This counter, counting long texts of request bodies through `memo` (one tenant's, in a
+    /// gateway): a text counted before is not counted again. The counts are the same.
+    #[must_use]
+    pub fn with_memo(&self, memo: Option<std::sync::Arc<dyn Memo>>) -> Self {
+        Self {
+            overrides: self.overrides.clone(),
+            memo,
+        }
     }
 
     /// How `model` is counted: a configured name, else a known family, else an estimate.

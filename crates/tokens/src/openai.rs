@@ -125,7 +125,7 @@ pub(crate) fn count_chat(
         ));
     }
     let counting = counter.counting_for(&req.model);
-    let mut t = Tally::new(counting.clone(), limit);
+    let mut t = Tally::new(counting.clone(), limit).with_memo(counter.memo.clone());
     for (i, m) in req.messages.iter().enumerate() {
         let path = format!("messages[{i}]");
         t.add(3);
@@ -456,7 +456,7 @@ pub(crate) fn count_completions(
 ) -> Result<RequestCount, RequestError> {
     let req: CompletionRequest<'_> = parse(body)?;
     let counting = counter.counting_for(&req.model);
-    let mut t = Tally::new(counting.clone(), limit);
+    let mut t = Tally::new(counting.clone(), limit).with_memo(counter.memo.clone());
     text_or_tokens(&mut t, req.prompt, "prompt")?;
     if let Some(s) = &req.suffix {
         t.text(s);
@@ -476,7 +476,7 @@ pub(crate) fn count_embeddings(
 ) -> Result<RequestCount, RequestError> {
     let req: EmbeddingRequest<'_> = parse(body)?;
     let counting = counter.counting_for(&req.model);
-    let mut t = Tally::new(counting.clone(), limit);
+    let mut t = Tally::new(counting.clone(), limit).with_memo(counter.memo.clone());
     text_or_tokens(&mut t, req.input, "input")?;
     Ok(t.into_count(req.model.into_owned(), &counting, None, false))
 }

@@ -64,7 +64,7 @@ pub(crate) fn count_responses(
 ) -> Result<RequestCount, RequestError> {
     let req: ResponsesRequest<'_> = parse(body)?;
     let counting = counter.counting_for(&req.model);
-    let mut t = Tally::new(counting.clone(), limit);
+    let mut t = Tally::new(counting.clone(), limit).with_memo(counter.memo.clone());
     t.estimated();
     if let Some(raw) = req.instructions.filter(|r| r.get() != "null") {
         t.add(3);

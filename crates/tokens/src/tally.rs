@@ -1,5 +1,8 @@
 //! A running, bounded token count.
 
+use std::sync::Arc;
+
+use crate::memo::{self, Memo};
 use crate::{Counting, MAX_TOKEN_BYTES};
 
 /// Adds up tokens until a limit is passed, then stops counting (everything after is free).
@@ -10,6 +13,7 @@ pub struct Tally {
     used: u64,
     exact: bool,
     remote: u32,
+    memo: Option<Arc<dyn Memo>>,
 }
 
 impl Tally {
@@ -22,7 +26,15 @@ impl Tally {
             used: 0,
             exact,
             remote: 0,
+            memo: None,
         }
+    }
+
+    /// Counts long texts through `memo`: a text counted before is not counted again.
+    #[must_use]
+    pub fn with_memo(mut self, memo: Option<Arc<dyn Memo>>) -> Self {
+        self.memo = memo;
+        self
     }
 
     /// Whether the limit has been passed.
@@ -76,23 +88,49 @@ impl Tally {
                 None => self.used = self.limit + 1,
             },
             Counting::Exact(e) => {
-                let tok = e.tokenizer();
-                let cap = usize::try_from(remaining).unwrap_or(usize::MAX);
-                match tok.count_till_limit(&tok.normalize(s), cap) {
-                    Some(n) => self.add(n as u64),
-                    None => self.used = self.limit + 1,
+                let e = *e;
+                if let Some(n) = self.counted(e.tokenizer(), e.name(), s, remaining) {
+                    self.add(n);
                 }
             }
             Counting::Estimate => {
                 // o200k count + 25%, rounded up: stop once even the unscaled count cannot fit.
-                let tok = crate::Encoding::O200kBase.tokenizer();
-                let cap = usize::try_from(remaining).unwrap_or(usize::MAX);
-                match tok.count_till_limit(&tok.normalize(s), cap) {
-                    Some(n) => self.add((n as u64).saturating_mul(5).div_ceil(4)),
-                    None => self.used = self.limit + 1,
+                let o200k = crate::Encoding::O200kBase;
+                if let Some(n) = self.counted(o200k.tokenizer(), o200k.name(), s, remaining) {
+                    self.add(n.saturating_mul(5).div_ceil(4));
                 }
             }
         }
+    }
+
+    /// The count of `s` in a vocabulary when it is at most `cap` (from the memo when kept
+    /// there, which a count within the cap fills); over the cap, the tally is marked over and
+    /// `None` returned.
+    fn counted(
+        &mut self,
+        tok: &bpe_openai::Tokenizer,
+        vocabulary: &'static str,
+        s: &str,
+        cap: u64,
+    ) -> Option<u64> {
+        let memo = self.memo.as_ref().filter(|_| s.len() >= memo::MIN_BYTES);
+        let n = match memo.and_then(|m| m.get(vocabulary, s)) {
+            Some(n) => Some(n).filter(|n| *n <= cap),
+            None => {
+                let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+                let n = tok
+                    .count_till_limit(&tok.normalize(s), cap)
+                    .map(|n| n as u64);
+                if let (Some(m), Some(n)) = (memo, n) {
+                    m.put(vocabulary, s, n);
+                }
+                n
+            }
+        };
+        if n.is_none() {
+            self.used = self.limit + 1;
+        }
+        n
     }
 
     /// Adds the tokens of a JSON string literal, deciding from its raw length alone when it is

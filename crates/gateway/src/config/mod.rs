@@ -133,6 +133,8 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// Body limit.
     pub max_body_bytes: usize,
+    /// Counts of long texts kept across requests, in all (see [`crate::memo`]).
+    pub count_memo_entries: usize,
     /// Accept to first complete request head.
     pub header_timeout: Duration,
     /// Between requests on one connection.

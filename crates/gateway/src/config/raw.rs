@@ -222,6 +222,9 @@ pub struct RawServer {
     pub listen: Option<String>,
     /// Largest request body; larger ones get 413 before they are read (default 1 MiB).
     pub max_body_bytes: Option<u64>,
+    /// Counts of long texts kept across requests, per tenant, so that an agent's history is
+    /// counted once (default 262,144 in all; 0: none kept).
+    pub count_memo_entries: Option<u64>,
     /// Time allowed from accepting a connection to its first complete request head, first byte
     /// included (default 10 s).
     pub header_timeout: Option<String>,

@@ -72,6 +72,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
     let config = GatewayConfig {
         listen: s.listen,
         max_body_bytes: s.max_body_bytes,
+        count_memo_entries: s.count_memo_entries,
         header_timeout: s.header_timeout,
         body_timeout: s.body_timeout,
         upstream_timeout: s.upstream_timeout,
@@ -196,6 +197,7 @@ pub(super) fn duration(
 struct Server {
     listen: SocketAddr,
     max_body_bytes: usize,
+    count_memo_entries: usize,
     header_timeout: Duration,
     body_timeout: Duration,
     upstream_timeout: Duration,
@@ -227,6 +229,8 @@ fn server(s: &RawServer) -> Result<Server, ConfigError> {
     Ok(Server {
         listen,
         max_body_bytes,
+        count_memo_entries: usize::try_from(s.count_memo_entries.unwrap_or(1 << 18))
+            .unwrap_or(usize::MAX),
         header_timeout: duration(&s.header_timeout, secs(10), "server.header_timeout")?,
         body_timeout: duration(&s.body_timeout, secs(30), "server.body_timeout")?,
         upstream_timeout: duration(&s.upstream_timeout, secs(120), "server.upstream_timeout")?,

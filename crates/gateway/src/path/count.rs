@@ -164,8 +164,10 @@ async fn count_body(
     intake: &Intake<'_>,
     limit: Option<u64>,
 ) -> Result<tollgate_tokens::RequestCount, ApiError> {
+    // Long texts counted for this tenant before are not counted again.
+    let counter = counter.with_memo(gw.memos.for_tenant(&intake.key.tenant));
     let counted = if intake.body.len() > super::early::EARLY_RATE_BYTES {
-        let (counter, body, format) = (counter.clone(), intake.body.clone(), dialect.format());
+        let (body, format) = (intake.body.clone(), dialect.format());
         gw.counting
             .run(&intake.key.tenant, move || {
                 counter.count(format, &body, limit)

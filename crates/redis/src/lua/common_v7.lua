@@ -20,40 +20,20 @@ local PREFIX = ARGV[1]
 -- instance of another schema refuses to start on the prefix.
 local SCHEMA = '7.5'
 
--- Conversions of one call, remembered for the rest of it: a batch's items repeat the same
--- limits, windows, lengths and TTLs, and a conversion (strtod, printf) costs about ten times a
--- table lookup. MEMO maps strings to numbers and numbers to strings, PERIODS a period length to
--- the period containing now. A call's first item converts without them and the second makes
--- them: when no item follows (a single caller's call holds one), filling tables costs more than
--- it saves. ITEMS counts the items begun (the script runs from the top on every call).
-local MEMO, PERIODS, ITEMS = nil, nil, 0
-
 -- Numeric strings become numbers by arithmetic (`0 + s`, `s * 1000`), not by tonumber: Redis's
--- Lua 5.1 tonumber runs strtod twice (lua_isnumber, then lua_tonumber), about 1,100
--- instructions, where arithmetic runs it once.
+-- Lua 5.1 tonumber runs strtod twice (lua_isnumber, then lua_tonumber), where arithmetic runs
+-- it once.
 --
 -- A policy number from its ARGV string.
 local function num(s)
-  if ITEMS < 2 then return s and 0 + s end
-  local n = MEMO[s]
-  if n == nil and s ~= nil then
-    n = 0 + s
-    MEMO[s] = n
-  end
-  return n
+  return s and 0 + s
 end
 
--- A number handed to redis.call or joined to a string is formatted with '%.14g' (glibc's
--- floating-point printf: about 0.4 to 0.7 µs each on a 2-core machine). Integers go as strings
--- instead: formatted once with '%d' (about 0.3 µs), or passed on as the ARGV string they came in.
+-- A number handed to redis.call or joined to a string would be formatted with '%.14g'
+-- (glibc's floating-point printf); integers go as strings formatted with '%d' instead, or as
+-- the ARGV string they came in.
 local function int(n)
-  if ITEMS < 2 then return string.format('%d', n) end
-  local s = MEMO[n]
-  if s == nil then
-    s = string.format('%d', n)
-    MEMO[n] = s
-  end
-  return s
+  return string.format('%d', n)
 end
 
 -- Write-back state of the scope keys a call touches. A batch call's items often share their

@@ -1,14 +1,8 @@
 -- The ledger: tickets, admission, settlement and expiry, over the controls' checks
 -- (controls/*.lua, assembled before this file). Its state and conversions are common_v7.lua's.
 
--- period_of (controls/budget.lua), remembered per length for the rest of the call (see MEMO).
-local function period_at(len, now)
-  local p = ITEMS > 1 and PERIODS[len]
-  if p and p[1] == now then return p[2], p[3], p[4] end
-  local id, start, stop = period_of(len, now)
-  if ITEMS > 1 then PERIODS[len] = {now, id, start, stop} end
-  return id, start, stop
-end
+-- (id, start, end) of the period containing now, for a period length (0: a month).
+local period_at = period_of
 
 -- Cost in micro-units, rounded up: exact while tokens per request stay under 10^9. (No tables:
 -- inside Redis a table costs its allocation, its growth and its collection.) Prompt-cache
@@ -287,8 +281,6 @@ end
 -- (in the same A) found, {start, lease args, n_lease, budget args, n_budget, its checks' table},
 -- to take into this ticket as well when this admission passes.
 local function admit_one(A, a, now, kills, probe, shadow, known)
-  ITEMS = ITEMS + 1
-  if ITEMS == 2 then MEMO, PERIODS = {}, {} end
   local id, ttl, retention, a0, token_deny, loop_deny, n_rate, n_lease, n_budget, n_kill
   -- Most admissions have no repeat scope: '0' is known without a conversion (see num).
   local n_repeat = 0
@@ -502,8 +494,6 @@ end
 --   without usage, the ticket's expired usage is charged).
 -- Returns {'done', charges...} | {'ended', ending} | {'unknown'}.
 local function finish_one(A, a, now)
-  ITEMS = ITEMS + 1
-  if ITEMS == 2 then MEMO, PERIODS = {}, {} end
   local id, retention, ending = A[a + @finish.id], A[a + @finish.retention], A[a + @finish.ending]
   -- A slice is ended by its own orders, never as a request.
   if string.sub(id, 1, 3) == '~s:' then return {'unknown'} end
