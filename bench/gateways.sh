@@ -142,9 +142,10 @@ init_store() {
   case "$2" in *redis://*) "$BIN/tollgate" admin init-store --config "$tmp/$1.toml" >/dev/null ;; esac
 }
 
-# redis_store_toml PORT: the [store] section of the Redis setup.
+# redis_store_toml PORT: the [store] section of the Redis setup, one call per request (slices,
+# on by default, turned off).
 redis_store_toml() {
-  printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\n' "$1"
+  printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\n[store.slices]\nenabled = false\n' "$1"
 }
 
 # sliced_store_toml PORT: the same Redis with leased slices (default settings), its own prefix.

@@ -187,13 +187,14 @@ impl AnyStore {
         }
     }
 
-    /// Runs the slices' maintenance every tick, for as long as the process lives (nothing
-    /// without slices).
+    /// Runs the slices' maintenance every tick, for as long as the store lives (nothing
+    /// without slices): a gateway embedded in a process that goes on without it must not keep
+    /// calling its store.
     pub fn spawn_slice_maintenance(&self) {
         let AnyStore::Sliced(s) = self else {
             return;
         };
-        let s = s.clone();
+        let weak = Arc::downgrade(s);
         let tick = std::time::Duration::from_millis(s.config().tick_ms.max(1));
         tokio::spawn(async move {
             let mut every = tokio::time::interval(tick);
@@ -201,7 +202,10 @@ impl AnyStore {
             let mut last = tollgate_core::SliceStats::default();
             loop {
                 every.tick().await;
+                let Some(s) = weak.upgrade() else { return };
                 match s.maintain().await {
+                    // The store's own state: logged once as the store's fault, not again here.
+                    Err(StoreError::StateLost | StoreError::Uninitialised) => {}
                     Err(e) => crate::faults::SLICES.fail(
                         &e,
                         "slices cannot be reported, renewed or given back; retried every tick \

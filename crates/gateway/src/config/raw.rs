@@ -294,14 +294,19 @@ pub struct RawStore {
     pub username_env: Option<String>,
     /// The environment variable holding the password, over the URL's.
     pub password_env: Option<String>,
-    /// Leased slices: admission without a round trip for busy scopes (`docs/redis.md`).
+    /// Leased slices: admission without a round trip for busy scopes (`docs/redis.md`); on by
+    /// default for Redis.
     pub slices: Option<RawSlices>,
 }
 
-/// `[store.slices]`: an instance leases slices of busy scopes and admits against them.
+/// `[store.slices]`: an instance on Redis leases slices of busy scopes and admits against them
+/// (on by default).
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawSlices {
+    /// Whether an instance on Redis leases slices (default true; false: every request is
+    /// admitted by Redis, one call each).
+    pub enabled: Option<bool>,
     /// Admissions of one plan shape per second after which its scopes are sliced (default 16).
     pub hot_after: Option<u32>,
     /// A grant takes at most 1/divisor of what a scope has free (default 4).

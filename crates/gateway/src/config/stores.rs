@@ -71,7 +71,16 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
         Duration::from_millis(250),
         "store.call_timeout",
     )?;
-    let slices = raw.slices.as_ref().map(slices).transpose()?.map(Box::new);
+    // Slices are on for Redis unless turned off: the fast path is the default.
+    let asked = raw
+        .slices
+        .as_ref()
+        .is_some_and(|s| s.enabled != Some(false));
+    let slices = match &raw.slices {
+        Some(s) if s.enabled == Some(false) => None,
+        Some(s) => Some(Box::new(slices(s)?)),
+        None => Some(Box::new(slices(&super::RawSlices::default())?)),
+    };
     let redis = |url: String, cluster| StoreConfig::Redis {
         url,
         prefix: prefix.clone(),
@@ -91,7 +100,7 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
         None | Some("memory") if raw.cluster.is_some() => {
             Ok(redis(String::new(), raw.cluster.clone()))
         }
-        None | Some("memory") if raw.slices.is_some() => Err(err(
+        None | Some("memory") if asked => Err(err(
             "store.slices",
             "slices are leased from a store that instances share: configure Redis",
         )),
@@ -294,6 +303,22 @@ mod tests {
             (0, 8, 500, 50, Some(30_000))
         );
         assert!(err_of("[store.slices]\n").starts_with("store.slices:"));
+        // On by default for Redis; off when turned off, which a memory store also takes.
+        let on = GatewayConfig::from_toml("[store]\nurl = \"redis://h:6379\"\n").unwrap();
+        assert!(matches!(
+            on.store,
+            StoreConfig::Redis {
+                slices: Some(_),
+                ..
+            }
+        ));
+        let off = GatewayConfig::from_toml(&format!("{redis}enabled = false\n")).unwrap();
+        assert!(matches!(off.store, StoreConfig::Redis { slices: None, .. }));
+        let memory = "[store]\nurl = \"memory\"\n[store.slices]\nenabled = false\n";
+        assert!(matches!(
+            GatewayConfig::from_toml(memory).unwrap().store,
+            StoreConfig::Memory { .. }
+        ));
         assert!(err_of(&format!("{redis}divisor = 0\n")).starts_with("store.slices.divisor:"));
         assert!(err_of(&format!("{redis}tick = \"2s\"\n")).starts_with("store.slices.tick:"));
         assert!(err_of(&format!("{redis}ttl = \"10ms\"\n")).starts_with("store.slices.ttl:"));
