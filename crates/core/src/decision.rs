@@ -122,8 +122,7 @@ pub struct Quota {
     pub reason: Reason,
     /// Which check of its control: the index in the plan's `rate`, `concurrency` or `budget`
     /// list, by `reason` ([`crate::Plan::scope_of`] finds its scope). An index, not the scope
-    /// key: cloning a shared key into every quota cost two atomic operations each, about 5% of
-    /// a five-scope admission.
+    /// key: cloning a shared key into every quota costs two atomic operations each.
     pub check: usize,
     /// The limit.
     pub limit: u64,

@@ -8,16 +8,13 @@
 //!   (`batch_v5.lua`), each applied as its own atomic transition, in order. One caller alone gets
 //!   a call of its own, made from its own task; under load the fixed cost of a call is shared,
 //!   and a call reads and writes each scope key its items share once (see `docs/redis.md`).
-//! - Scripts live in `src/lua/*_vN.lua` (versioned names), are embedded with `include_str!`,
-//!   called by SHA, and reloaded by the client on `NOSCRIPT`.
-//! - Time is Redis `TIME` (never the instance's clock), clamped so that it never goes back.
-//!   Tests may pass a manual clock instead, so that the store conformance suite drives time.
-//! - Integer arithmetic only; the ledger functions are line-for-line twins of
-//!   `tollgate_core::ledger`.
+//! - Scripts are assembled at build time from `src/lua/` (one file per stateful control, each
+//!   tied to its twin in `tollgate_core::controls` by tests), called by SHA, reloaded on
+//!   `NOSCRIPT`. Time is Redis `TIME`, clamped so that it never goes back (tests may pass a
+//!   manual clock). Integer arithmetic only.
 //! - Every call has a timeout; a store that cannot be reached answers
 //!   [`StoreError::Unavailable`] (the gateway fails closed on it unless told otherwise), and the
 //!   connection reconnects by itself.
-//!
 //! - With `RedisConfig::shards` > 1, scopes spread over cluster slots and a request spanning
 //!   several shards is admitted shard by shard, with roll-back (`docs/redis.md`).
 //!

@@ -59,9 +59,8 @@ end
 -- XADD, XREM: pending changes of the expiry index.
 local RATE, LEASE, BUDGET, XADD, XREM = {}, {}, {}, {}, {}
 
--- A sorted set of up to 128 members is a listpack, where ZADD and ZREM walk every member: a
--- ZADD and a ZREM at 64 members cost about 45,700 instructions, 20,400 on a skiplist. The expiry
--- index holds every request in flight, and a lease set every lease of its scope, so they are
+-- A sorted set of up to 128 members is a listpack, where ZADD and ZREM walk every member (a
+-- skiplist finds its place in O(log n)). The expiry index holds every request in flight, and a lease set every lease of its scope, so they are
 -- big exactly when the load is. The skiplist member, scored +inf and longer than
 -- zset-max-listpack-value (64 bytes by default), makes Redis keep a set as a skiplist for good
 -- (O(log n)). It goes into the index with every change, and into a lease set once 16 leases are

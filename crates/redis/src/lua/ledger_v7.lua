@@ -363,8 +363,8 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
     a = a + @lease#
     -- A lease leaves its set when its request ends or expires (the sweep), so the set's size
     -- (without the skiplist member) is the number held unless the sweep is behind; only at the
-    -- limit are expired members taken out here and the set counted again. (Counting the
-    -- unexpired members, ZCOUNT from now, walks them: about 20,000 instructions at 50.)
+    -- limit are expired members taken out here and the set counted again (counting the
+    -- unexpired members, ZCOUNT from now, walks every one of them).
     local l = lease(key, true)
     local held = l[1]
     if held >= limit then
