@@ -344,7 +344,7 @@ async fn serve_shared(
     let app = router(gw.clone());
     crate::telemetry::spawn_budget_refresh(gw.clone());
     gw.alerts.spawn();
-    gw.store.spawn_slice_maintenance();
+    let maintenance = gw.store.spawn_slice_maintenance();
     crate::watch::spawn(gw.clone());
     if let Some(b) = &gw.books {
         b.spawn_writer(gw.store.clone());
@@ -371,7 +371,12 @@ async fn serve_shared(
     while crate::store::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    // What this instance holds of the store beyond its ended requests goes back.
+    // The slices are tended no more (a process that goes on without this gateway must not keep
+    // calling its store), and what this instance holds beyond its ended requests goes back.
+    if let Some(m) = maintenance {
+        m.abort();
+        let _ = m.await;
+    }
     gw.store.return_slices().await;
     // The endings of the drained requests, written before the process ends.
     if let Some(b) = &gw.books {

@@ -187,16 +187,15 @@ impl AnyStore {
         }
     }
 
-    /// Runs the slices' maintenance every tick, for as long as the store lives (nothing
-    /// without slices): a gateway embedded in a process that goes on without it must not keep
-    /// calling its store.
-    pub fn spawn_slice_maintenance(&self) {
+    /// Runs the slices' maintenance every tick, for as long as the store lives or until the
+    /// handle is aborted (a server does at shutdown); nothing without slices.
+    pub fn spawn_slice_maintenance(&self) -> Option<tokio::task::JoinHandle<()>> {
         let AnyStore::Sliced(s) = self else {
-            return;
+            return None;
         };
         let weak = Arc::downgrade(s);
         let tick = std::time::Duration::from_millis(s.config().tick_ms.max(1));
-        tokio::spawn(async move {
+        Some(tokio::spawn(async move {
             let mut every = tokio::time::interval(tick);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut last = tollgate_core::SliceStats::default();
@@ -215,7 +214,7 @@ impl AnyStore {
                 }
                 last = crate::telemetry::slices(s.stats(), last);
             }
-        });
+        }))
     }
 
     /// Gives back every slice held beyond the requests in flight (shutdown).

@@ -87,6 +87,17 @@ layouts! {
         Label "label",
         Amount "amount",
     }
+    /// An admission's refusal by a control the script decides (`deny` in `ledger_v7.lua`): the
+    /// reply's kind, the control's reason code, the refusing scope's index among its control's
+    /// scopes, what is left, the wait (-1: none) and the time to the reset (-1: none).
+    DenyReply "deny" {
+        Kind "kind",
+        Reason "reason",
+        Check "check",
+        Remaining "remaining",
+        RetryAfter "retry_after",
+        Reset "reset",
+    }
     /// A settlement or a release (`finish_one`).
     Finish "finish" {
         Id "id",

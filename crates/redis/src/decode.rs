@@ -3,6 +3,8 @@
 //! [`STORE_REASONS`], which a test checks against the script's source.
 
 use redis::Value;
+
+use crate::contract::DenyReply;
 use tollgate_core::pipeline::Plan;
 use tollgate_core::{
     Admitted, Decision, Deny, Ending, Finish, Period, Quota, Reason, ShadowOutcome, StoreError,
@@ -134,12 +136,16 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
             }))
         }
         "deny" => {
-            let code = reply.get(1).map(text).transpose()?.unwrap_or_default();
+            let code = reply
+                .get(DenyReply::Reason.at())
+                .map(text)
+                .transpose()?
+                .unwrap_or_default();
             let reason = STORE_REASONS
                 .into_iter()
                 .find(|r| r.code() == code)
                 .ok_or_else(|| StoreError::Protocol(format!("unknown reason {code:?}")))?;
-            let idx = usize::try_from(num(2)?)
+            let idx = usize::try_from(num(DenyReply::Check.at())?)
                 .map_err(|_| StoreError::Protocol("bad scope index".into()))?;
             let missing = || StoreError::Protocol(format!("scope index {idx} out of range"));
             let (scope, limit, requested) = match reason {
@@ -163,10 +169,10 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
                 reason,
                 scope,
                 limit,
-                remaining: num(3)?.max(0) as u64,
+                remaining: num(DenyReply::Remaining.at())?.max(0) as u64,
                 requested,
-                retry_after_ms: opt_ms(num(4)?),
-                reset_after_ms: opt_ms(num(5)?),
+                retry_after_ms: opt_ms(num(DenyReply::RetryAfter.at())?),
+                reset_after_ms: opt_ms(num(DenyReply::Reset.at())?),
             }))
         }
         "token" => plan

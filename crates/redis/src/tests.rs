@@ -261,6 +261,14 @@ fn script_replies_are_the_named_ones() {
     let mut reasons = std::collections::BTreeSet::new();
     for line in sources.iter().flat_map(|s| s.lines()) {
         let code = line.split("--").next().unwrap_or("");
+        // A refusal is made by `deny(reason, ...)`, in the contract's `deny` layout.
+        if code.contains("local function deny(") {
+            kinds.insert("deny".to_owned());
+        }
+        for (i, _) in code.match_indices("deny('") {
+            let rest = &code[i + 6..];
+            reasons.insert(rest.split('\'').next().unwrap_or("").to_owned());
+        }
         for (i, _) in code.match_indices("{'") {
             let rest = &code[i + 2..];
             let Some(end) = rest.find('\'') else { continue };

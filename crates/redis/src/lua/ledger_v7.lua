@@ -215,6 +215,15 @@ local function kill_table()
   return t
 end
 
+-- A refusal by a control this script decides, in the `deny` layout of
+-- crates/redis/src/contract.rs (Lua's tables count from 1).
+local function deny(reason, check, remaining, retry, reset)
+  local r = {}
+  r[@deny.kind + 1], r[@deny.reason + 1], r[@deny.check + 1] = 'deny', reason, check
+  r[@deny.remaining + 1], r[@deny.retry_after + 1], r[@deny.reset + 1] = remaining, retry, reset
+  return r
+end
+
 -- Takes the leases of the n scopes whose keys are A[al], A[al + 2], ... (counted by the checks,
 -- so their entries are read) for request id, into the call's pending state and the ticket v,
 -- whose last value set is v[nv]. Returns the new nv.
@@ -274,9 +283,8 @@ end
 --   targets, then the `rate` layout per rate scope and then per repeat scope, the `lease` layout
 --   per lease scope, the `budget` layout per budget scope (unit t|m|c<n>, period length 0 for
 --   a month).
--- Returns {'admit', expires_at, quota values...} | {'deny', reason code, scope index, remaining,
---   retry_after (-1 none), reset (-1 none)} | {'token'} | {'loop'} | {'dup'} |
---   {'killed', target, reason}. A repeat scope's index counts from the first repeat scope.
+-- Returns {'admit', expires_at, quota values...} | a refusal in the `deny` layout | {'token'} |
+--   {'loop'} | {'dup'} | {'killed', target, reason}. A repeat scope's index counts from the first repeat scope.
 -- `known`: the id was checked for a duplicate already. `shadow`: what a shadow plan's probe
 -- (in the same A) found, {start, lease args, n_lease, budget args, n_budget, its checks' table},
 -- to take into this ticket as well when this admission passes.
@@ -343,11 +351,11 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
     local over, left, reset, retry = rate_count(w, now, window, limit)
     if i > n_rate then
       if over and repeat_fail == nil then
-        repeat_fail = {'deny', 'loop_detected', i - n_rate - 1, 0, retry, reset}
+        repeat_fail = deny('loop_detected', i - n_rate - 1, 0, retry, reset)
       end
     else
       if over and rate_fail == nil then
-        rate_fail = {'deny', 'request_rate_limit', i - 1, 0, retry, reset}
+        rate_fail = deny('request_rate_limit', i - 1, 0, retry, reset)
       end
       out[no + 1], out[no + 2] = left, reset
       no = no + 2
@@ -379,7 +387,7 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
       if s[2] ~= nil then soonest = tonumber(s[2]) end
     end
     local left, wait = lease_verdict(held, limit, soonest, now)
-    if left == nil then return {'deny', 'concurrency_limit', i - 1, 0, wait, -1} end
+    if left == nil then return deny('concurrency_limit', i - 1, 0, wait, -1) end
     no = no + 1
     out[no] = left
   end
@@ -399,9 +407,9 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
     if not fits then
       -- Unit 'c': tool calls.
       if string.byte(unit) == 99 then
-        return {'deny', 'tool_call_limit', i - 1, left, retry, pend - now}
+        return deny('tool_call_limit', i - 1, left, retry, pend - now)
       end
-      return {'deny', 'budget_limit', i - 1, left, retry, pend - now}
+      return deny('budget_limit', i - 1, left, retry, pend - now)
     end
     local cur = cell[6]
     if cur == '' then cur = false end
