@@ -23,9 +23,9 @@ use tollgate_tokens::Memo;
 /// Counts kept per tenant at most.
 pub const PER_TENANT: usize = 4096;
 
-/// Bytes one kept count takes in its table: the digest, the count and the table's control
-/// byte.
-const BYTES_PER_ENTRY: usize = 16 + 8 + 1;
+/// Bytes one slot of a table takes: the digest and the count (aligned as the digest is) and the
+/// table's control byte.
+const BYTES_PER_SLOT: usize = std::mem::size_of::<(u128, u64)>() + 1;
 
 /// Every tenant's memo.
 #[derive(Debug)]
@@ -93,9 +93,10 @@ impl CountMemos {
         self.each(|g| g.current.len() + g.previous.len())
     }
 
-    /// Bytes the kept counts' tables take, in all.
+    /// Bytes the kept counts' tables take, in all (a table fills seven eighths of its slots).
     pub fn bytes(&self) -> usize {
-        self.each(|g| (g.current.capacity() + g.previous.capacity()) * BYTES_PER_ENTRY)
+        let slots = |n: usize| n.div_ceil(7) * 8;
+        self.each(|g| (slots(g.current.capacity()) + slots(g.previous.capacity())) * BYTES_PER_SLOT)
     }
 
     fn each(&self, f: impl Fn(&Generations) -> usize) -> usize {
@@ -189,12 +190,11 @@ mod tests {
         }
         assert!(memos.entries() <= 4 * PER_TENANT, "{}", memos.entries());
         assert_eq!(memos.tenants.lock().unwrap().len(), 4);
-        // The tables' bytes follow the entries: a tenant's two generations of half the share.
-        assert!(
-            memos.bytes() <= 4 * 2 * PER_TENANT * BYTES_PER_ENTRY,
-            "{}",
-            memos.bytes()
-        );
+        // The tables' bytes follow the entries: a tenant's two tables, each for half its share,
+        // of at most PER_TENANT slots (a power of two, seven eighths used).
+        let bytes = memos.bytes();
+        assert!(bytes <= 4 * 2 * PER_TENANT * BYTES_PER_SLOT, "{bytes}");
+        assert!(bytes >= memos.entries() * BYTES_PER_SLOT, "{bytes}");
         // The latest texts are kept.
         let m = memos.for_tenant("t9").unwrap();
         let last = 3 * PER_TENANT - 1;

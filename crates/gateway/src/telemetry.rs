@@ -235,7 +235,7 @@ pub fn queue_wait(seconds: f64, admitted: bool) {
 }
 
 /// Sets the gauges computed at scrape time.
-pub fn scrape_gauges(records_dropped: u64) {
+pub fn scrape_gauges(records_dropped: u64, memos: &crate::memo::CountMemos) {
     let (n, reserved, oldest) = match in_flight().map.lock() {
         Ok(m) => (
             m.len() as f64,
@@ -250,6 +250,8 @@ pub fn scrape_gauges(records_dropped: u64) {
     gauge!("tollgate_reserved_unsettled_tokens").set(reserved);
     gauge!("tollgate_oldest_unsettled_seconds").set(oldest);
     gauge!("tollgate_records_dropped").set(records_dropped as f64);
+    gauge!("tollgate_count_memo_entries").set(memos.entries() as f64);
+    gauge!("tollgate_count_memo_bytes").set(memos.bytes() as f64);
 }
 
 /// The remaining budget of an operator-configured scope.
@@ -504,6 +506,7 @@ pub async fn metrics(
         gw.records
             .as_ref()
             .map_or(0, crate::records::RecordSink::dropped),
+        &gw.memos,
     );
     match handle() {
         Some(h) => ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response(),
