@@ -135,46 +135,7 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
                 fail_open: false,
             }))
         }
-        "deny" => {
-            let code = reply
-                .get(DenyReply::Reason.at())
-                .map(text)
-                .transpose()?
-                .unwrap_or_default();
-            let reason = STORE_REASONS
-                .into_iter()
-                .find(|r| r.code() == code)
-                .ok_or_else(|| StoreError::Protocol(format!("unknown reason {code:?}")))?;
-            let idx = usize::try_from(num(DenyReply::Check.at())?)
-                .map_err(|_| StoreError::Protocol("bad scope index".into()))?;
-            let missing = || StoreError::Protocol(format!("scope index {idx} out of range"));
-            let (scope, limit, requested) = match reason {
-                Reason::RequestRateLimit => {
-                    plan.rate.get(idx).map(|r| (r.scope.clone(), r.limit, 1))
-                }
-                Reason::ConcurrencyLimit => plan
-                    .concurrency
-                    .get(idx)
-                    .map(|c| (c.scope.clone(), c.limit, 1)),
-                Reason::LoopDetected => {
-                    plan.repeats.get(idx).map(|r| (r.scope.clone(), r.limit, 1))
-                }
-                _ => plan
-                    .budget
-                    .get(idx)
-                    .map(|b| (b.scope.clone(), b.limit, b.amount)),
-            }
-            .ok_or_else(missing)?;
-            Ok(Decision::Deny(Deny {
-                reason,
-                scope,
-                limit,
-                remaining: num(DenyReply::Remaining.at())?.max(0) as u64,
-                requested,
-                retry_after_ms: opt_ms(num(DenyReply::RetryAfter.at())?),
-                reset_after_ms: opt_ms(num(DenyReply::Reset.at())?),
-            }))
-        }
+        "deny" => denial(plan, &reply, num),
         "token" => plan
             .token_verdict
             .clone()
@@ -196,6 +157,50 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
             "unknown admit reply {other:?}"
         ))),
     }
+}
+
+/// A refusal by a control the script decides, read by the contract's `deny` layout: its
+/// reason, the refusing scope (by its index among its control's scopes), what is left and the
+/// waits.
+fn denial(
+    plan: &Plan,
+    reply: &[Value],
+    num: impl Fn(usize) -> Result<i64, StoreError>,
+) -> Result<Decision, StoreError> {
+    let code = reply
+        .get(DenyReply::Reason.at())
+        .map(text)
+        .transpose()?
+        .unwrap_or_default();
+    let reason = STORE_REASONS
+        .into_iter()
+        .find(|r| r.code() == code)
+        .ok_or_else(|| StoreError::Protocol(format!("unknown reason {code:?}")))?;
+    let idx = usize::try_from(num(DenyReply::Check.at())?)
+        .map_err(|_| StoreError::Protocol("bad scope index".into()))?;
+    let missing = || StoreError::Protocol(format!("scope index {idx} out of range"));
+    let (scope, limit, requested) = match reason {
+        Reason::RequestRateLimit => plan.rate.get(idx).map(|r| (r.scope.clone(), r.limit, 1)),
+        Reason::ConcurrencyLimit => plan
+            .concurrency
+            .get(idx)
+            .map(|c| (c.scope.clone(), c.limit, 1)),
+        Reason::LoopDetected => plan.repeats.get(idx).map(|r| (r.scope.clone(), r.limit, 1)),
+        _ => plan
+            .budget
+            .get(idx)
+            .map(|b| (b.scope.clone(), b.limit, b.amount)),
+    }
+    .ok_or_else(missing)?;
+    Ok(Decision::Deny(Deny {
+        reason,
+        scope,
+        limit,
+        remaining: num(DenyReply::Remaining.at())?.max(0) as u64,
+        requested,
+        retry_after_ms: opt_ms(num(DenyReply::RetryAfter.at())?),
+        reset_after_ms: opt_ms(num(DenyReply::Reset.at())?),
+    }))
 }
 
 /// The answer to an admission with its shadow plan: the request's decision (a reply other than
