@@ -207,14 +207,10 @@ async fn sigterm_gives_the_slices_back() {
     let resp = start_stream(&env, 100).await;
     let held = usage(&env).await;
     assert!(held.leases >= 1 && held.reserved > 0, "{held:?}");
-    let out = std::process::Command::new("redis-cli")
-        .args([
-            "-p",
-            &env.redis.port().to_string(),
-            "--scan",
-            "--pattern",
-            "drain:ts:~s:*",
-        ])
+    let out = env
+        .redis
+        .cli()
+        .args(["--scan", "--pattern", "drain:ts:~s:*"])
         .output()
         .unwrap();
     assert!(!out.stdout.is_empty(), "no slice was taken");

@@ -48,7 +48,7 @@ fn start_with(
     )
     .unwrap();
     // A new Redis without a ledger to tell it from one that forgot: its operator initialises it.
-    if sections.contains("url = \"redis://") && !sections.contains("[ledger]") {
+    if sections.contains("url = \"unix://") && !sections.contains("[ledger]") {
         common::init_store(&config);
     }
     let log = dir.path().join("log");
@@ -127,10 +127,7 @@ async fn store_faults_are_logged_once_each() {
         .unwrap();
     let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
     assert_eq!(chat(&url).await, 200);
-    let flushed = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "flushall"])
-        .output()
-        .unwrap();
+    let flushed = redis.cli().args(["flushall"]).output().unwrap();
     assert!(flushed.status.success());
     for _ in 0..3 {
         assert_eq!(chat(&url).await, 503);
@@ -291,10 +288,7 @@ async fn a_rebuild_from_the_ledger_is_logged() {
     let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
     assert_eq!(chat(&url).await, 200);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let flushed = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "flushall"])
-        .output()
-        .unwrap();
+    let flushed = redis.cli().args(["flushall"]).output().unwrap();
     assert!(flushed.status.success());
     let deadline = Instant::now() + Duration::from_secs(10);
     while chat(&url).await != 200 {
@@ -311,7 +305,7 @@ async fn a_rebuild_from_the_ledger_is_logged() {
 /// cause at start, not as a question about Redis's settings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_fault_with_redis_is_logged_with_its_cause() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_tcp_with(&[]);
     let sections = format!(
         "[store]\nurl = \"rediss://127.0.0.1:{}\"\nprefix = \"tls\"\ncall_timeout = \"500ms\"\n",
         redis.port()

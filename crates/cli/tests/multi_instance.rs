@@ -84,14 +84,9 @@ async fn instances_sharing_redis_never_exceed_limits_as_the_upstream_sees_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_admitting_against_slices_never_exceed_limits() {
     let redis = limits_hold("[store.slices]\nhot_after = 0\n").await;
-    let out = std::process::Command::new("redis-cli")
-        .args([
-            "-p",
-            &redis.port().to_string(),
-            "--scan",
-            "--pattern",
-            "mi:ts:~s:*",
-        ])
+    let out = redis
+        .cli()
+        .args(["--scan", "--pattern", "mi:ts:~s:*"])
         .output()
         .unwrap();
     let slices = String::from_utf8_lossy(&out.stdout).lines().count();

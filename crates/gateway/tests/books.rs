@@ -174,10 +174,7 @@ async fn a_flushed_redis_gets_its_books_back_from_the_ledger() {
     .await;
 
     // The store forgets everything.
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "flushall"])
-        .output()
-        .unwrap();
+    let out = redis.cli().args(["flushall"]).output().unwrap();
     assert!(out.status.success());
 
     // Never served again: refused while the books are rebuilt, then by the budget.

@@ -578,11 +578,11 @@ budget = { tokens = 50000, period = "day" }
     }
     let redis = env._redis.as_ref().unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = commands_processed(redis.port());
+    let before = redis.info_number("stats", "total_commands_processed");
     for _ in 0..20 {
         assert_eq!(common::get(metrics, "/metrics").await.status, 200);
     }
-    let after = commands_processed(redis.port());
+    let after = redis.info_number("stats", "total_commands_processed");
     // The INFO call itself and at most a background call or two, nothing per scrape (each
     // scrape read both budgets from the store before).
     assert!(
@@ -591,18 +591,6 @@ budget = { tokens = 50000, period = "day" }
         after - before
     );
     assert_eq!(common::get(metrics, "/readyz").await.status, 200);
-}
-
-fn commands_processed(port: u16) -> u64 {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "info", "stats"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
 }
 
 mod memory {

@@ -202,8 +202,9 @@ async fn eviction_is_refused_where_it_would_reopen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_version_on_the_prefix_is_refused_at_start() {
     let redis = RedisServer::start();
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "set", "hs:marker", "1"])
+    let out = redis
+        .cli()
+        .args(["set", "hs:marker", "1"])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -224,9 +225,6 @@ async fn another_version_on_the_prefix_is_refused_at_start() {
     );
     let e = store.initialise().await.unwrap_err().to_string();
     assert!(e.contains("another version"), "{e}");
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "get", "hs:marker"])
-        .output()
-        .unwrap();
+    let out = redis.cli().args(["get", "hs:marker"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
 }

@@ -462,7 +462,7 @@ async fn a_settlement_during_a_partition_lands_when_the_store_returns() {
     )
     .await;
     let redis = RedisServer::start();
-    let link = Link::start(SocketAddr::from(([127, 0, 0, 1], redis.port()))).await;
+    let link = Link::to_socket(redis.socket().unwrap().to_owned()).await;
     let via_link = format!("redis://{}/", link.addr);
     let dir = tempfile::tempdir().unwrap();
     let records = dir.path().join("records.jsonl");
@@ -593,10 +593,7 @@ async fn a_store_that_forgets_fails_closed_until_acknowledged() {
     assert_eq!(code(&ask("sk-gamma").await), (503, "kill_switch".into()));
     assert_eq!(code(&ask("sk-beta").await), (503, "kill_switch".into()));
     // The store forgets.
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "flushall"])
-        .output()
-        .unwrap();
+    let out = redis.cli().args(["flushall"]).output().unwrap();
     assert!(out.status.success());
     let r = ask("sk-acme").await;
     assert_eq!(code(&r), (503, "store_state_lost".into()), "{:?}", r.body);

@@ -126,10 +126,7 @@ async fn issued_keys_reach_every_instance_and_stop_everywhere() {
     assert_eq!(a.ask_with(&short).await.0, 401);
     assert_eq!(b.ask_with(&short).await.0, 401);
     // Kept only as digests.
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "hgetall", "hs:vk"])
-        .output()
-        .unwrap();
+    let out = redis.cli().args(["hgetall", "hs:vk"]).output().unwrap();
     let held = String::from_utf8_lossy(&out.stdout);
     assert!(held.contains("beta") && !held.contains(&short), "{held}");
 }

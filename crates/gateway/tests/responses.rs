@@ -149,11 +149,9 @@ async fn follow_ups_are_admitted_with_the_context_they_carry(redis: bool) {
     if let Some(redis) = &env._redis {
         // Kept in Redis for the configured two hours, in about 120 bytes.
         let key = format!("resp:n:ctx:{first}");
-        let ttl: u64 = redis_cli(redis.port(), &["PTTL", &key]).parse().unwrap();
+        let ttl: u64 = redis.cli_run(&["PTTL", &key]).parse().unwrap();
         assert!((7_190_000..=7_200_000).contains(&ttl), "{ttl}");
-        let bytes: u64 = redis_cli(redis.port(), &["MEMORY", "USAGE", &key])
-            .parse()
-            .unwrap();
+        let bytes: u64 = redis.cli_run(&["MEMORY", "USAGE", &key]).parse().unwrap();
         assert!(bytes <= 160, "{bytes}");
     }
     // Second turn, streamed: billed its own input and the first turn's input and output.
@@ -313,15 +311,4 @@ async fn memory_follow_ups_are_admitted_with_the_context_they_carry() {
 #[tokio::test]
 async fn redis_follow_ups_are_admitted_with_the_context_they_carry() {
     follow_ups_are_admitted_with_the_context_they_carry(true).await;
-}
-
-/// `redis-cli -p PORT ARGS...`, its output trimmed.
-fn redis_cli(port: u16, args: &[&str]) -> String {
-    let out = std::process::Command::new("redis-cli")
-        .arg("-p")
-        .arg(port.to_string())
-        .args(args)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }

@@ -162,7 +162,8 @@ fn env_number(name: &str) -> Option<u64> {
 
 fn main() {
     let callers = env_numbers("TOLLGATE_BENCH_CALLERS").unwrap_or_else(|| vec![1, 8, 64]);
-    let server = RedisServer::start();
+    // Over TCP, as a gateway reaches its Redis in production.
+    let server = RedisServer::start_tcp_with(&[]);
     let sha = {
         let out = Command::new("redis-cli")
             .args([

@@ -63,10 +63,7 @@ async fn scripts_are_loaded_again_after_noscript() {
     )
     .unwrap();
     let flush = || {
-        let out = std::process::Command::new("redis-cli")
-            .args(["-p", &server.port().to_string(), "SCRIPT", "FLUSH"])
-            .output()
-            .unwrap();
+        let out = server.cli().args(["SCRIPT", "FLUSH"]).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
     };
     let admit = |id: &str| {
@@ -127,12 +124,9 @@ fn plan_of(policy: &tollgate_core::Policy, id: String) -> tollgate_core::Plan {
     tollgate_core::plan(policy, &facts).unwrap()
 }
 
-fn evalsha_calls(port: u16) -> u64 {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "INFO", "commandstats"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    server
+        .cli_run(&["INFO", "commandstats"])
         .lines()
         .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
         .and_then(|s| s.split(',').find_map(|kv| kv.strip_prefix("calls=")))
@@ -189,7 +183,7 @@ async fn batched_items_decide_as_single_ones() {
         ..Usage::default()
     };
     let day = Some(tollgate_core::Period::Fixed(86_400_000));
-    let calls0 = evalsha_calls(server.port());
+    let calls0 = evalsha_calls(&server);
 
     // 40 at once: 30 pass the rate, 15 take the leases, 15 find none left.
     let first = plans("a");
@@ -221,7 +215,7 @@ async fn batched_items_decide_as_single_ones() {
     assert_eq!((u.settled, u.reserved, u.leases), (225, 160, 8));
 
     // The items did share calls: 80 admissions, 15 settlements and 2 usage reads in fewer.
-    let calls = evalsha_calls(server.port()) - calls0;
+    let calls = evalsha_calls(&server) - calls0;
     assert!(calls < 80, "{calls} script calls for 97 operations");
 }
 
@@ -276,7 +270,7 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
     // them, the other 10 are refused.
     let full: Vec<_> = (0..2).map(|i| plan(format!("x{i}"))).collect();
     let new: Vec<_> = (0..30).map(|i| plan(format!("b{i:02}"))).collect();
-    let calls0 = evalsha_calls(server.port());
+    let calls0 = evalsha_calls(&server);
     let (xs, fs, ds) = tokio::join!(
         join_all(full.iter().map(|p| store.admit(p))),
         join_all(old[..20].iter().map(|p| store.settle(&p.request_id, used))),
@@ -288,7 +282,7 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
     }
     assert_eq!((admitted(&ds), refused(&ds)), (20, 10));
     assert_eq!(
-        evalsha_calls(server.port()) - calls0,
+        evalsha_calls(&server) - calls0,
         2,
         "one alone, then one call of 51"
     );
@@ -362,7 +356,7 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
     let first = plan("y".into());
     let fill: Vec<_> = (0..32).map(|i| plan(format!("z{i:02}"))).collect();
     let more: Vec<_> = (32..42).map(|i| plan(format!("z{i:02}"))).collect();
-    let calls0 = evalsha_calls(server.port());
+    let calls0 = evalsha_calls(&server);
     let (y, zs, fs, ms) = tokio::join!(
         store.admit(&first),
         join_all(fill.iter().map(|p| store.admit(p))),
@@ -370,7 +364,7 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
         join_all(more.iter().map(|p| store.admit(p))),
     );
     assert_eq!(
-        evalsha_calls(server.port()) - calls0,
+        evalsha_calls(&server) - calls0,
         2,
         "one alone, then one call of 50"
     );
@@ -412,8 +406,9 @@ async fn big_lease_sets_are_skiplists_and_count_exactly() {
         other => panic!("refused: {other:?}"),
     };
     let encoding = |key: &str| {
-        let out = std::process::Command::new("redis-cli")
-            .args(["-p", &server.port().to_string(), "OBJECT", "ENCODING", key])
+        let out = server
+            .cli()
+            .args(["OBJECT", "ENCODING", key])
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).trim().to_owned()

@@ -181,10 +181,7 @@ async fn a_redis_that_forgets_takes_the_slices_with_it() {
         ));
     }
     assert!(s.stats().local >= 4, "{:?}", s.stats());
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &server.port().to_string(), "FLUSHALL"])
-        .output()
-        .unwrap();
+    let out = server.cli().args(["FLUSHALL"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
     assert_eq!(s.maintain().await, Err(StoreError::StateLost));
     assert_eq!(s.settle("a0", used()).await.unwrap(), Finish::Unknown);

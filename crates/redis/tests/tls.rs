@@ -202,7 +202,7 @@ async fn a_tls_cluster_admits_with_its_ca_and_refuses_without() {
         let tls_port = free_port();
         let mut args = tls_args(tls_port, &crt, &key);
         args.extend(["--tls-cluster", "yes"].map(str::to_owned));
-        nodes.push(RedisServer::start_with(
+        nodes.push(RedisServer::start_tcp_with(
             &[
                 "--cluster-enabled",
                 "yes",
@@ -232,10 +232,7 @@ async fn a_tls_cluster_admits_with_its_ca_and_refuses_without() {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     for n in &nodes {
         loop {
-            let info = std::process::Command::new("redis-cli")
-                .args(["-p", &n.port().to_string(), "CLUSTER", "INFO"])
-                .output()
-                .unwrap();
+            let info = n.cli().args(["CLUSTER", "INFO"]).output().unwrap();
             if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
                 break;
             }

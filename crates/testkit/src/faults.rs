@@ -2,10 +2,18 @@
 //! gateway while both keep running. Loopback only.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::watch;
+
+/// Where a proxy forwards to.
+#[derive(Debug, Clone)]
+enum Target {
+    Tcp(SocketAddr),
+    Unix(Arc<PathBuf>),
+}
 
 /// A running proxy to one target.
 #[derive(Debug, Clone)]
@@ -18,6 +26,16 @@ pub struct Link {
 impl Link {
     /// Starts a proxy on a free loopback port to `target`, with the link up.
     pub async fn start(target: SocketAddr) -> Self {
+        Self::serve(Target::Tcp(target)).await
+    }
+
+    /// Starts a proxy on a free loopback port to the Unix socket at `path` (a test's own
+    /// Redis), with the link up.
+    pub async fn to_socket(path: PathBuf) -> Self {
+        Self::serve(Target::Unix(Arc::new(path))).await
+    }
+
+    async fn serve(target: Target) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (up, _) = watch::channel(true);
@@ -37,13 +55,23 @@ impl Link {
                     drop(client);
                     continue;
                 }
+                let target = target.clone();
                 tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(target).await else {
-                        return;
+                    let mut client = client;
+                    let copied = async {
+                        match target {
+                            Target::Tcp(addr) => {
+                                let mut server = TcpStream::connect(addr).await?;
+                                tokio::io::copy_bidirectional(&mut client, &mut server).await
+                            }
+                            Target::Unix(path) => {
+                                let mut server = UnixStream::connect(path.as_path()).await?;
+                                tokio::io::copy_bidirectional(&mut client, &mut server).await
+                            }
+                        }
                     };
-                    let (mut client, mut server) = (client, server);
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = copied => {}
                         _ = rx.wait_for(|up| !*up) => {}
                     }
                 });

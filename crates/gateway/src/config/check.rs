@@ -36,6 +36,24 @@ pub(super) fn url(field: &str, url: &str, shown: &str) -> Result<(), ConfigError
     Ok(())
 }
 
+/// A Redis reached on a Unix socket (`unix:///run/redis/redis.sock`, optionally `?db=N`): the
+/// path must be absolute, so that it names the same socket whatever directory the gateway runs
+/// in.
+pub(super) fn unix_socket_url(field: &str, url: &str) -> Result<(), ConfigError> {
+    let rest = url
+        .strip_prefix("unix://")
+        .or_else(|| url.strip_prefix("redis+unix://"))
+        .unwrap_or(url);
+    let path = rest.split_once('?').map_or(rest, |(p, _)| p);
+    if !path.starts_with('/') || path.len() < 2 {
+        return Err(err(
+            field,
+            format!("{url:?} names no absolute socket path (unix:///path/to/redis.sock)"),
+        ));
+    }
+    Ok(())
+}
+
 /// A Redis that may evict keys (`[store] allow_eviction`) holds nothing whose loss would reopen
 /// what it closed: no budget or tool-call budget (an evicted period would be spent again); kill
 /// switches are refused at run time (`[[kill]]` entries live in the file, not the store). Rates,
@@ -126,6 +144,21 @@ mod tests {
             "not a url",
         ] {
             assert!(url("f", bad, bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_unix_socket_url_names_an_absolute_path() {
+        use super::unix_socket_url;
+        for ok in [
+            "unix:///run/redis/redis.sock",
+            "redis+unix:///tmp/r.sock?db=2",
+        ] {
+            assert!(unix_socket_url("f", ok).is_ok(), "{ok}");
+        }
+        for bad in ["unix://", "unix://relative.sock", "redis+unix://./r.sock"] {
+            let e = unix_socket_url("f", bad).unwrap_err().to_string();
+            assert!(e.contains("absolute socket path"), "{bad}: {e}");
         }
     }
 }

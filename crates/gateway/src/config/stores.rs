@@ -109,10 +109,14 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
             super::check::url("store.url", url, &tollgate_redis::redacted(url))?;
             Ok(redis(url.to_owned(), None))
         }
+        Some(url) if url.starts_with("unix://") || url.starts_with("redis+unix://") => {
+            super::check::unix_socket_url("store.url", url)?;
+            Ok(redis(url.to_owned(), None))
+        }
         Some(other) => Err(err(
             "store.url",
             format!(
-                "expected \"memory\", redis://… or rediss://…, got {:?}",
+                "expected \"memory\", redis://…, rediss://… or unix:///path/to/redis.sock, got {:?}",
                 tollgate_redis::redacted(other)
             ),
         )),

@@ -186,18 +186,12 @@ pub fn redis_text(redis: &RedisServer) -> String {
 }
 
 pub fn flushall(redis: &RedisServer) {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "flushall"])
-        .output()
-        .unwrap();
+    let out = redis.cli().args(["flushall"]).output().unwrap();
     assert!(out.status.success());
 }
 
 pub fn redis_has(redis: &RedisServer, key: &str) -> bool {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "exists", key])
-        .output()
-        .unwrap();
+    let out = redis.cli().args(["exists", key]).output().unwrap();
     String::from_utf8_lossy(&out.stdout).trim() == "1"
 }
 
