@@ -1,5 +1,6 @@
 // The named contract between the Rust side and the scripts: the layout of every argument list
-// an admission or a settlement sends, one table, read twice. The encoder writes each list in
+// an admission or a settlement sends and of every reply that carries more than its kind (every
+// reply begins with its kind), one table, read twice. The encoder writes each list in
 // its table's order, by name (`encode.rs`); the build script (`build.rs`, which includes this
 // file) replaces every `@layout.field` in the Lua sources with the field's offset and every
 // `@layout#` with the layout's length, and fails the build on a name the table lacks. So a
@@ -97,6 +98,49 @@ layouts! {
         Remaining "remaining",
         RetryAfter "retry_after",
         Reset "reset",
+    }
+    /// An admission's answer when it admits (`admit_one`): its kind and when its holds expire;
+    /// then one quota per scope, in the plan's order: the rates' (`rate_quota`), the leases'
+    /// (`lease_quota`), the budgets' and tool calls' (`budget_quota`).
+    AdmitReply "admitted" {
+        Kind "kind",
+        ExpiresAt "expires_at",
+    }
+    /// What a rate scope of an admitted request has left, and the time to its reset.
+    RateQuota "rate_quota" {
+        Remaining "remaining",
+        Reset "reset",
+    }
+    /// What a concurrency scope of an admitted request has left.
+    LeaseQuota "lease_quota" {
+        Remaining "remaining",
+    }
+    /// What a budget or tool-call scope of an admitted request has left, and the time to its
+    /// period's end.
+    BudgetQuota "budget_quota" {
+        Remaining "remaining",
+        Reset "reset",
+    }
+    /// An admission refused by a kill switch: the target switched off and the reason given.
+    KilledReply "killed" {
+        Kind "kind",
+        Target "target",
+        Reason "reason",
+    }
+    /// A renewal that renewed: the leases' and reservation's new expiry.
+    Renewed "renewed" {
+        Kind "kind",
+        ExpiresAt "expires_at",
+    }
+    /// A settlement or release of a request that had ended already: how it ended.
+    EndedReply "ended" {
+        Kind "kind",
+        How "how",
+    }
+    /// A settlement or release that ended its request: its kind, then what each budget and
+    /// tool-call scope was charged, in the plan's order.
+    DoneReply "done" {
+        Kind "kind",
     }
     /// A settlement or a release (`finish_one`).
     Finish "finish" {

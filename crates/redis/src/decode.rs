@@ -4,10 +4,14 @@
 
 use redis::Value;
 
-use crate::contract::DenyReply;
+use crate::contract::{
+    AdmitReply, BudgetQuota, DenyReply, DoneReply, EndedReply, KilledReply, LeaseQuota, RateQuota,
+    Renewed,
+};
 use tollgate_core::pipeline::Plan;
 use tollgate_core::{
-    Admitted, Decision, Deny, Ending, Finish, Period, Quota, Reason, ShadowOutcome, StoreError,
+    Admitted, Decision, Deny, Ending, Finish, Period, Quota, Reason, Renewal, ShadowOutcome,
+    StoreError,
 };
 
 /// Every reply kind an admission may get from the script.
@@ -84,38 +88,38 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
     };
     match kind.as_str() {
         "admit" => {
-            let expires_at = num(1)?.max(0) as u64;
+            let expires_at = num(AdmitReply::ExpiresAt.at())?.max(0) as u64;
             let mut quotas = Vec::new();
-            let mut i = 2;
+            let mut i = AdmitReply::LEN;
             for (check, r) in plan.rate.iter().enumerate() {
                 quotas.push(Quota {
                     reason: Reason::RequestRateLimit,
                     check,
                     limit: r.limit,
-                    remaining: num(i)?.max(0) as u64,
+                    remaining: num(i + RateQuota::Remaining.at())?.max(0) as u64,
                     window_ms: Some(r.window_ms),
-                    reset_after_ms: opt_ms(num(i + 1)?),
+                    reset_after_ms: opt_ms(num(i + RateQuota::Reset.at())?),
                 });
-                i += 2;
+                i += RateQuota::LEN;
             }
             for (check, c) in plan.concurrency.iter().enumerate() {
                 quotas.push(Quota {
                     reason: Reason::ConcurrencyLimit,
                     check,
                     limit: c.limit,
-                    remaining: num(i)?.max(0) as u64,
+                    remaining: num(i + LeaseQuota::Remaining.at())?.max(0) as u64,
                     window_ms: None,
                     reset_after_ms: None,
                 });
-                i += 1;
+                i += LeaseQuota::LEN;
             }
             for (check, b) in plan.budget.iter().enumerate() {
-                let reset = opt_ms(num(i + 1)?);
+                let reset = opt_ms(num(i + BudgetQuota::Reset.at())?);
                 quotas.push(Quota {
                     reason: b.unit.reason(),
                     check,
                     limit: b.limit,
-                    remaining: num(i)?.max(0) as u64,
+                    remaining: num(i + BudgetQuota::Remaining.at())?.max(0) as u64,
                     window_ms: match b.period {
                         Period::Fixed(len) => Some(len),
                         Period::CalendarMonth => {
@@ -126,7 +130,7 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
                     },
                     reset_after_ms: reset,
                 });
-                i += 2;
+                i += BudgetQuota::LEN;
             }
             Ok(Decision::Admit(Admitted {
                 max_output_tokens: plan.max_output_tokens,
@@ -150,8 +154,16 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
         "lost" => Err(StoreError::StateLost),
         "uninitialised" => Err(StoreError::Uninitialised),
         "killed" => Ok(Decision::Killed(tollgate_core::decision::Killed {
-            target: reply.get(1).map(text).transpose()?.unwrap_or_default(),
-            reason: reply.get(2).map(text).transpose()?.unwrap_or_default(),
+            target: reply
+                .get(KilledReply::Target.at())
+                .map(text)
+                .transpose()?
+                .unwrap_or_default(),
+            reason: reply
+                .get(KilledReply::Reason.at())
+                .map(text)
+                .transpose()?
+                .unwrap_or_default(),
         })),
         other => Err(StoreError::Protocol(format!(
             "unknown admit reply {other:?}"
@@ -238,13 +250,19 @@ pub(crate) fn finish_reply(reply: Vec<Value>) -> Result<Finish, StoreError> {
     let kind = reply.first().map(text).transpose()?.unwrap_or_default();
     match kind.as_str() {
         "done" => Ok(Finish::Done {
-            charged: reply[1..]
+            charged: reply
+                .get(DoneReply::LEN..)
+                .unwrap_or_default()
                 .iter()
                 .map(|v| int(v).map(|n| n.max(0) as u64))
                 .collect::<Result<_, _>>()?,
         }),
         "ended" => {
-            let how = reply.get(1).map(text).transpose()?.unwrap_or_default();
+            let how = reply
+                .get(EndedReply::How.at())
+                .map(text)
+                .transpose()?
+                .unwrap_or_default();
             Ok(Finish::AlreadyEnded(match how.as_str() {
                 "settled" => Ending::Settled,
                 "released" => Ending::Released,
@@ -254,6 +272,24 @@ pub(crate) fn finish_reply(reply: Vec<Value>) -> Result<Finish, StoreError> {
         "unknown" => Ok(Finish::Unknown),
         other => Err(StoreError::Protocol(format!(
             "unknown finish reply {other:?}"
+        ))),
+    }
+}
+
+/// A renewal's answer: renewed until its new expiry, or no longer in flight.
+pub(crate) fn renewal(reply: &[Value]) -> Result<Renewal, StoreError> {
+    match reply.first().map(text).transpose()?.as_deref() {
+        Some("renewed") => Ok(Renewal::Renewed {
+            expires_at: reply
+                .get(Renewed::ExpiresAt.at())
+                .map(int)
+                .transpose()?
+                .unwrap_or(0)
+                .max(0) as u64,
+        }),
+        Some("gone") => Ok(Renewal::NotInFlight),
+        other => Err(StoreError::Protocol(format!(
+            "unknown renew reply {other:?}"
         ))),
     }
 }

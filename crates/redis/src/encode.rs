@@ -58,11 +58,8 @@ pub(crate) fn write_key(to: &mut String, prefix: &str, kind: &str, id: &str) {
     }
 }
 
-/// Bytes a call's strings take, roughly: a capacity that spares most of a buffer's regrowth.
-const BYTES_PER_STRING: usize = 24;
-
 fn strs(items: usize) -> Strs {
-    Strs::with_capacity(items, items * BYTES_PER_STRING)
+    Strs::with_capacity(items)
 }
 
 /// The exact KEYS and ARGV of an admission, as one item of a batch call.

@@ -79,7 +79,7 @@ pub use slices::{SLICE_REPLIES, SLICE_TICKETS, slice_invocation};
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};
 use conn::{Conn, evalsha, no_answer, scripts, unavailable};
-use decode::{decision, finish_reply, int, items, shadowed, text};
+use decode::{decision, finish_reply, int, items, shadowed};
 use encode::{admit_shadowed_invocation, finish_invocation, key, num, period_arg};
 
 /// Wraps a prefix in a hash tag (cluster mode): every key then lives in one slot.
@@ -425,16 +425,7 @@ impl RedisStore {
             &[&key(p, "ts", id), &format!("{p}:x"), &format!("{p}:clock")],
             &[p, &num(self.now_arg()), id, &num(self.config.retention_ms)],
         );
-        let reply = self.call(&scripts().renew, inv).await?;
-        match reply.first().map(text).transpose()?.as_deref() {
-            Some("renewed") => Ok(Renewal::Renewed {
-                expires_at: reply.get(1).map(int).transpose()?.unwrap_or(0).max(0) as u64,
-            }),
-            Some("gone") => Ok(Renewal::NotInFlight),
-            other => Err(StoreError::Protocol(format!(
-                "unknown renew reply {other:?}"
-            ))),
-        }
+        decode::renewal(&self.call(&scripts().renew, inv).await?)
     }
 
     async fn finish(

@@ -1,33 +1,28 @@
-//! A script call's KEYS or ARGV: strings kept end to end in one buffer, so that each one pushed
-//! costs no allocation of its own. An admission has some forty of them and a settlement ten;
-//! kept as a `String` each, their allocations and frees were the largest part of making a call.
+//! A script call's KEYS or ARGV, in order, with helpers that write numbers, flags and keys the
+//! way the scripts read them.
 
 use std::fmt;
 
-/// Strings in one buffer, in order.
+/// The strings, in order, one `String` each.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Strs {
-    text: String,
-    ends: Vec<usize>,
+    items: Vec<String>,
 }
 
 impl Strs {
-    /// Room for `items` strings of `bytes` in all.
-    pub fn with_capacity(items: usize, bytes: usize) -> Self {
+    /// Room for `items` strings.
+    pub fn with_capacity(items: usize) -> Self {
         Self {
-            text: String::with_capacity(bytes),
-            ends: Vec::with_capacity(items),
+            items: Vec::with_capacity(items),
         }
     }
 
     /// Appends `s`.
     pub fn push(&mut self, s: &str) {
-        self.text.push_str(s);
-        self.ends.push(self.text.len());
+        self.items.push(s.to_owned());
     }
 
-    /// Appends a number, written by `itoa` (the formatting machinery of `to_string` costs
-    /// several times as much per number).
+    /// Appends a number.
     pub fn push_num(&mut self, n: impl itoa::Integer) {
         self.push(itoa::Buffer::new().format(n));
     }
@@ -39,33 +34,29 @@ impl Strs {
 
     /// Appends the key `{prefix}:{kind}:{id}`.
     pub fn push_key(&mut self, prefix: &str, kind: &str, id: &str) {
-        crate::encode::write_key(&mut self.text, prefix, kind, id);
-        self.ends.push(self.text.len());
+        let mut k = String::new();
+        crate::encode::write_key(&mut k, prefix, kind, id);
+        self.items.push(k);
     }
 
     /// How many strings.
     pub fn len(&self) -> usize {
-        self.ends.len()
+        self.items.len()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.items.is_empty()
     }
 
     /// The `i`-th string.
     pub fn get(&self, i: usize) -> Option<&str> {
-        let end = *self.ends.get(i)?;
-        let start = match i {
-            0 => 0,
-            _ => *self.ends.get(i - 1)?,
-        };
-        self.text.get(start..end)
+        self.items.get(i).map(String::as_str)
     }
 
     /// The strings, in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
-        (0..self.ends.len()).map(|i| self.get(i).unwrap_or_default())
+        self.items.iter().map(String::as_str)
     }
 
     /// The strings, borrowed, in a vector (tests and callers that slice them).
@@ -108,7 +99,7 @@ mod tests {
 
     #[test]
     fn strings_come_back_as_pushed() {
-        let mut s = Strs::with_capacity(1, 1);
+        let mut s = Strs::with_capacity(1);
         assert!(s.is_empty());
         s.push("");
         s.push_num(u64::MAX);

@@ -269,6 +269,12 @@ fn script_replies_are_the_named_ones() {
             let rest = &code[i + 6..];
             reasons.insert(rest.split('\'').next().unwrap_or("").to_owned());
         }
+        // A reply with named fields is made by setting its `kind` field first.
+        if code.contains(".kind + 1]") {
+            if let Some((_, value)) = code.split_once(" = '") {
+                kinds.insert(value.split('\'').next().unwrap_or("").to_owned());
+            }
+        }
         for (i, _) in code.match_indices("{'") {
             let rest = &code[i + 2..];
             let Some(end) = rest.find('\'') else { continue };
@@ -362,6 +368,7 @@ fn every_contract_field_is_read_by_name() {
     let sources = [
         LEDGER_SOURCES.concat(),
         include_str!("lua/batch_v5.lua").to_owned(),
+        include_str!("lua/renew_v4.lua").to_owned(),
     ]
     .concat();
     for (layout, fields) in crate::contract::LAYOUTS {

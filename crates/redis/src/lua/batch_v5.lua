@@ -48,12 +48,12 @@ while a <= #ARGV do
   elseif op == 'a' or op == 'p' then
     if kills == nil then kills = kill_table() end
     ok, reply = pcall(admit_one, ARGV, a + 2, now, kills, op == 'p')
-    if ok and op == 'a' and reply[1] == 'admit' then longest = math.max(longest, 0 + ARGV[a + 2 + @admit.ttl]) end
+    if ok and op == 'a' and reply[@admitted.kind + 1] == 'admit' then longest = math.max(longest, 0 + ARGV[a + 2 + @admit.ttl]) end
   elseif op == 's' then
     if kills == nil then kills = kill_table() end
     ok, reply = pcall(admit_shadowed, ARGV, a + 2, now, kills)
     -- The request's TTL follows the count of its arguments.
-    if ok and reply[1] == 'shadowed' and reply[2][1] == 'admit' then
+    if ok and reply[1] == 'shadowed' and reply[2][@admitted.kind + 1] == 'admit' then
       longest = math.max(longest, 0 + ARGV[a + 3 + @admit.ttl])
     end
   elseif op == 'u' then

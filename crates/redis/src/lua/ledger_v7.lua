@@ -315,7 +315,11 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
   -- The kill switch comes before anything is counted.
   for i = 0, n_kill - 1 do
     local reason = kills[A[a + i]]
-    if reason then return {'killed', A[a + i], reason} end
+    if reason then
+      local r = {}
+      r[@killed.kind + 1], r[@killed.target + 1], r[@killed.reason + 1] = 'killed', A[a + i], reason
+      return r
+    end
   end
   a = a + n_kill
 
@@ -326,7 +330,8 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
   -- The reply: its quotas are appended as the controls pass, and its second value, the expiry,
   -- is set at the end. Made with room for six quotas (a scope's rate, lease and budget): a
   -- table grown one value at a time is copied at every power of two.
-  local out, no = {'admit', 0, nil, nil, nil, nil, nil, nil}, 2
+  local out, no = {nil, nil, nil, nil, nil, nil, nil, nil}, @admitted#
+  out[@admitted.kind + 1], out[@admitted.expires_at + 1] = 'admit', 0
   -- 1. Rate: every attempt counts in every rate scope, and every repeat in its repeat scope
   -- (refused last, after the budgets).
   local rate_fail, repeat_fail = nil, nil
@@ -357,8 +362,8 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
       if over and rate_fail == nil then
         rate_fail = deny('request_rate_limit', i - 1, 0, retry, reset)
       end
-      out[no + 1], out[no + 2] = left, reset
-      no = no + 2
+      out[no + @rate_quota.remaining + 1], out[no + @rate_quota.reset + 1] = left, reset
+      no = no + @rate_quota#
     end
   end
   if rate_fail ~= nil then return rate_fail end
@@ -388,8 +393,8 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
     end
     local left, wait = lease_verdict(held, limit, soonest, now)
     if left == nil then return deny('concurrency_limit', i - 1, 0, wait, -1) end
-    no = no + 1
-    out[no] = left
+    out[no + @lease_quota.remaining + 1] = left
+    no = no + @lease_quota#
   end
   -- 6. Budget: check all, then reserve all. What a reservation needs beyond A goes into one flat
   -- table, four values per scope: the period's field, its end, the current field (false when
@@ -419,8 +424,8 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
       local k = 4 * (i - 1)
       bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4] = field, pend, cur, amount
     end
-    out[no + 1], out[no + 2] = left, pend - now
-    no = no + 2
+    out[no + @budget_quota.remaining + 1], out[no + @budget_quota.reset + 1] = left, pend - now
+    no = no + @budget_quota#
   end
   -- 7. Loops: the request's repeats, then its history's (decided by the caller).
   if repeat_fail ~= nil then return repeat_fail end
@@ -451,7 +456,7 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
   redis.call('SET', PREFIX .. ':ts:' .. id, cmsgpack.pack(v), 'PX', int(ttl + retention))
   XADD[#XADD + 1] = expires_arg
   XADD[#XADD + 1] = id
-  out[2] = expires
+  out[@admitted.expires_at + 1] = expires
   return out
 end
 
@@ -470,11 +475,11 @@ local function admit_shadowed(A, a, now, kills)
   local s = e + num(A[a])
   if redis.call('EXISTS', PREFIX .. ':ts:' .. A[e + @admit.id]) > 0 then return {'dup'} end
   local probe, al, nl, ab, nb, bud = admit_one(A, s, now, kills, 'shadow', nil, true)
-  if probe[1] ~= 'admit' then
+  if probe[@admitted.kind + 1] ~= 'admit' then
     return {'shadowed', admit_one(A, e, now, kills, false, nil, true), probe}
   end
   local reply = admit_one(A, e, now, kills, false, {s, al, nl, ab, nb, bud}, true)
-  if reply[1] == 'admit' then return {'shadowed', reply, {'held'}} end
+  if reply[@admitted.kind + 1] == 'admit' then return {'shadowed', reply, {'held'}} end
   return {'shadowed', reply, {'passed'}}
 end
 
@@ -508,9 +513,12 @@ local function finish_one(A, a, now)
   local v, how = take_ticket(PREFIX .. ':ts:' .. id, ending, retention)
   if not v then
     if how == 'unknown' then return {'unknown'} end
-    return {'ended', how}
+    local r = {}
+    r[@ended.kind + 1], r[@ended.how + 1] = 'ended', how
+    return r
   end
-  local out = {'done'}
+  local out = {}
+  out[@done.kind + 1] = 'done'
   if A[a + @finish.has_usage] == '1' then
     -- Most settlements make no tool call: '0' is known without a conversion (see num).
     local calls = 0

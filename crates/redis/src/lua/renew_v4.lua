@@ -32,4 +32,6 @@ for i = 10, 9 + tonumber(v[9]) do
   redis.call('ZADD', lkey, 'XX', expires_arg, id)
   if redis.call('PTTL', lkey) < ttl + 60000 then redis.call('PEXPIRE', lkey, int(ttl + 60000)) end
 end
-return {'renewed', expires}
+local r = {}
+r[@renewed.kind + 1], r[@renewed.expires_at + 1] = 'renewed', expires
+return r
