@@ -27,7 +27,7 @@ fn facts(user: u64) -> RequestFacts {
     )
 }
 
-fn admit_settle(store: &MemoryStore<SystemClock>, policy: &Policy, f: &RequestFacts) {
+fn admit_settle(store: &MemoryStore, policy: &Policy, f: &RequestFacts) {
     let p = plan(policy, f).unwrap();
     match store.admit_sync(&p).unwrap() {
         Decision::Admit(_) => {
@@ -63,7 +63,7 @@ fn tollgate_plan_only(bencher: Bencher, scopes: &str) {
 
 /// The timed loop of the store-only rows: admit + settle of a plan built beforehand and dropped
 /// after timing; the store's answers are dropped inside it.
-fn store_loop(bencher: Bencher, policy: &Policy, store: &MemoryStore<SystemClock>) {
+fn store_loop(bencher: Bencher, policy: &Policy, store: &MemoryStore) {
     bencher
         .with_inputs(|| plan(policy, &facts(NEXT.load(Ordering::Relaxed))).unwrap())
         .bench_local_values(|p| {

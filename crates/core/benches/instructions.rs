@@ -19,7 +19,7 @@
 use std::num::NonZeroU32;
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate_core::{Decision, MemoryStore, Plan, Policy, RequestFacts, SystemClock, plan, plans};
+use tollgate_core::{Decision, MemoryStore, Plan, Policy, RequestFacts, plan, plans};
 
 mod common;
 use common::USAGE;
@@ -34,8 +34,8 @@ enum Work<'a> {
     GovernorKeyed(&'a DefaultKeyedRateLimiter<u64>, u64),
     Plan(&'a Policy, &'a [RequestFacts]),
     Plans(&'a Policy, &'a [RequestFacts]),
-    Store(&'a MemoryStore<SystemClock>, &'a [Plan]),
-    Shadowed(&'a MemoryStore<SystemClock>, &'a [(Plan, Plan)]),
+    Store(&'a MemoryStore, &'a [Plan]),
+    Shadowed(&'a MemoryStore, &'a [(Plan, Plan)]),
 }
 
 /// The only function whose instructions are counted.

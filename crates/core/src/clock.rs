@@ -30,6 +30,17 @@ impl Clock for SystemClock {
     }
 }
 
+/// A clock chosen at run time: the gateway's memory store holds one, so that a test can run it
+/// on paused time.
+pub type SharedClock = Arc<dyn Clock>;
+
+/// A shared clock is a clock: a store can be given one chosen at run time (`Arc<dyn Clock>`).
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now(&self) -> Millis {
+        (**self).now()
+    }
+}
+
 /// A clock that only moves when told to. Clones share the same time.
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock(Arc<AtomicU64>);

@@ -54,7 +54,7 @@ pub mod slices;
 pub mod store;
 pub mod whatif;
 
-pub use clock::{Clock, ManualClock, Millis, SystemClock};
+pub use clock::{Clock, ManualClock, Millis, SharedClock, SystemClock};
 pub use decision::{Admitted, Decision, Deny, Quota, Reason};
 pub use ledger::{Period, Usage};
 pub use memory::MemoryStore;

@@ -30,7 +30,7 @@ use containers::{BlockQueue, Blocks, ShardedMap};
 use smol_str::SmolStr;
 use tickets::{Ticket, Tickets};
 
-use crate::clock::{Clock, Millis, SystemClock};
+use crate::clock::{Clock, Millis, SharedClock, SystemClock};
 #[cfg(test)]
 use crate::decision::Reason;
 use crate::decision::{Decision, Quota};
@@ -66,9 +66,10 @@ type Id = SmolStr;
 /// The scope slots, in blocks.
 type Slots = Blocks<ScopeState>;
 
-/// The in-memory [`Store`].
+/// The in-memory [`Store`], on the system clock unless given another (a test's paused time, a
+/// replay's manual clock).
 #[derive(Debug)]
-pub struct MemoryStore<C = SystemClock> {
+pub struct MemoryStore<C = SharedClock> {
     clock: C,
     retention_ms: u64,
     max_remembered: usize,
@@ -176,14 +177,14 @@ struct Reservation {
     slice: Option<u64>,
 }
 
-impl MemoryStore<SystemClock> {
+impl MemoryStore {
     /// A store on the system clock.
     pub fn new() -> Self {
-        Self::with_clock(SystemClock)
+        Self::with_clock(std::sync::Arc::new(SystemClock))
     }
 }
 
-impl Default for MemoryStore<SystemClock> {
+impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()
     }

@@ -11,6 +11,7 @@
 
 pub mod conformance;
 pub mod faults;
+pub mod paused;
 pub mod pg_server;
 pub mod redis_server;
 pub use tollgate_sim as sim;

@@ -8,6 +8,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use tokio::time::Instant as TimerInstant;
+
 use tollgate_core::decision::Killed;
 use tollgate_core::record::ShadowRefusal;
 use tollgate_core::{Admitted, Decision, Deny, Plan, Reason, ShadowOutcome, Store, StoreError};
@@ -185,11 +187,12 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         if let Some(s) = shadow.as_deref_mut() {
             s.rate.clear();
         }
-        let entered = Instant::now();
+        // The timer's clock, which the waits below follow (and a test's paused time moves).
+        let entered = TimerInstant::now();
         let deadline = entered + q.max_wait;
         let mut wait = Duration::from_millis(5);
         let mut last = deny;
-        while Instant::now() + wait <= deadline {
+        while TimerInstant::now() + wait <= deadline {
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_millis(50));
             let (d, s) = self.once(p, shadow.as_deref()).await?;

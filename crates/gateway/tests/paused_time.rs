@@ -1,0 +1,213 @@
+//! Time-driven behaviour on paused time: the gateway on a memory store whose clock follows
+//! tokio's (`TokioClock`), requests sent through the router without sockets to the gateway
+//! (`Router::oneshot`), and time moved by `tokio::time::advance` or by the sleeps that paused
+//! time skips. A day passes in no time, and every wait is exact.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use http::Request;
+use http_body_util::BodyExt;
+use tokio::time::{Instant, advance};
+use tollgate_core::{Clock, MemoryStore, SharedClock};
+use tollgate_gateway::Gateway;
+use tollgate_gateway::config::GatewayConfig;
+use tollgate_gateway::store::AnyStore;
+use tollgate_testkit::T0;
+use tollgate_testkit::paused::TokioClock;
+use tollgate_testkit::sim::{Sim, SimConfig};
+use tower::ServiceExt;
+
+const KEY: &str = "sk-paused";
+const DAY_MS: u64 = 86_400_000;
+
+/// The router of a gateway on a memory store on `clock`, in front of a simulator with `sim`'s
+/// timing.
+async fn app(clock: TokioClock, sections: &str, sim: SimConfig) -> (Router, Sim) {
+    let sim = Sim::start(sim).await.unwrap();
+    let text = format!(
+        "{sections}\n[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+         [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n",
+        sim.base_url(),
+        tollgate_gateway::hash_key(KEY),
+    );
+    let config = GatewayConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
+    let clock: SharedClock = Arc::new(clock);
+    let store = AnyStore::Memory(Arc::new(MemoryStore::with_clock(clock)));
+    let gw = Arc::new(Gateway::new(config, store));
+    (tollgate_gateway::router(gw), sim)
+}
+
+struct Answer {
+    status: u16,
+    code: String,
+    retry_after_ms: Option<u64>,
+    body: String,
+}
+
+async fn chat(app: &Router, max_tokens: u64, stream: bool) -> Answer {
+    let body = serde_json::json!({
+        "model": "gpt-4o",
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    let mut req = Request::post("/v1/chat/completions")
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo("127.0.0.1:5000".parse::<SocketAddr>().unwrap()));
+    let r = app.clone().oneshot(req).await.unwrap();
+    let status = r.status().as_u16();
+    let retry_after_ms = r
+        .headers()
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let body =
+        String::from_utf8_lossy(&r.into_body().collect().await.unwrap().to_bytes()).into_owned();
+    let code = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    Answer {
+        status,
+        code,
+        retry_after_ms,
+        body,
+    }
+}
+
+/// A day's budget spent a minute before midnight UTC: refused until midnight, with a wait that
+/// says so, and served again at midnight, not a moment before.
+#[tokio::test(start_paused = true)]
+async fn a_spent_day_budget_opens_again_at_midnight() {
+    let policy =
+        "[[policy.scopes]]\nkey = \"tenant\"\nbudget = { tokens = 100, period = \"day\" }\n";
+    let sim = SimConfig {
+        output_tokens: 5,
+        ..SimConfig::default()
+    };
+    let clock = TokioClock::at(T0 + DAY_MS - 60_000);
+    let (app, _sim) = app(clock, policy, sim).await;
+    let mut served = 0;
+    let refused = loop {
+        let a = chat(&app, 20, false).await;
+        match a.status {
+            200 => served += 1,
+            _ => break a,
+        }
+        assert!(served < 20, "the budget never refused");
+    };
+    assert_eq!(
+        (refused.status, refused.code.as_str()),
+        (429, "budget_limit")
+    );
+    // The wait runs to midnight (plus a jitter of at most a second).
+    let to_midnight = T0 + DAY_MS - clock.now();
+    let wait = refused.retry_after_ms.expect("a wait");
+    assert!(
+        (to_midnight..=to_midnight + 1_000).contains(&wait),
+        "{wait} ms, {to_midnight} ms to midnight"
+    );
+    advance(Duration::from_millis(to_midnight - 1)).await;
+    assert_eq!(chat(&app, 20, false).await.code, "budget_limit");
+    advance(Duration::from_millis(1)).await;
+    let a = chat(&app, 20, false).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+}
+
+/// A rate refusal's wait is enough: after it, the same request is served. (The window slides,
+/// and the refused attempt counts too, so the wait may be longer than the window; probing
+/// before it would count another attempt.)
+#[tokio::test(start_paused = true)]
+async fn a_rate_refusal_is_served_after_its_wait() {
+    let policy =
+        "[[policy.scopes]]\nkey = \"tenant\"\nrequests = { limit = 2, window = \"10s\" }\n";
+    let (app, _sim) = app(TokioClock::at(T0), policy, SimConfig::default()).await;
+    assert_eq!(chat(&app, 5, false).await.status, 200);
+    assert_eq!(chat(&app, 5, false).await.status, 200);
+    let refused = chat(&app, 5, false).await;
+    assert_eq!(
+        (refused.status, refused.code.as_str()),
+        (429, "request_rate_limit")
+    );
+    let wait = refused.retry_after_ms.expect("a wait");
+    assert!(wait > 0 && wait <= 2 * 10_000 + 1_000, "{wait}");
+    advance(Duration::from_millis(wait)).await;
+    let a = chat(&app, 5, false).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+}
+
+/// A stream that runs three times its lease's TTL keeps its lease (renewed as it runs): a
+/// second request meanwhile finds the only slot taken; once the stream ends, the slot is free.
+#[tokio::test(start_paused = true)]
+async fn a_stream_longer_than_its_lease_keeps_it() {
+    let policy =
+        "[[policy.scopes]]\nkey = \"tenant\"\nconcurrency = { limit = 1, lease_ttl = \"1s\" }\n";
+    let sim = SimConfig {
+        token_delay: Duration::from_millis(30),
+        output_tokens: 100,
+        ..SimConfig::default()
+    };
+    let (app, _sim) = app(TokioClock::at(T0), policy, sim).await;
+    let started = Instant::now();
+    let long = tokio::spawn({
+        let app = app.clone();
+        async move { chat(&app, 100, true).await }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let r = chat(&app, 5, false).await;
+    assert_eq!((r.status, r.code.as_str()), (429, "concurrency_limit"));
+    let done = long.await.unwrap();
+    assert_eq!(done.status, 200);
+    assert_eq!(done.body.matches("\"content\":\" tok\"").count(), 100);
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    assert_eq!(chat(&app, 5, false).await.status, 200);
+}
+
+/// A queued request waits for a slot at most `[queue] max_wait`, then is refused; one whose
+/// slot comes back within that time is served.
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_waits_at_most_max_wait() {
+    let sections = "[queue]\nmax_wait = \"2s\"\nper_key = 4\nglobal = 4\n\
+         [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = { limit = 1, lease_ttl = \"1m\" }\n";
+    let sim = SimConfig {
+        token_delay: Duration::from_millis(50),
+        output_tokens: 100,
+        ..SimConfig::default()
+    };
+    let (app, _sim) = app(TokioClock::at(T0), sections, sim).await;
+    // Holds the slot for five seconds.
+    let long = tokio::spawn({
+        let app = app.clone();
+        async move { chat(&app, 100, true).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let asked = Instant::now();
+    let r = chat(&app, 5, false).await;
+    let waited = asked.elapsed();
+    assert_eq!((r.status, r.code.as_str()), (429, "concurrency_limit"));
+    assert!(
+        waited >= Duration::from_millis(1_900) && waited <= Duration::from_secs(2),
+        "{waited:?}"
+    );
+    // Asked about 1.5 s before the stream ends: it waits for the slot and is served.
+    tokio::time::sleep(Duration::from_millis(1_400)).await;
+    let asked = Instant::now();
+    let r = chat(&app, 5, false).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(long.await.unwrap().status, 200);
+}
