@@ -138,7 +138,9 @@ gateway() {
 
 # init_store NAME STORE_TOML: a fresh Redis is initialised by an operator before the first start
 # (an empty store is never taken for a new one on its own), here from the gateway's file.
+# (A build from before that command starts on an empty Redis by itself.)
 init_store() {
+  "$BIN/tollgate" admin init-store --help >/dev/null 2>&1 || return 0
   case "$2" in *redis://*) "$BIN/tollgate" admin init-store --config "$tmp/$1.toml" >/dev/null ;; esac
 }
 
@@ -148,7 +150,8 @@ redis_store_toml() {
   printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\n[store.slices]\nenabled = false\n' "$1"
 }
 
-# sliced_store_toml PORT: the same Redis with leased slices (default settings), its own prefix.
+# sliced_store_toml PORT [PREFIX]: the same Redis with leased slices (default settings), its own
+# prefix (`sliced` unless given).
 sliced_store_toml() {
-  printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\nprefix = "sliced"\n[store.slices]\n' "$1"
+  printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\nprefix = "%s"\n[store.slices]\n' "$1" "${2:-sliced}"
 }

@@ -7,6 +7,11 @@
 #   TOLLGATE_BENCH_SHADOW=1 bench/load.sh ...      (adds the six controls with a shadow rule and
 #   alerts configured, on each store and on Redis with slices, each compared with the same
 #   store's run without them)
+#   TOLLGATE_BENCH_AGAINST=DIR bench/load.sh ...   (adds the memory, Redis and sliced targets
+#   served by the `tollgate` binary in DIR, an earlier build, e.g. that of a worktree at another
+#   commit: `git worktree add /tmp/before REV && (cd /tmp/before && cargo build --release -p
+#   tollgate)`, then DIR=/tmp/before/target/release; each under its own Redis prefix, so that
+#   a change is compared with what it changed in the same run, round by round)
 #   TOLLGATE_BENCH_LEDGER=1 bench/load.sh ...      (adds the six controls on Redis with the spend
 #   ledger on a PostgreSQL of its own, compared with the Redis run without it, and checks that
 #   the ledger holds one ending per request served)
@@ -45,6 +50,13 @@ if [ "${TOLLGATE_BENCH_SHADOW:-0}" = 1 ]; then
   SHS=$(gateway shadow-sliced "$(sliced_store_toml "$REDIS")" "$WITH_SHADOW")
   TARGETS+=("shadow $SHM" "shadow-redis $SHR" "shadow-sliced $SHS")
 fi
+if [ -n "${TOLLGATE_BENCH_AGAINST:-}" ]; then
+  BEFORE_MEM=$(BIN="$TOLLGATE_BENCH_AGAINST" gateway before-memory "" "$ALL_SIX")
+  BEFORE_RED=$(BIN="$TOLLGATE_BENCH_AGAINST" gateway before-redis \
+    "$(printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\nprefix = "before"\n' "$REDIS")" "$ALL_SIX")
+  BEFORE_SLI=$(BIN="$TOLLGATE_BENCH_AGAINST" gateway before-sliced "$(sliced_store_toml "$REDIS" before-sliced)" "$ALL_SIX")
+  TARGETS+=("before-memory $BEFORE_MEM" "before-redis $BEFORE_RED" "before-sliced $BEFORE_SLI")
+fi
 if [ "${TOLLGATE_BENCH_LEDGER:-0}" = 1 ]; then
   start_postgres
   LGR=$(gateway ledger-redis "$(redis_store_toml "$REDIS")
@@ -70,7 +82,7 @@ run() { # label port -> "rps p50 p99 gateway-cpu-us-per-request redis-cpu-us-per
   # CPU per request is steadier than req/s on a shared machine: it does not depend on how much
   # of the cores the other processes took during the run.
   local gw; gw=$(cat "$tmp/pid-$1" 2>/dev/null || true)
-  local rd=""; case "$1" in redis|redis-sliced|shadow-redis|shadow-sliced|ledger-redis) rd=$REDIS_PID ;; esac
+  local rd=""; case "$1" in *redis*|*sliced*) rd=$REDIS_PID ;; esac
   local g0 r0 g1 r1 m0 m1 q0 q1; g0=$(ticks "$gw"); r0=$(ticks "$rd"); m0=$(machine); q0=$(pg_ticks "$1")
   local script=bench/post.lua; [ "$1" = operation ] && script=bench/post-operation.lua
   local out; out=$(wrk -t2 -c"$CONN" -d"${DUR}s" --latency -s "$script" "http://127.0.0.1:$2/v1/chat/completions" 2>&1)
@@ -120,7 +132,10 @@ names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-t
          ("shadow", "gateway, six controls, a shadow rule and alerts, memory store"),
          ("shadow-redis", "gateway, six controls, a shadow rule and alerts, Redis store"),
          ("shadow-sliced", "gateway, six controls, a shadow rule and alerts, Redis store with leased slices"),
-         ("ledger-redis", "gateway, six controls, Redis store, spend ledger in PostgreSQL")]
+         ("ledger-redis", "gateway, six controls, Redis store, spend ledger in PostgreSQL"),
+         ("before-memory", "the build compared with: six controls, memory store"),
+         ("before-redis", "the build compared with: six controls, Redis store"),
+         ("before-sliced", "the build compared with: six controls, Redis store with leased slices")]
 names = [(t, label) for t, label in names if t in by]
 print("| target | req/s (median) | p50 | p99 | vs pass-through (median of rounds) | per round | gateway CPU per request | Redis CPU per request | machine idle |")
 print("|---|---|---|---|---|---|---|---|---|")
@@ -134,6 +149,15 @@ for t, label in names:
           f"{100 * statistics.median(idle[t]):.0f}% |")
 # A ratio to pass-through means something only when pass-through itself had the cores busy:
 # with cores left idle, work the controls add runs on them instead of costing throughput.
+# The same targets of the build compared with, round by round: this build's req/s over its.
+pairs = [(t, "before-" + ("sliced" if t == "redis-sliced" else t)) for t in ("memory", "redis", "redis-sliced")]
+pairs = [(t, b) for t, b in pairs if t in by and b in by]
+if pairs:
+    print("\n| target | this build / the build compared with (median of rounds) | per round |")
+    print("|---|---|---|")
+    for t, b in pairs:
+        q = [rps[t][r] / rps[b][r] for r in rps[t] if r in rps[b]]
+        print(f"| {t} | {statistics.median(q):.3f}x | {' '.join(f'{x:.2f}' for x in q)} |")
 pass_idle = statistics.median(idle["pass"])
 print(f"\npass-through left {100 * pass_idle:.0f}% of the cores idle: " +
       ("saturated, the ratios are what the controls cost at saturation" if pass_idle < 0.05 else

@@ -49,9 +49,15 @@ struct Answer {
     code: String,
     retry_after_ms: Option<u64>,
     body: String,
+    replayed: bool,
 }
 
 async fn chat(app: &Router, max_tokens: u64, stream: bool) -> Answer {
+    chat_with(app, max_tokens, stream, None).await
+}
+
+/// [`chat`], with an `Idempotency-Key` when given; the answer's replay header is in `replayed`.
+async fn chat_with(app: &Router, max_tokens: u64, stream: bool, idem: Option<&str>) -> Answer {
     let body = serde_json::json!({
         "model": "gpt-4o",
         "max_tokens": max_tokens,
@@ -60,13 +66,16 @@ async fn chat(app: &Router, max_tokens: u64, stream: bool) -> Answer {
     });
     let mut req = Request::post("/v1/chat/completions")
         .header("authorization", format!("Bearer {KEY}"))
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
+        .header("content-type", "application/json");
+    if let Some(k) = idem {
+        req = req.header("idempotency-key", k);
+    }
+    let mut req = req.body(Body::from(body.to_string())).unwrap();
     req.extensions_mut()
         .insert(ConnectInfo("127.0.0.1:5000".parse::<SocketAddr>().unwrap()));
     let r = app.clone().oneshot(req).await.unwrap();
     let status = r.status().as_u16();
+    let replayed = r.headers().contains_key("x-tollgate-idempotent-replay");
     let retry_after_ms = r
         .headers()
         .get("retry-after-ms")
@@ -82,6 +91,7 @@ async fn chat(app: &Router, max_tokens: u64, stream: bool) -> Answer {
         code,
         retry_after_ms,
         body,
+        replayed,
     }
 }
 
@@ -210,4 +220,29 @@ async fn a_queued_request_waits_at_most_max_wait() {
         asked.elapsed()
     );
     assert_eq!(long.await.unwrap().status, 200);
+}
+
+/// A refused request lets go of its idempotency key: its retry after the wait is admitted and
+/// served, not answered with the refusal kept.
+#[tokio::test(start_paused = true)]
+async fn a_refused_request_lets_go_of_its_idempotency_key() {
+    let policy = "[[policy.scopes]]\nkey = \"tenant\"\nrequests = { limit = 1, window = \"1s\" }\n";
+    let (app, _sim) = app(TokioClock::at(T0), policy, SimConfig::default()).await;
+    assert_eq!(chat(&app, 5, false).await.status, 200);
+    let refused = chat_with(&app, 5, false, Some("k-1")).await;
+    assert_eq!(
+        (refused.status, refused.code.as_str()),
+        (429, "request_rate_limit")
+    );
+    advance(Duration::from_millis(
+        refused.retry_after_ms.expect("a wait"),
+    ))
+    .await;
+    let r = chat_with(&app, 5, false, Some("k-1")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!r.replayed);
+    // Answered now, the key replays that answer.
+    let again = chat_with(&app, 5, false, Some("k-1")).await;
+    assert_eq!(again.status, 200);
+    assert!(again.replayed);
 }
