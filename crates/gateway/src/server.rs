@@ -273,12 +273,12 @@ pub async fn serve_with(
 /// [`serve_with`], on the listeners in `bound` where it has them, binding the others the
 /// configuration names.
 pub async fn serve_bound(
-    gw: Gateway,
+    gw: impl Into<Shared>,
     listener: TcpListener,
     bound: Bound,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let gw = Arc::new(gw);
+    let gw: Shared = gw.into();
     // Before any listener answers, the admin API's included.
     prepare(&gw).await?;
     let cfg = gw.config();

@@ -64,7 +64,7 @@ async fn round(env: &Env, format: &str, stream: bool, op: &str) -> Reply {
         (OP, op.to_owned()),
         ("anthropic-version", "2023-06-01".to_owned()),
     ];
-    common::post(env.addr, path, &headers, body.to_string()).await
+    env.post_oneshot(path, &headers, body.to_string()).await
 }
 
 /// The operation's tool calls (settled, reserved), once nothing is reserved or after 2 s.

@@ -48,13 +48,9 @@ async fn send(env: &Env, key: Option<&str>, body: Value) -> Reply {
     if let Some(k) = key {
         headers.push(("x-api-key", k.to_owned()));
     }
-    common::post(
-        env.addr,
-        "/v1/messages",
-        &headers,
-        serde_json::to_vec(&body).unwrap(),
-    )
-    .await
+    // One request each, whose answer does not depend on the connection: no socket.
+    env.post_oneshot("/v1/messages", &headers, serde_json::to_vec(&body).unwrap())
+        .await
 }
 
 fn message(max_tokens: Option<u64>, stream: bool) -> Value {

@@ -58,7 +58,9 @@ async fn post_with(env: &Env, path: &str, headers: &[(&str, String)], body: &Val
         ("anthropic-version", "2023-06-01".to_owned()),
     ];
     h.extend(headers.iter().cloned());
-    common::post(env.addr, path, &h, serde_json::to_vec(body).unwrap()).await
+    // One request each, whose answer does not depend on the connection: no socket.
+    env.post_oneshot(path, &h, serde_json::to_vec(body).unwrap())
+        .await
 }
 
 /// Tokens (or micro-dollars) the simulator billed: input and output.

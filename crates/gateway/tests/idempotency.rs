@@ -39,7 +39,8 @@ async fn send(env: &Env, key: &str, idem: Option<&str>, body: &Value) -> Reply {
     if let Some(k) = idem {
         h.push(("idempotency-key", k.to_owned()));
     }
-    common::post(env.addr, "/v1/chat/completions", &h, body.to_string()).await
+    env.post_oneshot("/v1/chat/completions", &h, body.to_string())
+        .await
 }
 
 fn chat(max_tokens: u64, stream: bool) -> Value {

@@ -43,7 +43,8 @@ async fn send(env: &Env, key: &str, headers: &[(&str, &str)]) -> Reply {
     h.extend(headers.iter().map(|(n, v)| (*n, (*v).to_owned())));
     let body = json!({"model": "gpt-4o", "max_tokens": 10,
         "messages": [{"role": "user", "content": "next step"}]});
-    common::post(env.addr, "/v1/chat/completions", &h, body.to_string()).await
+    env.post_oneshot("/v1/chat/completions", &h, body.to_string())
+        .await
 }
 
 const OP: &str = "x-tollgate-operation";

@@ -45,6 +45,8 @@ pub struct Env {
     /// The metrics listener (`/metrics`, `/readyz`).
     pub metrics: SocketAddr,
     pub store: AnyStore,
+    /// The gateway's router, for requests sent without a socket.
+    pub router: axum::Router,
     pub _redis: Option<RedisServer>,
 }
 
@@ -62,6 +64,17 @@ pub async fn spawn_gateway_with_metrics(
     text: &str,
     upstream_key: &str,
 ) -> (SocketAddr, AnyStore, SocketAddr) {
+    let (addr, store, metrics, _) = spawn_gateway_with_router(text, upstream_key).await;
+    (addr, store, metrics)
+}
+
+/// [`spawn_gateway_with_metrics`], with the gateway's router as well, for requests sent without
+/// a socket (`Router::oneshot`). The gateway is prepared before this returns, so that the
+/// router answers as the listener would.
+pub async fn spawn_gateway_with_router(
+    text: &str,
+    upstream_key: &str,
+) -> (SocketAddr, AnyStore, SocketAddr, axum::Router) {
     let mut config = GatewayConfig::from_toml(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     config.upstreams[0].api_key = Some(upstream_key.into());
     // Bound here and handed over: a port released and bound again may be taken in between.
@@ -79,6 +92,9 @@ pub async fn spawn_gateway_with_metrics(
     if let Some(path) = records {
         gw = gw.with_records(tollgate_gateway::records::RecordSink::open(&path).unwrap());
     }
+    let gw = std::sync::Arc::new(gw);
+    tollgate_gateway::prepare(&gw).await.unwrap();
+    let router = tollgate_gateway::router(gw.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(tollgate_gateway::serve_bound(
@@ -90,7 +106,7 @@ pub async fn spawn_gateway_with_metrics(
         },
         std::future::pending(),
     ));
-    (addr, store, metrics)
+    (addr, store, metrics, router)
 }
 
 impl Env {
@@ -101,13 +117,43 @@ impl Env {
         sim: Sim,
         redis: Option<RedisServer>,
     ) -> Self {
-        let (addr, store, metrics) = spawn_gateway_with_metrics(text, upstream_key).await;
+        let (addr, store, metrics, router) = spawn_gateway_with_router(text, upstream_key).await;
         Self {
             sim,
             addr,
             metrics,
             store,
+            router,
             _redis: redis,
+        }
+    }
+
+    /// `POST {path}` with a JSON body and `headers`, through the router without a socket
+    /// (`Router::oneshot`), from a loopback peer: for a case of one request whose answer does not
+    /// depend on the connection.
+    pub async fn post_oneshot(
+        &self,
+        path: &str,
+        headers: &[(&str, String)],
+        body: impl Into<Bytes>,
+    ) -> Reply {
+        use tower::ServiceExt;
+        let mut b = hyper::Request::post(path).header("content-type", "application/json");
+        for (name, value) in headers {
+            b = b.header(*name, value.as_str());
+        }
+        let mut req = b.body(axum::body::Body::from(body.into())).unwrap();
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(SocketAddr::from((
+                [127, 0, 0, 1],
+                40_000,
+            ))));
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let (parts, body) = resp.into_parts();
+        Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
         }
     }
 }
