@@ -142,6 +142,65 @@ layouts! {
     DoneReply "done" {
         Kind "kind",
     }
+    /// A slice exchange's header (`slice_orders` in `slices_v1.lua`, op `S`): the divisor of a
+    /// grant and whether the kill switches are to be answered (0/1); then the orders, each its
+    /// kind (`r`, `l`, `b`) and its layout.
+    SliceHeader "slices" {
+        Divisor "divisor",
+        Kills "kills",
+    }
+    /// A rate slice's order: take up to `take` attempts ahead, after giving back `back` counted
+    /// in the window that started at `back_start`.
+    RateOrder "rate_order" {
+        Key "key",
+        Limit "limit",
+        Window "window",
+        Take "take",
+        Back "back",
+        BackStart "back_start",
+    }
+    /// A lease slice's order: hold `slots` slots until `ttl` from now (`create`: 0/1).
+    LeaseOrder "lease_order" {
+        Slice "slice",
+        Key "key",
+        Limit "limit",
+        Slots "slots",
+        Ttl "ttl",
+        Create "create",
+    }
+    /// A budget slice's order: charge what was settled in all since the last report, keep at
+    /// least `keep` reserved, and hold `amount` (`create`: 0/1).
+    BudgetOrder "budget_order" {
+        Slice "slice",
+        Key "key",
+        Limit "limit",
+        Unit "unit",
+        PeriodLen "period_len",
+        Label "label",
+        PeriodId "period_id",
+        Amount "amount",
+        Keep "keep",
+        Settled "settled",
+        Ttl "ttl",
+        Create "create",
+    }
+    /// A rate order's answer: what was granted and the window after it.
+    RateGrant "rate_grant" {
+        Granted "granted",
+        Start "start",
+        Current "current",
+        Previous "previous",
+    }
+    /// A lease order's answer: the slots the slice holds and the scope's leases held in all.
+    LeaseGrant "lease_grant" {
+        Slots "slots",
+        Held "held",
+    }
+    /// A budget order's answer: the slice's amount and the scope's committed total.
+    BudgetGrant "budget_grant" {
+        Amount "amount",
+        Committed "committed",
+    }
     /// A settlement or a release (`finish_one`).
     Finish "finish" {
         Id "id",

@@ -4,13 +4,19 @@
 use redis::Value;
 use tollgate_core::ledger::RateWindow;
 use tollgate_core::policy::Unit;
-use tollgate_core::slices::{Exchange, Exchanged, Granted, Order};
+use tollgate_core::slices::{
+    BudgetOrder as BudgetOrderOf, Exchange, Exchanged, Granted, LeaseOrder as LeaseOrderOf, Order,
+    RateOrder as RateOrderOf,
+};
 use tollgate_core::{SliceSource, StoreError};
 
 use crate::RedisStore;
 use crate::batch::{is_lost, is_uninitialised};
+use crate::contract::{
+    BudgetGrant, BudgetOrder, LeaseGrant, LeaseOrder, RateGrant, RateOrder, SliceHeader,
+};
 use crate::decode::{int, items, text};
-use crate::encode::{Invocation, period_arg};
+use crate::encode::{Invocation, Strs, period_arg};
 
 /// Every reply kind of a slice item: its own, and a slice the store no longer holds.
 pub const SLICE_REPLIES: [&str; 2] = ["sliced", "gone"];
@@ -38,49 +44,81 @@ fn scope_of(o: &Order) -> &str {
 pub fn slice_invocation(prefix: &str, divisor: u64, kills: bool, orders: &[&Order]) -> Invocation {
     let mut inv = Invocation::default();
     let (keys, args) = (&mut inv.keys, &mut inv.args);
-    args.push_num(divisor.max(1));
-    args.push_flag(kills);
+    for field in SliceHeader::ALL {
+        match field {
+            SliceHeader::Divisor => args.push_num(divisor.max(1)),
+            SliceHeader::Kills => args.push_flag(kills),
+        }
+    }
     for o in orders {
         match o {
             Order::Rate(r) => {
                 keys.push_key(prefix, "r", &r.scope);
                 args.push("r");
-                args.push_key(prefix, "r", &r.scope);
-                for n in [r.limit, r.window_ms, r.take, r.back, r.back_start] {
-                    args.push_num(n);
-                }
+                rate_order(prefix, r, args);
             }
             Order::Lease(l) => {
                 keys.push_key(prefix, "l", &l.scope);
                 keys.push_key(prefix, "ts", &l.slice);
                 args.push("l");
-                args.push(&l.slice);
-                args.push_key(prefix, "l", &l.scope);
-                for n in [l.limit, l.slots, l.ttl_ms] {
-                    args.push_num(n);
-                }
-                args.push_flag(l.create);
+                lease_order(prefix, l, args);
             }
             Order::Budget(b) => {
                 keys.push_key(prefix, "b", &b.scope);
                 keys.push_key(prefix, "ts", &b.slice);
-                let (len, label) = period_arg(b.period);
                 args.push("b");
-                args.push(&b.slice);
-                args.push_key(prefix, "b", &b.scope);
-                args.push_num(b.limit);
-                args.push(unit_arg(b.unit));
-                args.push_num(len);
-                args.push(&label);
-                for n in [b.period_id, b.amount, b.keep, b.settled, b.ttl_ms] {
-                    args.push_num(n);
-                }
-                args.push_flag(b.create);
+                budget_order(prefix, b, args);
             }
         }
     }
     keys.push(&format!("{prefix}:x"));
     inv
+}
+
+fn rate_order(prefix: &str, r: &RateOrderOf, args: &mut Strs) {
+    for field in RateOrder::ALL {
+        match field {
+            RateOrder::Key => args.push_key(prefix, "r", &r.scope),
+            RateOrder::Limit => args.push_num(r.limit),
+            RateOrder::Window => args.push_num(r.window_ms),
+            RateOrder::Take => args.push_num(r.take),
+            RateOrder::Back => args.push_num(r.back),
+            RateOrder::BackStart => args.push_num(r.back_start),
+        }
+    }
+}
+
+fn lease_order(prefix: &str, l: &LeaseOrderOf, args: &mut Strs) {
+    for field in LeaseOrder::ALL {
+        match field {
+            LeaseOrder::Slice => args.push(&l.slice),
+            LeaseOrder::Key => args.push_key(prefix, "l", &l.scope),
+            LeaseOrder::Limit => args.push_num(l.limit),
+            LeaseOrder::Slots => args.push_num(l.slots),
+            LeaseOrder::Ttl => args.push_num(l.ttl_ms),
+            LeaseOrder::Create => args.push_flag(l.create),
+        }
+    }
+}
+
+fn budget_order(prefix: &str, b: &BudgetOrderOf, args: &mut Strs) {
+    let (len, label) = period_arg(b.period);
+    for field in BudgetOrder::ALL {
+        match field {
+            BudgetOrder::Slice => args.push(&b.slice),
+            BudgetOrder::Key => args.push_key(prefix, "b", &b.scope),
+            BudgetOrder::Limit => args.push_num(b.limit),
+            BudgetOrder::Unit => args.push(unit_arg(b.unit)),
+            BudgetOrder::PeriodLen => args.push_num(len),
+            BudgetOrder::Label => args.push(&label),
+            BudgetOrder::PeriodId => args.push_num(b.period_id),
+            BudgetOrder::Amount => args.push_num(b.amount),
+            BudgetOrder::Keep => args.push_num(b.keep),
+            BudgetOrder::Settled => args.push_num(b.settled),
+            BudgetOrder::Ttl => args.push_num(b.ttl_ms),
+            BudgetOrder::Create => args.push_flag(b.create),
+        }
+    }
 }
 
 fn count(v: &Value) -> Result<u64, StoreError> {
@@ -100,20 +138,20 @@ fn granted(o: &Order, v: Value) -> Result<Granted, StoreError> {
     };
     Ok(match o {
         Order::Rate(_) => Granted::Rate {
-            granted: n(0)?,
+            granted: n(RateGrant::Granted.at())?,
             window: RateWindow {
-                start: n(1)?,
-                current: n(2)?,
-                previous: n(3)?,
+                start: n(RateGrant::Start.at())?,
+                current: n(RateGrant::Current.at())?,
+                previous: n(RateGrant::Previous.at())?,
             },
         },
         Order::Lease(_) => Granted::Lease {
-            slots: n(0)?,
-            held: n(1)?,
+            slots: n(LeaseGrant::Slots.at())?,
+            held: n(LeaseGrant::Held.at())?,
         },
         Order::Budget(_) => Granted::Budget {
-            amount: n(0)?,
-            committed: n(1)?,
+            amount: n(BudgetGrant::Amount.at())?,
+            committed: n(BudgetGrant::Committed.at())?,
         },
     })
 }

@@ -369,6 +369,7 @@ fn every_contract_field_is_read_by_name() {
         LEDGER_SOURCES.concat(),
         include_str!("lua/batch_v5.lua").to_owned(),
         include_str!("lua/renew_v4.lua").to_owned(),
+        include_str!("lua/slices_v1.lua").to_owned(),
     ]
     .concat();
     for (layout, fields) in crate::contract::LAYOUTS {

@@ -11,13 +11,14 @@ local function share(free, divisor)
   return math.max(1, math.floor(free / divisor))
 end
 
--- Rate: A[a..]: key, limit, window, take, back, back_start. Gives back `back` attempts counted
--- ahead in the window that started at back_start (or in it as the previous window), then counts
--- up to `take` more ahead. Returns {granted, start, current, previous} and the next index.
+-- Rate: A[a..]: the `rate_order` layout of crates/redis/src/contract.rs. Gives back `back`
+-- attempts counted ahead in the window that started at back_start (or in it as the previous
+-- window), then counts up to `take` more ahead. Returns a `rate_grant` and the next index.
 local function rate_order(A, a, now, divisor)
-  local key, limit, window_arg = A[a], tonumber(A[a + 1]), A[a + 2]
-  local window, take, back, back_start =
-    tonumber(window_arg), tonumber(A[a + 3]), tonumber(A[a + 4]), tonumber(A[a + 5])
+  local key, limit = A[a + @rate_order.key], tonumber(A[a + @rate_order.limit])
+  local window_arg = A[a + @rate_order.window]
+  local window, take = tonumber(window_arg), tonumber(A[a + @rate_order.take])
+  local back, back_start = tonumber(A[a + @rate_order.back]), tonumber(A[a + @rate_order.back_start])
   local h = redis.call('HMGET', key, 's', 'c', 'p', 'w')
   local w = {tonumber(h[1] or '0'), tonumber(h[2] or '0'), tonumber(h[3] or '0')}
   if h[4] and h[4] ~= window_arg then w = {0, 0, 0} end
@@ -35,7 +36,24 @@ local function rate_order(A, a, now, divisor)
   w[2] = math.min(w[2] + granted, 2147483648)
   redis.call('HSET', key, 's', int(w[1]), 'c', int(w[2]), 'p', int(w[3]), 'w', window_arg)
   if w[1] ~= start0 or not h[1] then redis.call('PEXPIRE', key, int(2 * window + 1000)) end
-  return {granted, w[1], w[2], w[3]}, a + 6
+  local r = {}
+  r[@rate_grant.granted + 1], r[@rate_grant.start + 1] = granted, w[1]
+  r[@rate_grant.current + 1], r[@rate_grant.previous + 1] = w[2], w[3]
+  return r, a + @rate_order#
+end
+
+-- A lease order's answer.
+local function lease_grant(slots, held)
+  local r = {}
+  r[@lease_grant.slots + 1], r[@lease_grant.held + 1] = slots, held
+  return r
+end
+
+-- A budget order's answer.
+local function budget_grant(amount, committed)
+  local r = {}
+  r[@budget_grant.amount + 1], r[@budget_grant.committed + 1] = amount, committed
+  return r
 end
 
 -- The ticket of slice `id` (its array), or nil and whether it ended ('gone') or never was.
@@ -64,16 +82,17 @@ local function keep_slice(id, v, empty, now, ttl, retention)
   return exp
 end
 
--- Slots: A[a..]: slice id, key, limit, slots wanted, ttl, create (0/1). Returns {slots, held}
--- or {'gone'}, and the next index.
+-- Slots: A[a..]: the `lease_order` layout. Returns a `lease_grant` or {'gone'}, and the next
+-- index.
 local function lease_order(A, a, now, divisor, retention)
-  local id, key, limit, want = A[a], A[a + 1], tonumber(A[a + 2]), tonumber(A[a + 3])
-  local ttl, create = tonumber(A[a + 4]), A[a + 5] == '1'
+  local id, key = A[a + @lease_order.slice], A[a + @lease_order.key]
+  local limit, want = tonumber(A[a + @lease_order.limit]), tonumber(A[a + @lease_order.slots])
+  local ttl, create = tonumber(A[a + @lease_order.ttl]), A[a + @lease_order.create] == '1'
   local v, ended = slice_ticket(id)
   local count = function() return redis.call('ZCOUNT', key, '-inf', '(+inf') end
   if not v then
-    if ended or not create then return {'gone'}, a + 6 end
-    if want == 0 then return {0, count()}, a + 6 end
+    if ended or not create then return {'gone'}, a + @lease_order# end
+    if want == 0 then return lease_grant(0, count()), a + @lease_order# end
     v = {'~L', key, '0'}
   end
   local n = tonumber(v[3])
@@ -107,19 +126,20 @@ local function lease_order(A, a, now, divisor, retention)
   end
   v[3] = int(n)
   keep_slice(id, v, n == 0, now, ttl, retention)
-  return {n, count()}, a + 6
+  return lease_grant(n, count()), a + @lease_order#
 end
 
--- A budget slice: A[a..]: slice id, key, limit, unit, period length, label, period id, amount
--- wanted, keep, settled in all, ttl, create (0/1). Charges what was settled since the last
+-- A budget slice: A[a..]: the `budget_order` layout. Charges what was settled since the last
 -- report, keeps at least `keep` reserved, then sets the reservation to the amount wanted (more
--- only in the period containing now). Returns {amount, committed} or {'gone'}, and the next
--- index.
+-- only in the period containing now). Returns a `budget_grant` or {'gone'}, and the next index.
 local function budget_order(A, a, now, divisor, retention)
-  local id, key, limit, unit = A[a], A[a + 1], tonumber(A[a + 2]), A[a + 3]
-  local len, label, pid = tonumber(A[a + 4]), A[a + 5], A[a + 6]
-  local want, keep, settled = tonumber(A[a + 7]), tonumber(A[a + 8]), tonumber(A[a + 9])
-  local ttl, create = tonumber(A[a + 10]), A[a + 11] == '1'
+  local id, key = A[a + @budget_order.slice], A[a + @budget_order.key]
+  local limit, unit = tonumber(A[a + @budget_order.limit]), A[a + @budget_order.unit]
+  local len_arg, label, pid = A[a + @budget_order.period_len], A[a + @budget_order.label], A[a + @budget_order.period_id]
+  local len = tonumber(len_arg)
+  local want, keep = tonumber(A[a + @budget_order.amount]), tonumber(A[a + @budget_order.keep])
+  local settled = tonumber(A[a + @budget_order.settled])
+  local ttl, create = tonumber(A[a + @budget_order.ttl]), A[a + @budget_order.create] == '1'
   local field = label .. '@' .. pid
   local cur_pid, _, pend = period_at(len, now)
   local current = int(cur_pid) == pid
@@ -129,9 +149,9 @@ local function budget_order(A, a, now, divisor, retention)
   end
   local v, ended = slice_ticket(id)
   if not v then
-    if ended or not create then return {'gone'}, a + 12 end
+    if ended or not create then return {'gone'}, a + @budget_order# end
     if not (current and want > 0 or keep > 0 or settled > 0) then
-      return {0, committed()}, a + 12
+      return budget_grant(0, committed()), a + @budget_order#
     end
     if current and redis.call('HGET', key, 'cur') ~= field then
       -- A new period, as an admission begins one (see take_budgets).
@@ -141,7 +161,7 @@ local function budget_order(A, a, now, divisor, retention)
       end
       redis.call('HSET', key, 'cur', field)
     end
-    v = {'~B', key, field, unit, '0', '0', A[a + 4], label}
+    v = {'~B', key, field, unit, '0', '0', len_arg, label}
   end
   local amount, reported = tonumber(v[5]), tonumber(v[6])
   -- Charged in full even beyond the reservation, as a request's settlement is.
@@ -175,20 +195,20 @@ local function budget_order(A, a, now, divisor, retention)
   end
   v[5], v[6] = int(amount), int(reported + delta)
   keep_slice(id, v, amount == 0, now, ttl, retention)
-  return {amount, committed()}, a + 12
+  return budget_grant(amount, committed()), a + @budget_order#
 end
 
--- One instance's orders (op 'S'). A[a..]: divisor, whether to answer the kill switches (0/1),
--- then orders, each its kind ('r' rate, 'l' slots, 'b' budget) and its arguments. Returns
+-- One instance's orders (op 'S'). A[a..]: the `slices` layout, then orders, each its kind ('r'
+-- rate, 'l' slots, 'b' budget) and its layout. Returns
 -- {'sliced', now, clock, kill switches (target, reason, ...), then one reply per order}.
 local function slice_orders(A, a, stop, now, clock, retention)
   -- Keys read or written directly below: what earlier items left pending is written first,
   -- and the later ones read them again.
   flush(true)
-  local divisor, kills = math.max(tonumber(A[a]), 1), {}
-  if A[a + 1] == '1' then kills = redis.call('HGETALL', PREFIX .. ':kill') end
+  local divisor, kills = math.max(tonumber(A[a + @slices.divisor]), 1), {}
+  if A[a + @slices.kills] == '1' then kills = redis.call('HGETALL', PREFIX .. ':kill') end
   local out = {'sliced', now, clock, kills}
-  local i = a + 2
+  local i = a + @slices#
   while i < stop do
     local kind, reply = A[i], nil
     if kind == 'r' then
