@@ -98,11 +98,6 @@ fn pings_at(addr: &Addr) -> bool {
     s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
-/// Whether `127.0.0.1:port` answers PING.
-pub fn pings(port: u16) -> bool {
-    pings_at(&Addr::Tcp(port))
-}
-
 impl RedisServer {
     /// Starts a server on a Unix socket of its own; panics (test code) if `redis-server` is
     /// missing.
