@@ -141,7 +141,7 @@ async fn task_loop(
         let t0 = now_ns();
         let d = store.admit(&p).await;
         let t1 = now_ns();
-        let amounts: Vec<u64> = p.budget.iter().map(|b| b.amount).collect();
+        let amounts: Vec<u64> = p.reserves().map(|(_, b)| b.amount).collect();
         match d {
             Ok(Decision::Admit(_)) => {
                 lines.push(json!({"op": "admit", "id": id, "t0": t0, "t1": t1, "result": "admit", "amounts": amounts}).to_string());

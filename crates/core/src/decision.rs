@@ -82,6 +82,13 @@ impl Reason {
         )
     }
 
+    /// Whether an admission reports this control's state as a quota (`RateLimit` headers):
+    /// the limits a client can wait on are the ones it plans against; a repeat counter of one
+    /// request's own is not one.
+    pub fn reports_quota(self) -> bool {
+        self.is_retryable()
+    }
+
     /// Position in the fixed order (0-based); also the numeric code in store scripts.
     pub fn index(self) -> usize {
         self as usize
@@ -120,8 +127,8 @@ pub struct Deny {
 pub struct Quota {
     /// The control.
     pub reason: Reason,
-    /// Which check of its control: the index in the plan's `rate`, `concurrency` or `budget`
-    /// list, by `reason` ([`crate::Plan::scope_of`] finds its scope). An index, not the scope
+    /// Which check of the plan: its place in the plan's `checks` ([`crate::Plan::scope_of`]
+    /// finds its scope). An index, not the scope
     /// key: cloning a shared key into every quota costs two atomic operations each.
     pub check: usize,
     /// The limit.

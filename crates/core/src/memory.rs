@@ -258,9 +258,7 @@ impl<C: Clock> MemoryStore<C> {
         // Allocated before locking (wasted on a refusal, which is the rarer case).
         let fresh = Fresh {
             id: Id::new(&plan.request_id),
-            quotas: Vec::with_capacity(
-                plan.rate.len() + plan.concurrency.len() + plan.budget.len(),
-            ),
+            quotas: Vec::with_capacity(plan.checks.len()),
         };
         let (mut st, now) = self.lock()?;
         st.admit(plan, now, fresh)
@@ -274,9 +272,7 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<(Decision, ShadowOutcome), StoreError> {
         let fresh = Fresh {
             id: Id::new(&plan.request_id),
-            quotas: Vec::with_capacity(
-                plan.rate.len() + plan.concurrency.len() + plan.budget.len(),
-            ),
+            quotas: Vec::with_capacity(plan.checks.len()),
         };
         let (mut st, now) = self.lock()?;
         st.admit_shadowed(plan, shadow, now, fresh)

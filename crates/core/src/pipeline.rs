@@ -1,9 +1,11 @@
 //! The admission pipeline, pure: from a request's facts and the policy to a [`Plan`] that a
 //! store carries out in one atomic step.
 //!
-//! Order: request rate → input tokens → output-token cap → total tokens → concurrency → budget.
-//! The three token controls need no state, so they are decided here; the store counts the
-//! attempt in every rate scope first and reports a rate denial ahead of them, as the order says.
+//! A plan is an ordered list of [`Check`]s, one per control and scope, in the controls' fixed
+//! order (request rate → input tokens → output-token cap → total tokens → concurrency →
+//! budget → tool calls → loops; [`crate::controls::checks`]). The three token controls need no
+//! state, so they are decided here, as verdicts at their place; the store counts every count
+//! first and reports a rate denial ahead of them, as the order says.
 
 use crate::decision::{Deny, Reason};
 use crate::ledger::Usage;
@@ -40,7 +42,7 @@ pub struct RequestFacts {
     pub price_tier: Option<String>,
 }
 
-pub use crate::controls::{BudgetCheck, ConcurrencyCheck, RateCheck};
+pub use crate::controls::{BudgetCheck, Check, ConcurrencyCheck, Kind, RateCheck};
 
 /// Everything a store needs to decide one request atomically.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,20 +55,12 @@ pub struct Plan {
     pub input_tokens: u64,
     /// The output cap granted (after defaults and clamping).
     pub max_output_tokens: u64,
-    /// Rate checks, in policy order.
-    pub rate: Vec<RateCheck>,
-    /// The first failing token control, decided without state.
-    pub token_verdict: Option<Deny>,
-    /// Concurrency checks, in policy order.
-    pub concurrency: Vec<ConcurrencyCheck>,
-    /// Budget checks, in policy order, then tool-call checks in policy order.
-    pub budget: Vec<BudgetCheck>,
-    /// Repeats of this request, counted like attempts in every loop-detecting scope but
-    /// refused only after the budgets passed.
-    pub repeats: Vec<RateCheck>,
-    /// The first loop-detecting scope whose limit the history's tool calls exceed, decided
-    /// without state and reported after the repeats.
-    pub loop_verdict: Option<Deny>,
+    /// The checks, in the controls' order: a store counts every count, then walks them in
+    /// this order to the first refusal, then takes the leases and reservations.
+    pub checks: Vec<Check>,
+    /// The attempt was counted in this plan's counts already (by an instance's slices): a
+    /// store leaves them out, and they neither refuse nor report a quota.
+    pub attempt_counted: bool,
     /// How long leases and reservation live without renewal.
     pub ttl_ms: u64,
     /// The model's price, when any budget is in money.
@@ -159,15 +153,107 @@ impl Plan {
     /// The scope of a quota this plan's admission answered (`None` for a quota of another plan
     /// whose index is out of range here).
     pub fn scope_of(&self, q: &crate::decision::Quota) -> Option<&ScopeKey> {
-        match q.reason {
-            Reason::RequestRateLimit => self.rate.get(q.check).map(|c| &c.scope),
-            Reason::ConcurrencyLimit => self.concurrency.get(q.check).map(|c| &c.scope),
-            Reason::BudgetLimit | Reason::ToolCallLimit => {
-                self.budget.get(q.check).map(|c| &c.scope)
-            }
-            Reason::LoopDetected => self.repeats.get(q.check).map(|c| &c.scope),
-            Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => None,
+        self.checks.get(q.check).and_then(Check::scope)
+    }
+
+    /// The counts, with their places in the plan and their reasons.
+    pub fn counts(&self) -> impl Iterator<Item = (usize, Reason, &RateCheck)> + '_ {
+        self.checks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match &c.kind {
+                Kind::Count(r) => Some((i, c.reason, r)),
+                _ => None,
+            })
+    }
+
+    /// The leases, with their places in the plan.
+    pub fn leases(&self) -> impl Iterator<Item = (usize, &ConcurrencyCheck)> + '_ {
+        self.checks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match &c.kind {
+                Kind::Lease(l) => Some((i, l)),
+                _ => None,
+            })
+    }
+
+    /// The reservations, with their places in the plan.
+    pub fn reserves(&self) -> impl Iterator<Item = (usize, &BudgetCheck)> + '_ {
+        self.checks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match &c.kind {
+                Kind::Reserve(b) => Some((i, b)),
+                _ => None,
+            })
+    }
+
+    /// The counts, to change (limits set at run time).
+    pub fn counts_mut(&mut self) -> impl Iterator<Item = &mut RateCheck> + '_ {
+        self.checks.iter_mut().filter_map(|c| match &mut c.kind {
+            Kind::Count(r) => Some(r),
+            _ => None,
+        })
+    }
+
+    /// The leases, to change.
+    pub fn leases_mut(&mut self) -> impl Iterator<Item = &mut ConcurrencyCheck> + '_ {
+        self.checks.iter_mut().filter_map(|c| match &mut c.kind {
+            Kind::Lease(l) => Some(l),
+            _ => None,
+        })
+    }
+
+    /// The reservations, to change.
+    pub fn reserves_mut(&mut self) -> impl Iterator<Item = &mut BudgetCheck> + '_ {
+        self.checks.iter_mut().filter_map(|c| match &mut c.kind {
+            Kind::Reserve(b) => Some(b),
+            _ => None,
+        })
+    }
+
+    /// The scopes of the plan's stateful checks, in order.
+    pub fn scopes(&self) -> impl Iterator<Item = &ScopeKey> + '_ {
+        self.checks.iter().filter_map(Check::scope)
+    }
+
+    /// The lease at place `i`, if that check is one.
+    pub fn lease_at(&self, i: usize) -> Option<&ConcurrencyCheck> {
+        match self.checks.get(i).map(|c| &c.kind) {
+            Some(Kind::Lease(l)) => Some(l),
+            _ => None,
         }
+    }
+
+    /// The reservation at place `i`, if that check is one.
+    pub fn reserve_at(&self, i: usize) -> Option<&BudgetCheck> {
+        match self.checks.get(i).map(|c| &c.kind) {
+            Some(Kind::Reserve(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// How many leases and reservations an admission takes.
+    pub fn holds(&self) -> usize {
+        self.checks
+            .iter()
+            .filter(|c| matches!(c.kind, Kind::Lease(_) | Kind::Reserve(_)))
+            .count()
+    }
+
+    /// The first verdict of the plan, when it has one a gateway may give without its store:
+    /// a stateless control's always, a stateful one's only when the plan may fail open.
+    pub fn verdict_without_store(&self) -> Option<&Deny> {
+        self.checks.iter().find_map(|c| match &c.kind {
+            Kind::Verdict(d) if !c.reason.is_stateful() || self.fail_open => Some(d),
+            _ => None,
+        })
+    }
+
+    /// Leaves out every check of control `reason`.
+    pub fn exempt(&mut self, reason: Reason) {
+        self.checks.retain(|c| c.reason != reason);
     }
 }
 
@@ -210,24 +296,21 @@ pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
 /// checks out of the request's plan: each attempt is counted once.
 pub fn rate_plan(policy: &Policy, facts: &RequestFacts) -> Plan {
     let scopes = matched_scopes(policy, facts);
-    let rate: Vec<RateCheck> = scopes
+    let rules: Vec<_> = scopes
         .iter()
         .filter(|(i, _)| !policy.scopes[*i].shadow)
-        .filter_map(|(i, k)| rate::plan(&policy.scopes[*i], k))
+        .map(|(i, k)| (&policy.scopes[*i], k))
         .collect();
+    let checks = crate::controls::rate_checks(&rules);
     Plan {
-        fail_open: rate.is_empty() || policy.fail_open.contains(&Reason::RequestRateLimit),
+        fail_open: fails_open(policy, &checks),
         kill_targets: KillTargets::of(&facts.identity),
         request_id: facts.request_id.clone(),
         policy_version: policy.version.clone(),
         input_tokens: 0,
         max_output_tokens: 0,
-        rate,
-        token_verdict: None,
-        concurrency: Vec::new(),
-        budget: Vec::new(),
-        repeats: Vec::new(),
-        loop_verdict: None,
+        checks,
+        attempt_counted: false,
         ttl_ms: policy.reservation_ttl.get(),
         price: None,
         expired_usage: Usage::default(),
@@ -305,19 +388,13 @@ fn build(
     granted: u64,
     id_suffix: &str,
 ) -> Result<Plan, PlanError> {
-    let rules = scopes.iter().map(|(i, k)| (&policy.scopes[*i], k));
-    let rate: Vec<RateCheck> = rules
-        .clone()
-        .filter_map(|(r, k)| rate::plan(r, k))
+    let rules: Vec<_> = scopes
+        .iter()
+        .map(|(i, k)| (&policy.scopes[*i], k))
         .collect();
     let input = facts.input_tokens;
-    let token_verdict = tokens::verdict(rules.clone(), input, granted);
-    let concurrency: Vec<ConcurrencyCheck> = rules
-        .clone()
-        .filter_map(|(r, k)| concurrency::plan(r, k))
-        .collect();
     let ttl_ms = rules
-        .clone()
+        .iter()
         .filter_map(|(r, _)| concurrency::lease_ttl_ms(r))
         .min()
         .unwrap_or(policy.reservation_ttl.get());
@@ -339,52 +416,46 @@ fn build(
         cache_write_1h_tokens: facts.cache_write_tokens.min(input),
         tool_calls: 0,
     };
-    let pricing = budget::Pricing {
-        model,
-        tier,
-        price,
-        estimate: &estimate,
-    };
-    let mut budget = Vec::new();
-    for (r, k) in rules.clone() {
-        budget.extend(budget::plan(r, k, pricing)?);
-    }
-    // Tool calls after every budget, as their control comes after the budget's.
-    budget.extend(rules.clone().filter_map(|(r, k)| tool_calls::plan(r, k)));
-    let repeats: Vec<RateCheck> = rules
-        .clone()
-        .filter_map(|(r, k)| loops::plan(r, k, facts.fingerprint))
-        .collect();
-    let loop_verdict = rules
-        .clone()
-        .find_map(|(r, k)| loops::history_verdict(r, k, facts.tool_call_repeats));
+    let checks = crate::controls::checks(crate::controls::Inputs {
+        rules: &rules,
+        input,
+        granted,
+        pricing: budget::Pricing {
+            model,
+            tier,
+            price,
+            estimate: &estimate,
+        },
+        fingerprint: facts.fingerprint,
+        tool_call_repeats: facts.tool_call_repeats,
+    })?;
     // Made at its length: a suffix pushed onto a copy moved it once more.
     let request_id = match id_suffix {
         "" => facts.request_id.clone(),
         s => [facts.request_id.as_str(), s].concat(),
     };
-    let open = |r: Reason| policy.fail_open.contains(&r);
-    let fail_open = (rate.is_empty() || open(Reason::RequestRateLimit))
-        && (concurrency.is_empty() || open(Reason::ConcurrencyLimit))
-        && budget.iter().all(|b| open(b.unit.reason()))
-        && (repeats.is_empty() && loop_verdict.is_none() || open(Reason::LoopDetected));
     Ok(Plan {
-        fail_open,
+        fail_open: fails_open(policy, &checks),
         kill_targets: KillTargets::default(),
         request_id,
         policy_version: policy.version.clone(),
         input_tokens: input,
         max_output_tokens: granted,
-        rate,
-        token_verdict,
-        concurrency,
-        budget,
-        repeats,
-        loop_verdict,
+        checks,
+        attempt_counted: false,
         ttl_ms,
         price,
         expired_usage: expired_usage(policy, estimate),
     })
+}
+
+/// Whether every check the store decides may fail open, as the policy says (a stateless
+/// verdict is given without the store).
+fn fails_open(policy: &Policy, checks: &[Check]) -> bool {
+    checks
+        .iter()
+        .filter(|c| c.reason.is_stateful())
+        .all(|c| policy.fail_open.contains(&c.reason))
 }
 
 /// A rule a request falls under, by index, with the scope it puts the request in.
@@ -457,7 +528,7 @@ pub fn charge(unit: Unit, price: Option<Price>, usage: &Usage) -> u64 {
 }
 
 mod checks;
-use crate::controls::{budget, concurrency, loops, rate, tokens, tool_calls};
+use crate::controls::{budget, concurrency};
 use checks::expired_usage;
 
 #[cfg(test)]

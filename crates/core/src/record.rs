@@ -259,7 +259,7 @@ impl DecisionRecord {
             max_output_tokens: plan.max_output_tokens,
             estimated_tokens: plan.estimate_tokens(),
             reserved: match decision {
-                Decision::Admit(_) => plan.budget.iter().map(|b| b.amount).collect(),
+                Decision::Admit(_) => plan.reserves().map(|(_, b)| b.amount).collect(),
                 _ => Vec::new(),
             },
             settled: None,

@@ -362,8 +362,8 @@ impl<S: Store> CaseRun<'_, S> {
         // Budget accounting against the fixture's policy, on both paths.
         let scopes: Vec<(String, u64)> = plan(self.accounting, facts)
             .map(|ap| {
-                ap.budget
-                    .iter()
+                ap.reserves()
+                    .map(|(_, b)| b)
                     .filter(|b| b.unit == Unit::Tokens)
                     .map(|b| (b.scope.id().to_owned(), b.limit))
                     .collect()

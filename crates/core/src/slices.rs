@@ -403,6 +403,7 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
         }
         if let (Some(q), Decision::Admit(a)) = (counted, &mut d) {
             a.quotas.splice(0..0, q);
+            a.quotas.sort_by_key(|q| q.check);
         }
         Ok((d, o))
     }
@@ -434,7 +435,7 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
     ) -> Result<(Decision, Option<ShadowOutcome>), StoreError> {
         let strip = |p: &Plan| {
             let mut p = p.clone();
-            p.rate.clear();
+            p.attempt_counted = true;
             p
         };
         let (p, s);

@@ -86,14 +86,14 @@ impl Alerts {
     /// Looks at a decision for thresholds reached and budgets exhausted, of rules with
     /// `alert_at`; claims each new one in `store` in the background.
     pub fn observe<S: Store + Clone + 'static>(&self, store: &S, p: &Plan, d: &Decision) {
-        if p.budget.iter().all(|b| b.alert_at.is_empty()) {
+        if p.reserves().all(|(_, b)| b.alert_at.is_empty()) {
             return;
         }
         let now = SystemClock.now();
         match d {
             Decision::Admit(a) => {
                 for q in a.quotas.iter().filter(|q| q.reason == Reason::BudgetLimit) {
-                    let Some(b) = p.budget.get(q.check) else {
+                    let Some(b) = p.reserve_at(q.check) else {
                         continue;
                     };
                     let committed = q.limit.saturating_sub(q.remaining);
@@ -105,7 +105,7 @@ impl Alerts {
                 }
             }
             Decision::Deny(x) if x.reason == Reason::BudgetLimit => {
-                if let Some(i) = p.budget.iter().position(|b| b.scope == x.scope) {
+                if let Some((i, _)) = p.reserves().find(|(_, b)| b.scope == x.scope) {
                     let event = json!({"event": "budget_exhausted", "requested": x.requested,
                         "remaining": x.remaining});
                     self.once(store, p, i, now, "exhausted".into(), event);
@@ -115,7 +115,7 @@ impl Alerts {
         }
     }
 
-    /// Claims `what` of budget check `i` of `p` for its current period, and sends `event` if
+    /// Claims `what` of the budget at place `i` of `p` for its current period, and sends `event` if
     /// this instance's claim is the one that lands.
     fn once<S: Store + Clone + 'static>(
         &self,
@@ -126,7 +126,7 @@ impl Alerts {
         what: String,
         mut event: Value,
     ) {
-        let Some(b) = p.budget.get(i) else { return };
+        let Some(b) = p.reserve_at(i) else { return };
         if b.alert_at.is_empty() {
             return;
         }

@@ -178,9 +178,8 @@ impl Books {
         Booking {
             books: self.clone(),
             cells: p
-                .budget
-                .iter()
-                .map(|b| (b.scope.id().to_owned(), b.period, b.unit))
+                .reserves()
+                .map(|(_, b)| (b.scope.id().to_owned(), b.period, b.unit))
                 .collect(),
             facts,
             price: p.price,

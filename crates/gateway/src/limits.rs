@@ -114,7 +114,7 @@ async fn counted(
     };
     let mut p = tollgate_core::rate_plan(&cfg.policy, &facts);
     gw.overrides.apply(&mut p);
-    if p.rate.is_empty() {
+    if p.checks.is_empty() {
         return Ok(Vec::new());
     }
     match gw.store.admit(&p).await {
@@ -126,7 +126,7 @@ async fn counted(
             Ok(quotas
                 .into_iter()
                 .filter(|q| q.reason == Reason::RequestRateLimit)
-                .filter_map(|q| Some((p.rate.get(q.check)?.scope.id().to_owned(), q)))
+                .filter_map(|q| Some((p.scope_of(&q)?.id().to_owned(), q)))
                 .collect())
         }
         Ok(refused) => Err(respond::refusal(&refused)),

@@ -174,13 +174,13 @@ impl Overrides {
                 used.push(o.named());
             }
         };
-        for r in &mut plan.rate {
+        for r in plan.counts_mut() {
             set(&r.scope, Control::Requests, &mut r.limit);
         }
-        for c in &mut plan.concurrency {
+        for c in plan.leases_mut() {
             set(&c.scope, Control::Concurrency, &mut c.limit);
         }
-        for b in &mut plan.budget {
+        for b in plan.reserves_mut() {
             let control = match b.unit {
                 Unit::ToolCalls => Control::ToolCalls,
                 Unit::Tokens | Unit::MicroUsd => Control::Budget,

@@ -40,15 +40,12 @@ macro_rules! layouts {
 }
 
 layouts! {
-    /// An admission's header (`admit_one`), before its kill-switch targets and its scopes.
+    /// An admission's header (`admit_one`), before its kill-switch targets and its checks.
     Admit "admit" {
         Id "id",
         Ttl "ttl",
         Retention "retention",
-        TokenDeny "token_deny",
-        NRate "n_rate",
-        NLease "n_lease",
-        NBudget "n_budget",
+        NCheck "n_check",
         PriceInput "price_input",
         PriceCached "price_cached",
         PriceOutput "price_output",
@@ -56,30 +53,31 @@ layouts! {
         ExpiredCached "expired_cached",
         ExpiredOutput "expired_output",
         NKill "n_kill",
-        NRepeat "n_repeat",
-        LoopDeny "loop_deny",
     }
-    /// A shadow plan's header (`admit_shadowed`): its verdicts and counts, nothing for a ticket.
+    /// A shadow plan's header (`admit_shadowed`): its checks' number, nothing for a ticket.
     Shadow "shadow" {
-        TokenDeny "token_deny",
-        NRate "n_rate",
-        NLease "n_lease",
-        NBudget "n_budget",
-        NRepeat "n_repeat",
-        LoopDeny "loop_deny",
+        NCheck "n_check",
     }
-    /// A rate or repeat scope of an admission.
+    /// Each check of an admission, in the plan's order: what the store does (`r`: count,
+    /// `k`: a count already counted, `l`: lease, `b`: reserve, `v`: verdict) and the reason
+    /// it refuses with; then the kind's layout (`rate` for `r` and `k`, `lease`, `budget`;
+    /// none for a verdict).
+    Check "check" {
+        Kind "kind",
+        Reason "reason",
+    }
+    /// A count's scope.
     RateScope "rate" {
         Key "key",
         Limit "limit",
         Window "window",
     }
-    /// A concurrency scope of an admission.
+    /// A lease's scope.
     LeaseScope "lease" {
         Key "key",
         Limit "limit",
     }
-    /// A budget or tool-call scope of an admission.
+    /// A reservation's scope.
     BudgetScope "budget" {
         Key "key",
         Limit "limit",
@@ -88,9 +86,9 @@ layouts! {
         Label "label",
         Amount "amount",
     }
-    /// An admission's refusal by a control the script decides (`deny` in `ledger_v7.lua`): the
-    /// reply's kind, the control's reason code, the refusing scope's index among its control's
-    /// scopes, what is left, the wait (-1: none) and the time to the reset (-1: none).
+    /// An admission's refusal by one of its checks (`deny` in `ledger_v7.lua`): the reply's
+    /// kind, the check's reason, its place in the plan, what is left, the wait (-1: none) and
+    /// the time to the reset (-1: none).
     DenyReply "deny" {
         Kind "kind",
         Reason "reason",
@@ -100,24 +98,14 @@ layouts! {
         Reset "reset",
     }
     /// An admission's answer when it admits (`admit_one`): its kind and when its holds expire;
-    /// then one quota per scope, in the plan's order: the rates' (`rate_quota`), the leases'
-    /// (`lease_quota`), the budgets' and tool calls' (`budget_quota`).
+    /// then one `quota` per check, in the plan's order.
     AdmitReply "admitted" {
         Kind "kind",
         ExpiresAt "expires_at",
     }
-    /// What a rate scope of an admitted request has left, and the time to its reset.
-    RateQuota "rate_quota" {
-        Remaining "remaining",
-        Reset "reset",
-    }
-    /// What a concurrency scope of an admitted request has left.
-    LeaseQuota "lease_quota" {
-        Remaining "remaining",
-    }
-    /// What a budget or tool-call scope of an admitted request has left, and the time to its
-    /// period's end.
-    BudgetQuota "budget_quota" {
+    /// What a check of an admitted request has left, and the time to its window's or period's
+    /// reset (-1: none).
+    Quota "quota" {
         Remaining "remaining",
         Reset "reset",
     }

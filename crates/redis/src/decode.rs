@@ -1,30 +1,15 @@
-//! Wire decoding: the script's replies back into decisions and endings. Every reply kind and
-//! reason the script writes is named in [`ADMIT_REPLIES`], [`FINISH_REPLIES`] and
-//! [`STORE_REASONS`], which a test checks against the script's source.
+//! Wire decoding: the script's replies back into decisions and endings. Every reply kind the
+//! script writes is named in [`ADMIT_REPLIES`] and [`FINISH_REPLIES`], which a test checks
+//! against the script's source; a refusal names its check by its place in the plan.
 
 use redis::Value;
 
-use crate::contract::{
-    AdmitReply, BudgetQuota, DenyReply, DoneReply, EndedReply, KilledReply, LeaseQuota, RateQuota,
-    Renewed,
-};
-use tollgate_core::pipeline::Plan;
-use tollgate_core::{
-    Admitted, Decision, Deny, Ending, Finish, Period, Quota, Reason, Renewal, ShadowOutcome,
-    StoreError,
-};
+use crate::contract::{AdmitReply, DenyReply, DoneReply, EndedReply, KilledReply, Quota, Renewed};
+use tollgate_core::pipeline::{Kind, Plan};
+use tollgate_core::{Admitted, Decision, Ending, Finish, Renewal, ShadowOutcome, StoreError};
 
 /// Every reply kind an admission may get from the script.
-pub const ADMIT_REPLIES: [&str; 8] = [
-    "admit",
-    "deny",
-    "token",
-    "loop",
-    "dup",
-    "lost",
-    "uninitialised",
-    "killed",
-];
+pub const ADMIT_REPLIES: [&str; 6] = ["admit", "deny", "dup", "lost", "uninitialised", "killed"];
 /// The reply kinds of an admission with its shadow plan: its own (the request's reply and the
 /// shadow's follow it), and the shadow's besides a refusal.
 pub const SHADOW_REPLIES: [&str; 3] = ["shadowed", "held", "passed"];
@@ -35,16 +20,6 @@ pub const RENEW_REPLIES: [&str; 2] = ["renewed", "gone"];
 /// The other reply kinds: an undone part of a sharded admission (best effort: not read), and
 /// an item whose script step failed (its message follows).
 pub const OTHER_REPLIES: [&str; 2] = ["undone", "error"];
-/// The controls the script itself decides (the token controls are decided before it runs),
-/// named in a `deny` reply by their reason codes.
-pub const STORE_REASONS: [Reason; 5] = [
-    Reason::RequestRateLimit,
-    Reason::ConcurrencyLimit,
-    Reason::BudgetLimit,
-    Reason::ToolCallLimit,
-    Reason::LoopDetected,
-];
-
 pub(crate) fn int(v: &Value) -> Result<i64, StoreError> {
     match v {
         Value::Int(i) => Ok(*i),
@@ -89,48 +64,17 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
     match kind.as_str() {
         "admit" => {
             let expires_at = num(AdmitReply::ExpiresAt.at())?.max(0) as u64;
-            let mut quotas = Vec::new();
-            let mut i = AdmitReply::LEN;
-            for (check, r) in plan.rate.iter().enumerate() {
-                quotas.push(Quota {
-                    reason: Reason::RequestRateLimit,
-                    check,
-                    limit: r.limit,
-                    remaining: num(i + RateQuota::Remaining.at())?.max(0) as u64,
-                    window_ms: Some(r.window_ms),
-                    reset_after_ms: opt_ms(num(i + RateQuota::Reset.at())?),
-                });
-                i += RateQuota::LEN;
-            }
-            for (check, c) in plan.concurrency.iter().enumerate() {
-                quotas.push(Quota {
-                    reason: Reason::ConcurrencyLimit,
-                    check,
-                    limit: c.limit,
-                    remaining: num(i + LeaseQuota::Remaining.at())?.max(0) as u64,
-                    window_ms: None,
-                    reset_after_ms: None,
-                });
-                i += LeaseQuota::LEN;
-            }
-            for (check, b) in plan.budget.iter().enumerate() {
-                let reset = opt_ms(num(i + BudgetQuota::Reset.at())?);
-                quotas.push(Quota {
-                    reason: b.unit.reason(),
-                    check,
-                    limit: b.limit,
-                    remaining: num(i + BudgetQuota::Remaining.at())?.max(0) as u64,
-                    window_ms: match b.period {
-                        Period::Fixed(len) => Some(len),
-                        Period::CalendarMonth => {
-                            let (_, start, end) =
-                                b.period.at(expires_at.saturating_sub(plan.ttl_ms));
-                            Some(end - start)
-                        }
-                    },
-                    reset_after_ms: reset,
-                });
-                i += BudgetQuota::LEN;
+            let at = expires_at.saturating_sub(plan.ttl_ms);
+            let mut quotas = Vec::with_capacity(plan.checks.len());
+            for (i, c) in plan.checks.iter().enumerate() {
+                let counted_before = plan.attempt_counted && matches!(c.kind, Kind::Count(_));
+                if counted_before || !c.reason.reports_quota() {
+                    continue;
+                }
+                let q = AdmitReply::LEN + i * Quota::LEN;
+                let remaining = num(q + Quota::Remaining.at())?.max(0) as u64;
+                let reset = opt_ms(num(q + Quota::Reset.at())?);
+                quotas.extend(c.quota(i, remaining, reset, at));
             }
             Ok(Decision::Admit(Admitted {
                 max_output_tokens: plan.max_output_tokens,
@@ -140,16 +84,6 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
             }))
         }
         "deny" => denial(plan, &reply, num),
-        "token" => plan
-            .token_verdict
-            .clone()
-            .map(Decision::Deny)
-            .ok_or_else(|| StoreError::Protocol("token denial without a verdict".into())),
-        "loop" => plan
-            .loop_verdict
-            .clone()
-            .map(Decision::Deny)
-            .ok_or_else(|| StoreError::Protocol("loop denial without a verdict".into())),
         "dup" => Err(StoreError::DuplicateRequestId(plan.request_id.clone())),
         "lost" => Err(StoreError::StateLost),
         "uninitialised" => Err(StoreError::Uninitialised),
@@ -171,48 +105,35 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
     }
 }
 
-/// A refusal by a control the script decides, read by the contract's `deny` layout: its
-/// reason, the refusing scope (by its index among its control's scopes), what is left and the
-/// waits.
+/// A refusal by one of the plan's checks, read by the contract's `deny` layout: the check (by
+/// its place in the plan, whose reason the reply repeats), what is left and the waits.
 fn denial(
     plan: &Plan,
     reply: &[Value],
     num: impl Fn(usize) -> Result<i64, StoreError>,
 ) -> Result<Decision, StoreError> {
+    let idx = usize::try_from(num(DenyReply::Check.at())?)
+        .map_err(|_| StoreError::Protocol("bad check index".into()))?;
+    let check = plan
+        .checks
+        .get(idx)
+        .ok_or_else(|| StoreError::Protocol(format!("check index {idx} out of range")))?;
     let code = reply
         .get(DenyReply::Reason.at())
         .map(text)
         .transpose()?
         .unwrap_or_default();
-    let reason = STORE_REASONS
-        .into_iter()
-        .find(|r| r.code() == code)
-        .ok_or_else(|| StoreError::Protocol(format!("unknown reason {code:?}")))?;
-    let idx = usize::try_from(num(DenyReply::Check.at())?)
-        .map_err(|_| StoreError::Protocol("bad scope index".into()))?;
-    let missing = || StoreError::Protocol(format!("scope index {idx} out of range"));
-    let (scope, limit, requested) = match reason {
-        Reason::RequestRateLimit => plan.rate.get(idx).map(|r| (r.scope.clone(), r.limit, 1)),
-        Reason::ConcurrencyLimit => plan
-            .concurrency
-            .get(idx)
-            .map(|c| (c.scope.clone(), c.limit, 1)),
-        Reason::LoopDetected => plan.repeats.get(idx).map(|r| (r.scope.clone(), r.limit, 1)),
-        _ => plan
-            .budget
-            .get(idx)
-            .map(|b| (b.scope.clone(), b.limit, b.amount)),
+    if code != check.reason.code() {
+        return Err(StoreError::Protocol(format!(
+            "check {idx} is {}, the reply says {code:?}",
+            check.reason.code()
+        )));
     }
-    .ok_or_else(missing)?;
-    Ok(Decision::Deny(Deny {
-        reason,
-        scope,
-        limit,
-        remaining: num(DenyReply::Remaining.at())?.max(0) as u64,
-        requested,
-        retry_after_ms: opt_ms(num(DenyReply::RetryAfter.at())?),
-        reset_after_ms: opt_ms(num(DenyReply::Reset.at())?),
-    }))
+    Ok(Decision::Deny(check.deny(
+        num(DenyReply::Remaining.at())?.max(0) as u64,
+        opt_ms(num(DenyReply::RetryAfter.at())?),
+        opt_ms(num(DenyReply::Reset.at())?),
+    )))
 }
 
 /// The answer to an admission with its shadow plan: the request's decision (a reply other than

@@ -1,13 +1,15 @@
 //! Wire encoding: a plan, a settlement or a release as the KEYS and ARGV of one item of a
 //! batch call, in the layouts of [`crate::contract`], which the scripts read by the same names.
 
-use tollgate_core::pipeline::Plan;
+use tollgate_core::pipeline::{BudgetCheck, ConcurrencyCheck, Kind, Plan, RateCheck};
 use tollgate_core::policy::Unit;
 use tollgate_core::{Period, Usage};
 
 pub use crate::strs::Strs;
 
-use crate::contract::{Admit, BudgetScope, Finish, LeaseScope, RateScope, Shadow};
+use crate::contract::{
+    Admit, BudgetScope, Check as CheckLayout, Finish, LeaseScope, RateScope, Shadow,
+};
 
 /// The keys and arguments of one script call.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,23 +78,32 @@ fn key_count(plan: &Plan) -> usize {
 }
 
 fn scope_count(plan: &Plan) -> usize {
-    plan.rate.len() + plan.repeats.len() + plan.concurrency.len() + plan.budget.len()
+    plan.scopes().count()
 }
 
 /// How many arguments [`admit_args`] pushes for `plan`: the header, the kill targets, then
-/// each scope's layout.
+/// each check's.
 fn admit_arg_count(plan: &Plan) -> usize {
-    Admit::LEN + plan.kill_targets.len() + scope_arg_count(plan)
+    Admit::LEN + plan.kill_targets.len() + check_arg_count(plan)
 }
 
-fn scope_arg_count(plan: &Plan) -> usize {
-    RateScope::LEN * (plan.rate.len() + plan.repeats.len())
-        + LeaseScope::LEN * plan.concurrency.len()
-        + BudgetScope::LEN * plan.budget.len()
+fn check_arg_count(plan: &Plan) -> usize {
+    plan.checks
+        .iter()
+        .map(|c| {
+            CheckLayout::LEN
+                + match c.kind {
+                    Kind::Count(_) => RateScope::LEN,
+                    Kind::Lease(_) => LeaseScope::LEN,
+                    Kind::Reserve(_) => BudgetScope::LEN,
+                    Kind::Verdict(_) => 0,
+                }
+        })
+        .sum()
 }
 
 /// Pushes an admission's keys and arguments: the header by name, in the contract's order, then
-/// the kill targets and the scopes.
+/// the kill targets and the checks.
 fn admit_args(prefix: &str, plan: &Plan, retention_ms: u64, keys: &mut Strs, args: &mut Strs) {
     keys.push_key(prefix, "ts", &plan.request_id);
     let (price_in, price_cached, price_out) = plan
@@ -104,10 +115,7 @@ fn admit_args(prefix: &str, plan: &Plan, retention_ms: u64, keys: &mut Strs, arg
             Admit::Id => args.push(&plan.request_id),
             Admit::Ttl => args.push_num(plan.ttl_ms),
             Admit::Retention => args.push_num(retention_ms),
-            Admit::TokenDeny => args.push_flag(plan.token_verdict.is_some()),
-            Admit::NRate => args.push_num(plan.rate.len()),
-            Admit::NLease => args.push_num(plan.concurrency.len()),
-            Admit::NBudget => args.push_num(plan.budget.len()),
+            Admit::NCheck => args.push_num(plan.checks.len()),
             Admit::PriceInput => args.push_num(price_in),
             Admit::PriceCached => args.push_num(price_cached),
             Admit::PriceOutput => args.push_num(price_out),
@@ -115,54 +123,75 @@ fn admit_args(prefix: &str, plan: &Plan, retention_ms: u64, keys: &mut Strs, arg
             Admit::ExpiredCached => args.push_num(expired.cached_input_tokens),
             Admit::ExpiredOutput => args.push_num(expired.output_tokens),
             Admit::NKill => args.push_num(plan.kill_targets.len()),
-            Admit::NRepeat => args.push_num(plan.repeats.len()),
-            Admit::LoopDeny => args.push_flag(plan.loop_verdict.is_some()),
         }
     }
     args.extend(plan.kill_targets.iter());
-    scope_args(prefix, plan, keys, args);
+    check_args(prefix, plan, keys, args);
 }
 
-/// A plan's scopes, each in its layout, after the header.
-fn scope_args(prefix: &str, plan: &Plan, keys: &mut Strs, args: &mut Strs) {
-    for r in plan.rate.iter().chain(&plan.repeats) {
-        keys.push_key(prefix, "r", r.scope.id());
-        for field in RateScope::ALL {
+/// A plan's checks, in its order, each as its kind and reason and then its kind's layout.
+fn check_args(prefix: &str, plan: &Plan, keys: &mut Strs, args: &mut Strs) {
+    for c in &plan.checks {
+        for field in CheckLayout::ALL {
             match field {
-                RateScope::Key => args.push_key(prefix, "r", r.scope.id()),
-                RateScope::Limit => args.push_num(r.limit),
-                RateScope::Window => args.push_num(r.window_ms),
+                CheckLayout::Kind => args.push(match c.kind {
+                    Kind::Count(_) if plan.attempt_counted => "k",
+                    Kind::Count(_) => "r",
+                    Kind::Lease(_) => "l",
+                    Kind::Reserve(_) => "b",
+                    Kind::Verdict(_) => "v",
+                }),
+                CheckLayout::Reason => args.push(c.reason.code()),
             }
         }
-    }
-    for c in &plan.concurrency {
-        keys.push_key(prefix, "l", c.scope.id());
-        for field in LeaseScope::ALL {
-            match field {
-                LeaseScope::Key => args.push_key(prefix, "l", c.scope.id()),
-                LeaseScope::Limit => args.push_num(c.limit),
-            }
+        match &c.kind {
+            Kind::Count(r) => rate_args(prefix, r, keys, args),
+            Kind::Lease(l) => lease_args(prefix, l, keys, args),
+            Kind::Reserve(b) => budget_args(prefix, plan, b, keys, args),
+            Kind::Verdict(_) => {}
         }
     }
-    for b in &plan.budget {
-        keys.push_key(prefix, "b", b.scope.id());
-        let (len, label) = period_arg(b.period);
-        for field in BudgetScope::ALL {
-            match field {
-                BudgetScope::Key => args.push_key(prefix, "b", b.scope.id()),
-                BudgetScope::Limit => args.push_num(b.limit),
-                BudgetScope::Unit => match b.unit {
-                    Unit::Tokens => args.push("t"),
-                    Unit::MicroUsd => args.push("m"),
-                    // With what the round is charged when it ends without an answer.
-                    Unit::ToolCalls => {
-                        args.push(&format!("c{}", plan.expired_usage.tool_calls));
-                    }
-                },
-                BudgetScope::PeriodLen => args.push_num(len),
-                BudgetScope::Label => args.push(&label),
-                BudgetScope::Amount => args.push_num(b.amount),
-            }
+}
+
+fn rate_args(prefix: &str, r: &RateCheck, keys: &mut Strs, args: &mut Strs) {
+    keys.push_key(prefix, "r", r.scope.id());
+    for field in RateScope::ALL {
+        match field {
+            RateScope::Key => args.push_key(prefix, "r", r.scope.id()),
+            RateScope::Limit => args.push_num(r.limit),
+            RateScope::Window => args.push_num(r.window_ms),
+        }
+    }
+}
+
+fn lease_args(prefix: &str, c: &ConcurrencyCheck, keys: &mut Strs, args: &mut Strs) {
+    keys.push_key(prefix, "l", c.scope.id());
+    for field in LeaseScope::ALL {
+        match field {
+            LeaseScope::Key => args.push_key(prefix, "l", c.scope.id()),
+            LeaseScope::Limit => args.push_num(c.limit),
+        }
+    }
+}
+
+fn budget_args(prefix: &str, plan: &Plan, b: &BudgetCheck, keys: &mut Strs, args: &mut Strs) {
+    keys.push_key(prefix, "b", b.scope.id());
+    let (len, label) = period_arg(b.period);
+    for field in BudgetScope::ALL {
+        match field {
+            BudgetScope::Key => args.push_key(prefix, "b", b.scope.id()),
+            BudgetScope::Limit => args.push_num(b.limit),
+            BudgetScope::Unit => match b.unit {
+                Unit::Tokens => args.push("t"),
+                Unit::MicroUsd => args.push("m"),
+                // With what the round is charged when it ends without an answer.
+                Unit::ToolCalls => {
+                    args.push(&format!("c{}", plan.expired_usage.tool_calls));
+                }
+            },
+            BudgetScope::PeriodLen => args.push_num(len),
+            BudgetScope::Label => args.push(&label),
+            BudgetScope::Amount => args.push_num(b.amount),
         }
     }
 }
@@ -199,8 +228,8 @@ pub(crate) fn finish_invocation(
 }
 
 /// The KEYS and ARGV of an admission with its shadow plan (`admit_shadowed`): the number of the
-/// request's arguments, the request's, then the shadow plan's header (its verdicts and counts:
-/// its holds go into the request's ticket) and scopes.
+/// request's arguments, the request's, then the shadow plan's header (its checks' number: its
+/// holds go into the request's ticket) and checks.
 pub(crate) fn admit_shadowed_invocation(
     prefix: &str,
     plan: &Plan,
@@ -210,20 +239,15 @@ pub(crate) fn admit_shadowed_invocation(
     let s = shadow;
     let mut keys = strs(key_count(plan) + scope_count(s));
     let n = admit_arg_count(plan);
-    let mut args = strs(1 + n + Shadow::LEN + scope_arg_count(s));
+    let mut args = strs(1 + n + Shadow::LEN + check_arg_count(s));
     // The request's arguments are pushed after their count, not copied in behind it.
     args.push_num(n);
     admit_args(prefix, plan, retention_ms, &mut keys, &mut args);
     for field in Shadow::ALL {
         match field {
-            Shadow::TokenDeny => args.push_flag(s.token_verdict.is_some()),
-            Shadow::NRate => args.push_num(s.rate.len()),
-            Shadow::NLease => args.push_num(s.concurrency.len()),
-            Shadow::NBudget => args.push_num(s.budget.len()),
-            Shadow::NRepeat => args.push_num(s.repeats.len()),
-            Shadow::LoopDeny => args.push_flag(s.loop_verdict.is_some()),
+            Shadow::NCheck => args.push_num(s.checks.len()),
         }
     }
-    scope_args(prefix, s, &mut keys, &mut args);
+    check_args(prefix, s, &mut keys, &mut args);
     Invocation { keys, args }
 }

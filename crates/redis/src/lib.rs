@@ -68,9 +68,7 @@ use tollgate_core::{
 pub use batch::batch_invocation;
 pub use books::ExpiryTag;
 pub use config::{RedisConfig, redacted};
-pub use decode::{
-    ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, SHADOW_REPLIES, STORE_REASONS,
-};
+pub use decode::{ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, SHADOW_REPLIES};
 pub use encode::{Invocation, Strs, admit_invocation};
 pub use issued::RecordSet;
 pub use keys::KEY_REPLIES;

@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use tollgate_core::pipeline::Plan;
+use tollgate_core::pipeline::{Check, Kind, Plan};
 use tollgate_core::{
-    Admitted, Decision, Deny, Finish, Reason, Renewal, ShadowOutcome, Store, StoreError, Usage,
+    Admitted, Decision, Deny, Finish, Renewal, ShadowOutcome, Store, StoreError, Usage,
 };
 
 use crate::{
@@ -22,41 +22,22 @@ use crate::{
 pub(crate) struct Part {
     pub(crate) shard: usize,
     pub(crate) plan: Plan,
-    pub(crate) rate: Vec<usize>,
-    pub(crate) concurrency: Vec<usize>,
-    pub(crate) budget: Vec<usize>,
-    pub(crate) repeats: Vec<usize>,
+    /// Each check's place in the whole plan.
+    pub(crate) places: Vec<usize>,
+    /// Each reservation's rank among the whole plan's (the order of the charges).
+    pub(crate) reserves: Vec<usize>,
 }
 
 impl Part {
-    /// Where a refusal of this part ranks among all the request's: by control, then by the
-    /// scope's place in the plan (the order a single-shard store reports in).
-    pub(crate) fn rank(&self, d: &Deny) -> (Reason, usize) {
-        let at =
-            |ids: &[usize], pos: Option<usize>| pos.and_then(|p| ids.get(p).copied()).unwrap_or(0);
-        let idx = match d.reason {
-            Reason::RequestRateLimit => at(
-                &self.rate,
-                self.plan.rate.iter().position(|r| r.scope == d.scope),
-            ),
-            Reason::ConcurrencyLimit => at(
-                &self.concurrency,
-                self.plan
-                    .concurrency
-                    .iter()
-                    .position(|c| c.scope == d.scope),
-            ),
-            Reason::BudgetLimit | Reason::ToolCallLimit => at(
-                &self.budget,
-                self.plan.budget.iter().position(|b| b.scope == d.scope),
-            ),
-            Reason::LoopDetected => at(
-                &self.repeats,
-                self.plan.repeats.iter().position(|r| r.scope == d.scope),
-            ),
-            _ => 0,
-        };
-        (d.reason, idx)
+    /// Where a refusal of this part ranks among all the request's: the refusing check's place
+    /// in the whole plan (a single-shard store reports the first in the plan's order).
+    pub(crate) fn rank(&self, d: &Deny) -> usize {
+        self.plan
+            .checks
+            .iter()
+            .position(|c| c.reason == d.reason && c.scope().is_none_or(|s| *s == d.scope))
+            .and_then(|p| self.places.get(p).copied())
+            .unwrap_or(0)
     }
 }
 
@@ -82,65 +63,49 @@ pub(crate) struct Admissions {
 const PRUNE_FLOOR: usize = 4096;
 
 impl RedisStore {
-    /// The plan cut into one part per shard, in shard order. A plan without stateful checks
-    /// still gets one part (for its ticket): in the shard of its request id.
+    /// The plan cut into one part per shard, in shard order, each part's checks in the plan's
+    /// order; a verdict goes into every part. A plan without stateful checks still gets one
+    /// part (for its ticket): in the shard of its request id.
     fn split(&self, plan: &Plan) -> Vec<Part> {
         let n = self.shards.len();
-        // Every part shares the plan's request-wide fields; its checks are filled in below.
-        let template = Plan {
-            request_id: plan.request_id.clone(),
-            policy_version: plan.policy_version.clone(),
-            input_tokens: plan.input_tokens,
-            max_output_tokens: plan.max_output_tokens,
-            rate: Vec::new(),
-            token_verdict: plan.token_verdict.clone(),
-            concurrency: Vec::new(),
-            budget: Vec::new(),
-            repeats: Vec::new(),
-            loop_verdict: plan.loop_verdict.clone(),
-            ttl_ms: plan.ttl_ms,
-            price: plan.price,
-            expired_usage: plan.expired_usage,
-            fail_open: plan.fail_open,
-            kill_targets: plan.kill_targets.clone(),
-        };
-        let mut parts: BTreeMap<usize, Part> = BTreeMap::new();
-        fn part<'a>(
-            parts: &'a mut BTreeMap<usize, Part>,
-            template: &Plan,
-            shard: usize,
-        ) -> &'a mut Part {
-            parts.entry(shard).or_insert_with(|| Part {
-                shard,
-                plan: template.clone(),
-                rate: Vec::new(),
-                concurrency: Vec::new(),
-                budget: Vec::new(),
-                repeats: Vec::new(),
+        let shard = |c: &Check| c.scope().map(|s| shard_of(s.id(), n));
+        let mut parts: BTreeMap<usize, Part> = plan
+            .checks
+            .iter()
+            .filter_map(shard)
+            .chain(
+                plan.checks
+                    .iter()
+                    .all(|c| c.scope().is_none())
+                    .then(|| shard_of(&plan.request_id, n)),
+            )
+            .map(|s| {
+                let mut part = plan.clone();
+                part.checks.clear();
+                (
+                    s,
+                    Part {
+                        shard: s,
+                        plan: part,
+                        places: Vec::new(),
+                        reserves: Vec::new(),
+                    },
+                )
             })
-        }
-        for (i, r) in plan.rate.iter().enumerate() {
-            let p = part(&mut parts, &template, shard_of(r.scope.id(), n));
-            p.plan.rate.push(r.clone());
-            p.rate.push(i);
-        }
-        for (i, c) in plan.concurrency.iter().enumerate() {
-            let p = part(&mut parts, &template, shard_of(c.scope.id(), n));
-            p.plan.concurrency.push(c.clone());
-            p.concurrency.push(i);
-        }
-        for (i, b) in plan.budget.iter().enumerate() {
-            let p = part(&mut parts, &template, shard_of(b.scope.id(), n));
-            p.plan.budget.push(b.clone());
-            p.budget.push(i);
-        }
-        for (i, r) in plan.repeats.iter().enumerate() {
-            let p = part(&mut parts, &template, shard_of(r.scope.id(), n));
-            p.plan.repeats.push(r.clone());
-            p.repeats.push(i);
-        }
-        if parts.is_empty() {
-            part(&mut parts, &template, shard_of(&plan.request_id, n));
+            .collect();
+        let mut reserve = 0;
+        for (i, c) in plan.checks.iter().enumerate() {
+            let is_reserve = matches!(c.kind, Kind::Reserve(_));
+            for (s, p) in parts.iter_mut() {
+                if shard(c).is_none_or(|at| at == *s) {
+                    p.plan.checks.push(c.clone());
+                    p.places.push(i);
+                    if is_reserve {
+                        p.reserves.push(reserve);
+                    }
+                }
+            }
+            reserve += usize::from(is_reserve);
         }
         parts.into_values().collect()
     }
@@ -223,21 +188,19 @@ impl RedisStore {
         let mut expires_at = u64::MAX;
         for (part, a) in parts.iter().zip(taken) {
             expires_at = expires_at.min(a.expires_at);
-            let places = part
-                .rate
-                .iter()
-                .chain(&part.concurrency)
-                .chain(&part.budget);
             // A part's quota indexes the part's plan; the whole plan's index is its place.
-            quotas.extend(places.copied().zip(a.quotas).map(|(i, mut q)| {
-                q.check = i;
+            quotas.extend(a.quotas.into_iter().map(|mut q| {
+                q.check = part.places.get(q.check).copied().unwrap_or(q.check);
                 q
             }));
         }
-        quotas.sort_by_key(|q| (q.reason, q.check));
+        quotas.sort_by_key(|q| q.check);
         let remembered = Admission {
             expires_at,
-            parts: parts.iter().map(|p| (p.shard, p.budget.clone())).collect(),
+            parts: parts
+                .iter()
+                .map(|p| (p.shard, p.reserves.clone()))
+                .collect(),
         };
         self.remember(&plan.request_id, remembered);
         Admitted {

@@ -1,6 +1,6 @@
 use super::*;
 use crate::sharded::Admission;
-use tollgate_core::{Dimension, Identity, Policy, RequestFacts, plan};
+use tollgate_core::{Dimension, Identity, Policy, Reason, RequestFacts, plan};
 
 /// Request `req-1` of user alice of tenant acme: 40 tokens in, at most 60 out, on gpt-4o.
 fn alice() -> RequestFacts {
@@ -66,14 +66,12 @@ fn admit_sends_exactly_these_arguments() {
             // The marker has been seen.
             "1",
             "a",
-            "37",
+            "40",
             "req-1",
             "30000",
             "3600000",
-            "0",
-            "1",
-            "1",
-            "2",
+            // Four checks.
+            "4",
             "2500000",
             "2500000",
             "10000000",
@@ -81,24 +79,30 @@ fn admit_sends_exactly_these_arguments() {
             "0",
             "0",
             "4",
-            // No repeats, no loop verdict.
-            "0",
-            "0",
             "all",
             "tenant:acme",
             "model:gpt-4o",
             "user:alice",
+            // Each check: its kind and reason, then its kind's layout.
+            "r",
+            "request_rate_limit",
             "tg:r:user|tenant:acme/user:alice",
             "5",
             "60000",
+            "l",
+            "concurrency_limit",
             "tg:l:user|tenant:acme/user:alice",
             "2",
+            "b",
+            "budget_limit",
             "tg:b:user|tenant:acme/user:alice",
             "300",
             "t",
             "86400000",
             "fixed:86400000",
             "100",
+            "b",
+            "budget_limit",
             // 40 x 2.5 + 60 x 10 = 700 micro-USD.
             "tg:b:tenant|tenant:acme",
             "5000000",
@@ -161,7 +165,7 @@ fn a_shadowed_admission_carries_the_request_then_its_shadow() {
     let shadow = shadow
         .unwrap_or_else(|e| unreachable!("{e}"))
         .unwrap_or_else(|| unreachable!("a shadow rule applies"));
-    assert!(!p.repeats.is_empty() && p.kill_targets.len() == 4);
+    assert!(p.counts().any(|(_, r, _)| r == Reason::LoopDetected) && p.kill_targets.len() == 4);
     let alone = admit_invocation("tg", &p, 3_600_000);
     let both = admit_shadowed_invocation("tg", &p, &shadow, 3_600_000);
     let n = alone.args.len();
@@ -170,16 +174,15 @@ fn a_shadowed_admission_carries_the_request_then_its_shadow() {
     assert_eq!(
         both.args.to_vec()[n + 1..],
         [
-            // No token verdict; one rate scope, no lease, one budget, no repeats, no loop verdict.
-            "0",
-            "1",
-            "0",
-            "1",
-            "0",
-            "0",
+            // Two checks: a count, then a reservation, each its kind and reason first.
+            "2",
+            "r",
+            "request_rate_limit",
             "tg:r:trial|tenant:acme/user:alice",
             "1",
             "1000",
+            "b",
+            "budget_limit",
             "tg:b:trial|tenant:acme/user:alice",
             "50",
             "t",
@@ -258,16 +261,11 @@ fn script_replies_are_the_named_ones() {
         include_str!("lua/keys_v1.lua"),
     ];
     let mut kinds = std::collections::BTreeSet::new();
-    let mut reasons = std::collections::BTreeSet::new();
     for line in sources.iter().flat_map(|s| s.lines()) {
         let code = line.split("--").next().unwrap_or("");
         // A refusal is made by `deny(reason, ...)`, in the contract's `deny` layout.
         if code.contains("local function deny(") {
             kinds.insert("deny".to_owned());
-        }
-        for (i, _) in code.match_indices("deny('") {
-            let rest = &code[i + 6..];
-            reasons.insert(rest.split('\'').next().unwrap_or("").to_owned());
         }
         // A reply with named fields is made by setting its `kind` field first.
         if code.contains(".kind + 1]") {
@@ -279,11 +277,6 @@ fn script_replies_are_the_named_ones() {
             let rest = &code[i + 2..];
             let Some(end) = rest.find('\'') else { continue };
             kinds.insert(rest[..end].to_owned());
-            if &rest[..end] == "deny" {
-                let after = rest[end + 1..].trim_start_matches([',', ' ']);
-                let reason = after.trim_start_matches('\'').split('\'').next().unwrap();
-                reasons.insert(reason.to_owned());
-            }
         }
     }
     let named: std::collections::BTreeSet<String> = ADMIT_REPLIES
@@ -298,9 +291,16 @@ fn script_replies_are_the_named_ones() {
         .map(|k| (*k).to_owned())
         .collect();
     assert_eq!(kinds, named);
-    let codes: std::collections::BTreeSet<String> =
-        STORE_REASONS.iter().map(|r| r.code().to_owned()).collect();
-    assert_eq!(reasons, codes);
+    // The scripts know the checks' kinds, never the controls: no reason is named in them.
+    for reason in tollgate_core::Reason::ALL {
+        for line in sources.iter().flat_map(|s| s.lines()) {
+            let code = line.split("--").next().unwrap_or("");
+            assert!(
+                !code.contains(reason.code()),
+                "a script names {reason}: {line}"
+            );
+        }
+    }
 
     // Each named kind is read: none is "unknown" to the decoder.
     let plan = tollgate_core::plan(
@@ -325,7 +325,7 @@ fn script_replies_are_the_named_ones() {
     for kind in ADMIT_REPLIES {
         let mut reply = vec![bulk(kind)];
         match kind {
-            "deny" => reply.extend([bulk("budget_limit"), Value::Int(0)]),
+            "deny" => reply.extend([bulk("request_rate_limit"), Value::Int(0)]),
             "killed" => reply.extend([bulk("all"), bulk("why")]),
             _ => {}
         }
@@ -334,13 +334,25 @@ fn script_replies_are_the_named_ones() {
             assert!(!e.contains("unknown"), "{kind}: {e}");
         }
     }
-    for reason in STORE_REASONS {
-        let mut reply = vec![bulk("deny"), bulk(reason.code()), Value::Int(0)];
+    // A refusal names its check by its place; the reason it repeats must be that check's.
+    for (i, check) in plan.checks.iter().enumerate() {
+        let place = Value::Int(i as i64);
+        let mut reply = vec![bulk("deny"), bulk(check.reason.code()), place.clone()];
         reply.extend((0..3).map(|_| Value::Int(1)));
         match decision(&plan, reply) {
-            Ok(Decision::Deny(d)) => assert_eq!(d.reason, reason),
-            other => panic!("{reason:?}: {other:?}"),
+            Ok(Decision::Deny(d)) => assert_eq!(d.reason, check.reason),
+            other => panic!("{check:?}: {other:?}"),
         }
+        let other = tollgate_core::Reason::ALL
+            .into_iter()
+            .find(|r| *r != check.reason)
+            .unwrap();
+        let mut reply = vec![bulk("deny"), bulk(other.code()), place];
+        reply.extend((0..3).map(|_| Value::Int(1)));
+        assert!(matches!(
+            decision(&plan, reply),
+            Err(StoreError::Protocol(_))
+        ));
     }
     for kind in FINISH_REPLIES {
         let reply = vec![bulk(kind), bulk("settled")];

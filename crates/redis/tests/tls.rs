@@ -134,7 +134,7 @@ async fn a_verified_tls_connection_with_an_acl_user_admits() {
         "[[scopes]]\nkey = \"user\"\nbudget = { tokens = 1000, period = \"day\" }\n",
     );
     let p = plan(&policy, &tollgate_testkit::facts("t0", "u1", 10, 10)).unwrap();
-    let scope = p.budget[0].scope.id();
+    let scope = p.reserves().next().unwrap().1.scope.id();
     let day = Some(tollgate_core::Period::Fixed(86_400_000));
     assert_eq!(store.usage(scope, day).await.unwrap().reserved, 20);
 
@@ -269,7 +269,11 @@ async fn a_tls_cluster_admits_with_its_ca_and_refuses_without() {
             matches!(store.admit(&p).await.unwrap(), Decision::Admit(_)),
             "request {i}"
         );
-        shards.insert(store.shard_prefix(p.budget[0].scope.id()).to_owned());
+        shards.insert(
+            store
+                .shard_prefix(p.reserves().next().unwrap().1.scope.id())
+                .to_owned(),
+        );
     }
     assert!(shards.len() > 1, "{shards:?}");
     assert!(RedisStore::connect(cluster(None)).await.is_err());

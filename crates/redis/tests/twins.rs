@@ -177,7 +177,7 @@ fn concurrency_lua_decides_as_rust_does() {
                 scope: key(),
                 limit,
             };
-            let rust = match concurrency::check(&check, held, soonest, now) {
+            let rust = match concurrency::check(concurrency::REASON, &check, held, soonest, now) {
                 Ok(left) => [1, left as i64],
                 Err(d) => [0, d.retry_after_ms.unwrap() as i64],
             };
@@ -251,7 +251,14 @@ fn budget_lua_finds_periods_and_decides_as_rust_does() {
                 amount,
                 alert_at: AlertAt::default(),
             };
-            let verdict = match budget::check(0, &check, committed, (start, end), now) {
+            let verdict = match budget::check(
+                tollgate_core::Reason::BudgetLimit,
+                0,
+                &check,
+                committed,
+                (start, end),
+                now,
+            ) {
                 Ok(q) => [1, q.remaining as i64, 0],
                 Err(d) => [
                     0,

@@ -13,6 +13,8 @@ use crate::{Harness, T0, facts, policy};
 
 mod agents;
 pub use agents::*;
+mod checks;
+pub use checks::*;
 mod shadow;
 pub use shadow::*;
 pub mod slices;
@@ -667,8 +669,8 @@ pub async fn kill_switch<H: Harness>(h: &H) {
     );
 }
 
-/// An admission's quotas come in control order, each naming its check in the plan (and so its
-/// scope) with what is left after it.
+/// An admission's quotas come in the plan's order, each naming its check by its place in the
+/// plan (and so its scope) with what is left after it.
 pub async fn quotas_name_their_checks<H: Harness>(h: &H) {
     let p = policy(
         r#"
@@ -708,9 +710,9 @@ pub async fn quotas_name_their_checks<H: Harness>(h: &H) {
     let want = [
         (Reason::RequestRateLimit, 0, "tenant:acme/user:u", 10, 8),
         (Reason::RequestRateLimit, 1, "tenant:acme", 20, 18),
-        (Reason::ConcurrencyLimit, 0, "tenant:acme/user:u", 4, 2),
-        (Reason::BudgetLimit, 0, "tenant:acme/user:u", 1000, 770),
-        (Reason::BudgetLimit, 1, "tenant:acme", 5000, 4770),
+        (Reason::ConcurrencyLimit, 2, "tenant:acme/user:u", 4, 2),
+        (Reason::BudgetLimit, 3, "tenant:acme/user:u", 1000, 770),
+        (Reason::BudgetLimit, 4, "tenant:acme", 5000, 4770),
     ]
     .map(|(r, c, k, l, left)| (r, c, k.to_owned(), l, left));
     assert_eq!(got, want);

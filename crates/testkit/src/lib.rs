@@ -63,7 +63,9 @@ macro_rules! conformance_tests {
             quotas_name_their_checks, tool_calls_are_reserved_and_settled,
             tool_calls_come_after_the_budget, repeats_are_refused_last,
             a_history_of_repeated_tool_calls_is_a_loop, idempotency_keys_are_claimed_once,
-            shadow_holds_end_with_the_request, a_refused_request_holds_no_shadow);
+            shadow_holds_end_with_the_request, a_refused_request_holds_no_shadow,
+            checks_are_walked_in_the_plans_order,
+            a_verdict_refuses_at_its_place_after_every_count);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(

@@ -6,7 +6,7 @@
 //! Lua twin: `crates/redis/src/lua/controls/budget.lua`.
 
 use crate::clock::Millis;
-use crate::decision::{Deny, Quota};
+use crate::decision::{Deny, Quota, Reason};
 use crate::ledger::{Period, Usage};
 use crate::pipeline::PlanError;
 use crate::policy::{AlertAt, Price, ScopeRule, Unit};
@@ -83,9 +83,10 @@ pub fn plan(
 
 /// Checks `c`'s reservation in a scope that has `committed` (settled + reserved) in the
 /// period `[start, end)` containing `now`: the quota after it, reported as the `check`th
-/// budget, or the refusal. A request larger than the whole limit is told no wait: no reset
+/// check of its plan for `reason`, or the refusal. A request larger than the whole limit is told no wait: no reset
 /// will admit it.
 pub fn check(
+    reason: Reason,
     check: usize,
     c: &BudgetCheck,
     committed: u64,
@@ -95,7 +96,7 @@ pub fn check(
     let reset = end.saturating_sub(now);
     if committed.saturating_add(c.amount) > c.limit {
         return Err(Deny {
-            reason: c.unit.reason(),
+            reason,
             scope: c.scope.clone(),
             limit: c.limit,
             remaining: c.limit.saturating_sub(committed),
@@ -105,7 +106,7 @@ pub fn check(
         });
     }
     Ok(Quota {
-        reason: c.unit.reason(),
+        reason,
         check,
         limit: c.limit,
         remaining: c.limit - committed - c.amount,

@@ -12,6 +12,9 @@ use crate::scope::ScopeKey;
 /// it expires at the latest.
 pub const RETRY_HINT_MS: u64 = 1_000;
 
+/// The reason concurrency refuses with.
+pub const REASON: Reason = Reason::ConcurrencyLimit;
+
 /// A lease to take in one scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConcurrencyCheck {
@@ -38,6 +41,7 @@ pub fn lease_ttl_ms(rule: &ScopeRule) -> Option<u64> {
 /// `soonest` (when known): the leases left after it, or the refusal. A refusal suggests the
 /// soonest expiry still ahead, at most [`RETRY_HINT_MS`], at least a millisecond.
 pub fn check(
+    reason: Reason,
     c: &ConcurrencyCheck,
     held: u64,
     soonest: Option<Millis>,
@@ -51,7 +55,7 @@ pub fn check(
         _ => RETRY_HINT_MS,
     };
     Err(Deny {
-        reason: Reason::ConcurrencyLimit,
+        reason,
         scope: c.scope.clone(),
         limit: c.limit,
         remaining: 0,
@@ -61,10 +65,10 @@ pub fn check(
     })
 }
 
-/// The quota an admission reports for the `check`th concurrency scope.
-pub fn quota(check: usize, c: &ConcurrencyCheck, remaining: u64) -> Quota {
+/// The quota an admission reports for `c`, the `check`th check of its plan, for `reason`.
+pub fn quota(reason: Reason, check: usize, c: &ConcurrencyCheck, remaining: u64) -> Quota {
     Quota {
-        reason: Reason::ConcurrencyLimit,
+        reason,
         check,
         limit: c.limit,
         remaining,

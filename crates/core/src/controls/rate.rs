@@ -10,6 +10,9 @@ use crate::ledger::RateWindow;
 use crate::policy::ScopeRule;
 use crate::scope::ScopeKey;
 
+/// The reason the request rate refuses with.
+pub const REASON: Reason = Reason::RequestRateLimit;
+
 /// A rate check in one scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateCheck {
@@ -78,10 +81,10 @@ pub fn deny(c: &RateCheck, counted: Counted, reason: Reason) -> Deny {
     }
 }
 
-/// The quota an admission reports for the `check`th rate scope.
-pub fn quota(check: usize, c: &RateCheck, counted: Counted) -> Quota {
+/// The quota an admission reports for `c`, the `check`th check of its plan, for `reason`.
+pub fn quota(reason: Reason, check: usize, c: &RateCheck, counted: Counted) -> Quota {
     Quota {
-        reason: Reason::RequestRateLimit,
+        reason,
         check,
         limit: c.limit,
         remaining: counted.remaining,

@@ -1,21 +1,22 @@
 //! One admission, in the steps of the Redis script's `admit_one`: the kill switch, the duplicate
-//! check, count the attempt in every rate scope and the request's repeats, the token verdict,
-//! concurrency, budgets and tool calls (check all), the repeats' verdict and the history's, then
-//! take the holds (leases, reservations, the ticket). Every step before the last only reads or
-//! counts, so a refusal takes nothing.
+//! check, count every count of the plan, walk its checks in order to the first refusal (a count
+//! over its limit, a verdict, a full lease set, a budget without room), then take the holds
+//! (leases, reservations, the ticket). Every step before the last only reads or counts, so a
+//! refusal takes nothing.
 
 use super::{
     Cell, Fresh, Hold, Request, Reservation, Resolved, State, Ticket, lost_slot, too_many_in_flight,
 };
 use crate::clock::Millis;
-use crate::controls::{budget, concurrency, rate};
+use crate::controls::{BudgetCheck, ConcurrencyCheck, Kind, budget, concurrency, rate};
 use crate::decision::{Admitted, Decision, Deny, Quota, Reason};
 use crate::ledger::RateWindow;
 use crate::pipeline::Plan;
 use crate::store::{ShadowOutcome, StoreError};
 
-/// Each budget's period (id and end), found once in the check and kept for the reservation:
-/// a calendar month takes some arithmetic. Up to eight budgets.
+/// Each reservation's period (id and end), by its rank among the plan's reservations, found
+/// once in the check and kept for the reservation: a calendar month takes some arithmetic. Up
+/// to eight; later ones are found again.
 type Periods = [(u64, Millis); 8];
 
 impl State {
@@ -111,8 +112,8 @@ impl State {
         }))
     }
 
-    /// Every step before the holds: count the attempt (and the repeats), the token verdict,
-    /// concurrency, budgets, the repeats' and the history's verdicts. The first refusal, if any.
+    /// Every step before the holds: count every count, then walk the checks in order to the
+    /// first refusal. Each reservation's period is kept in `periods`, by its rank.
     fn checks(
         &mut self,
         plan: &Plan,
@@ -121,31 +122,36 @@ impl State {
         quotas: &mut Vec<Quota>,
         periods: &mut Periods,
     ) -> Result<Option<Decision>, StoreError> {
-        let rate = self.count(
-            &plan.rate,
-            Reason::RequestRateLimit,
-            now,
-            seen,
-            Some(quotas),
-        );
-        // Repeats are counted with the attempt, whatever refuses it, and refuse last.
-        let repeated = self.count(&plan.repeats, Reason::LoopDetected, now, seen, None)?;
-        if let Some(d) = rate? {
-            return Ok(Some(Decision::Deny(d)));
+        // Every attempt counts in every count, whatever refuses it; a count over its limit
+        // refuses at its place.
+        let mut over = self.count(plan, now, seen, quotas)?;
+        let mut rank = 0;
+        for (i, check) in plan.checks.iter().enumerate() {
+            let refused = match &check.kind {
+                Kind::Count(_) => match over.take() {
+                    Some((at, d)) if at == i => Some(d),
+                    other => {
+                        over = other;
+                        None
+                    }
+                },
+                Kind::Verdict(d) => Some(d.clone()),
+                Kind::Lease(c) => self.check_lease(check.reason, i, c, now, seen, quotas),
+                Kind::Reserve(c) => {
+                    let p = self.check_reserve(check.reason, i, c, now, seen, quotas);
+                    if let Some(slot) = periods.get_mut(rank) {
+                        *slot = p.0;
+                    }
+                    rank += 1;
+                    p.1
+                }
+            };
+            if let Some(d) = refused {
+                return Ok(Some(Decision::Deny(d)));
+            }
         }
-        // 2–4. Token controls, decided by the pure pipeline.
-        if let Some(d) = &plan.token_verdict {
-            return Ok(Some(Decision::Deny(d.clone())));
-        }
-        if let Some(d) = self.check_concurrency(plan, now, seen, quotas) {
-            return Ok(Some(d));
-        }
-        if let Some(d) = self.check_budgets(plan, now, seen, quotas, periods) {
-            return Ok(Some(d));
-        }
-        Ok(repeated
-            .or_else(|| plan.loop_verdict.clone())
-            .map(Decision::Deny))
+        quotas.sort_by_key(|q| q.check);
+        Ok(None)
     }
 
     /// The first of the plan's targets that is switched off.
@@ -163,19 +169,21 @@ impl State {
         })
     }
 
-    /// Step 1: every attempt counts in every rate scope (and every repeat in its scope),
-    /// admitted or not; the first scope over its limit refuses, for `reason`. The rate's
-    /// quotas go into `quotas`.
+    /// Every attempt counts in every count of the plan, admitted or not. The first count over
+    /// its limit, with its place in the plan and its refusal; the counts' quotas go into
+    /// `quotas`.
     fn count(
         &mut self,
-        checks: &[crate::pipeline::RateCheck],
-        reason: Reason,
+        plan: &Plan,
         now: Millis,
         seen: &mut Resolved,
-        mut quotas: Option<&mut Vec<Quota>>,
-    ) -> Result<Option<Deny>, StoreError> {
-        let mut rate_deny: Option<Deny> = None;
-        for (check, c) in checks.iter().enumerate() {
+        quotas: &mut Vec<Quota>,
+    ) -> Result<Option<(usize, Deny)>, StoreError> {
+        let mut first_over = None;
+        if plan.attempt_counted {
+            return Ok(None);
+        }
+        for (i, reason, c) in plan.counts() {
             let slot = self.slot(&c.scope, seen);
             let Some(scope) = self.slots.get_mut(slot) else {
                 return Err(lost_slot());
@@ -184,66 +192,72 @@ impl State {
                 .rate
                 .get_or_insert((c.window_ms, RateWindow::default()));
             let counted = rate::count(window, c, now);
-            if counted.over && rate_deny.is_none() {
-                rate_deny = Some(rate::deny(c, counted, reason));
+            if counted.over && first_over.is_none() {
+                first_over = Some((i, rate::deny(c, counted, reason)));
             }
-            if let Some(q) = quotas.as_deref_mut() {
-                q.push(rate::quota(check, c, counted));
+            if reason.reports_quota() {
+                quotas.push(rate::quota(reason, i, c, counted));
             }
         }
-        Ok(rate_deny)
+        Ok(first_over)
     }
 
-    /// Step 5: concurrency; a scope whose leases are all held refuses.
-    fn check_concurrency(
+    /// One more lease in the scope of `c`, the `i`th check; a scope whose leases are all held
+    /// refuses.
+    fn check_lease(
         &self,
-        plan: &Plan,
+        reason: Reason,
+        i: usize,
+        c: &ConcurrencyCheck,
         now: Millis,
         seen: &mut Resolved,
         quotas: &mut Vec<Quota>,
-    ) -> Option<Decision> {
-        for (check, c) in plan.concurrency.iter().enumerate() {
-            let scope = self.find(&c.scope, seen).and_then(|i| self.slots.get(i));
-            let held = scope.map_or(0, |s| s.leases);
-            match concurrency::check(c, held, scope.map(|s| s.soonest), now) {
-                Ok(remaining) => quotas.push(concurrency::quota(check, c, remaining)),
-                Err(d) => return Some(Decision::Deny(d)),
+    ) -> Option<Deny> {
+        let scope = self.find(&c.scope, seen).and_then(|i| self.slots.get(i));
+        let held = scope.map_or(0, |s| s.leases);
+        match concurrency::check(reason, c, held, scope.map(|s| s.soonest), now) {
+            Ok(remaining) => {
+                if reason.reports_quota() {
+                    quotas.push(concurrency::quota(reason, i, c, remaining));
+                }
+                None
             }
+            Err(d) => Some(d),
         }
-        None
     }
 
-    /// Steps 6 and 7: budgets, then tool calls, all checked before any is reserved; settled, reserved and this
-    /// request's amount must stay within each limit.
-    fn check_budgets(
+    /// The reservation of `c`, the `i`th check: settled, reserved and its amount must stay
+    /// within its limit in the period containing now. Returns that period (id and end) with
+    /// the refusal, if any.
+    fn check_reserve(
         &mut self,
-        plan: &Plan,
+        reason: Reason,
+        i: usize,
+        c: &BudgetCheck,
         now: Millis,
         seen: &mut Resolved,
         quotas: &mut Vec<Quota>,
-        periods: &mut Periods,
-    ) -> Option<Decision> {
-        for (i, c) in plan.budget.iter().enumerate() {
-            let (pid, start, end) = self.periods.at(c.period, now);
-            if let Some(p) = periods.get_mut(i) {
-                *p = (pid, end);
+    ) -> ((u64, Millis), Option<Deny>) {
+        let (pid, start, end) = self.periods.at(c.period, now);
+        let cell = self
+            .find(&c.scope, seen)
+            .and_then(|i| self.slots.get(i))
+            .and_then(|s| s.cell((c.period, pid)))
+            .copied()
+            .unwrap_or(Cell {
+                end,
+                ..Cell::default()
+            });
+        let committed = cell.settled.saturating_add(cell.reserved);
+        match budget::check(reason, i, c, committed, (start, end), now) {
+            Ok(q) => {
+                if reason.reports_quota() {
+                    quotas.push(q);
+                }
+                ((pid, end), None)
             }
-            let cell = self
-                .find(&c.scope, seen)
-                .and_then(|i| self.slots.get(i))
-                .and_then(|s| s.cell((c.period, pid)))
-                .copied()
-                .unwrap_or(Cell {
-                    end,
-                    ..Cell::default()
-                });
-            let committed = cell.settled.saturating_add(cell.reserved);
-            match budget::check(i, c, committed, (start, end), now) {
-                Ok(q) => quotas.push(q),
-                Err(d) => return Some(Decision::Deny(d)),
-            }
+            Err(d) => ((pid, end), Some(d)),
         }
-        None
     }
 
     /// Everything passed: take the leases, make the reservations (the shadow plan's too, when
@@ -258,12 +272,8 @@ impl State {
     ) -> Result<Millis, StoreError> {
         let plan = h.plan;
         let expires_at = now.saturating_add(plan.ttl_ms);
-        let extra = h
-            .shadow
-            .map_or(0, |(s, _)| s.concurrency.len() + s.budget.len());
-        let mut holds = self
-            .tickets
-            .spare_holds(plan.concurrency.len() + plan.budget.len() + extra);
+        let extra = h.shadow.map_or(0, |(s, _)| s.holds());
+        let mut holds = self.tickets.spare_holds(plan.holds() + extra);
         self.hold(plan, h.periods, false, expires_at, now, seen, &mut holds)?;
         if let Some((s, periods)) = h.shadow {
             self.hold(s, periods, true, expires_at, now, seen, &mut holds)?;
@@ -297,7 +307,7 @@ impl State {
         seen: &mut Resolved,
         holds: &mut Vec<Hold>,
     ) -> Result<(), StoreError> {
-        for c in &plan.concurrency {
+        for (_, c) in plan.leases() {
             let slot = self.slot(&c.scope, seen);
             let Some(scope) = self.slots.get_mut(slot) else {
                 return Err(lost_slot());
@@ -310,7 +320,7 @@ impl State {
             scope.leases += 1;
             holds.push(Hold::Lease(slot));
         }
-        for (i, c) in plan.budget.iter().enumerate() {
+        for (i, (_, c)) in plan.reserves().enumerate() {
             // The same period as checked: `now` has not moved.
             let (pid, end) = match periods.get(i) {
                 Some(&p) => p,

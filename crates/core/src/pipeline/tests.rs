@@ -21,7 +21,7 @@ fn facts(input: u64, max: Option<u64>) -> RequestFacts {
 fn verdict(p: &Policy, f: &RequestFacts) -> Option<Reason> {
     plan(p, f)
         .ok()
-        .and_then(|pl| pl.token_verdict.map(|d| d.reason))
+        .and_then(|pl| token_verdict(&pl).map(|d| d.reason))
 }
 
 #[test]
@@ -75,7 +75,7 @@ fn the_upstream_never_gets_an_unbounded_cap() {
     );
     let pl = plan(&p, &facts(1, Some(5000))).unwrap_or_else(|e| unreachable!("{e}"));
     assert_eq!(pl.max_output_tokens, 800);
-    assert_eq!(pl.token_verdict, None);
+    assert_eq!(token_verdict(&pl), None);
     assert_eq!(pl.estimate_tokens(), 801);
 }
 
@@ -109,7 +109,7 @@ fn money_budgets_reserve_the_estimated_cost() {
     );
     let pl = plan(&p, &facts(1000, Some(500))).unwrap_or_else(|e| unreachable!("{e}"));
     // 1000 x 2.5 + 500 x 10 micro-USD = 7500.
-    assert_eq!(pl.budget[0].amount, 7500);
+    assert_eq!(budgets(&pl)[0].amount, 7500);
     let mut f = facts(1, Some(1));
     f.identity.model = Some("unpriced".into());
     assert!(matches!(plan(&p, &f), Err(PlanError::UnpricedModel { .. })));
@@ -118,12 +118,12 @@ fn money_budgets_reserve_the_estimated_cost() {
     let mut f = facts(1000, Some(500));
     f.cache_write_tokens = 600;
     let pl = plan(&p, &f).unwrap_or_else(|e| unreachable!("{e}"));
-    assert_eq!(pl.budget[0].amount, 7500 + 600 * 5 / 2);
+    assert_eq!(budgets(&pl)[0].amount, 7500 + 600 * 5 / 2);
     assert_eq!(pl.expired_usage.cache_write_1h_tokens, 0);
     assert_eq!(pl.expired_usage.total(), 1500);
     f.cache_write_tokens = 5000;
     let pl = plan(&p, &f).unwrap_or_else(|e| unreachable!("{e}"));
-    assert_eq!(pl.budget[0].amount, 7500 + 2500);
+    assert_eq!(budgets(&pl)[0].amount, 7500 + 2500);
 }
 
 #[test]
@@ -157,8 +157,7 @@ fn agent_checks_come_last_in_their_lists() {
         ..facts(10, Some(10))
     };
     let plan = plan(&p, &f).unwrap_or_else(|e| unreachable!("{e}"));
-    let units: Vec<_> = plan
-        .budget
+    let units: Vec<_> = budgets(&plan)
         .iter()
         .map(|b| (b.scope.id(), b.unit, b.amount))
         .collect();
@@ -170,13 +169,13 @@ fn agent_checks_come_last_in_their_lists() {
             ("ops|tenant:t/user:u?tool_calls", Unit::ToolCalls, 1),
         ]
     );
-    assert_eq!(plan.repeats.len(), 1);
+    assert_eq!(repeats(&plan).len(), 1);
     assert_eq!(
-        plan.repeats[0].scope.id(),
+        repeats(&plan)[0].scope.id(),
         "ops|tenant:t/user:u?repeat:00000000000000ab"
     );
-    assert_eq!(plan.repeats[0].scope.key(), "tenant:t/user:u");
-    let Some(verdict) = plan.loop_verdict else {
+    assert_eq!(repeats(&plan)[0].scope.key(), "tenant:t/user:u");
+    let Some(verdict) = loop_verdict(&plan) else {
         unreachable!("a verdict")
     };
     assert_eq!(
@@ -192,7 +191,7 @@ fn agent_checks_come_last_in_their_lists() {
         },
     )
     .unwrap_or_else(|e| unreachable!("{e}"));
-    assert!(quiet.repeats.is_empty() && quiet.loop_verdict.is_none());
+    assert!(repeats(&quiet).is_empty() && loop_verdict(&quiet).is_none());
 }
 
 #[test]
@@ -215,20 +214,24 @@ fn shadow_rules_are_planned_apart_and_never_enforced() {
     );
     let f = facts(40, Some(800));
     let enforced = plan(&p, &f).unwrap_or_else(|e| unreachable!("{e}"));
-    assert!(enforced.rate.is_empty() && enforced.token_verdict.is_none());
-    assert_eq!(enforced.budget.len(), 1);
+    assert!(rates(&enforced).is_empty() && token_verdict(&enforced).is_none());
+    assert_eq!(budgets(&enforced).len(), 1);
     assert_eq!(enforced.max_output_tokens, 500, "only enforced rules grant");
     assert_eq!(enforced.kill_targets.len(), 4);
     let shadow = shadow_plan(&p, &f)
         .unwrap_or_else(|e| unreachable!("{e}"))
         .unwrap_or_else(|| unreachable!("a shadow rule applies"));
     assert_eq!(shadow.request_id, "r~shadow");
-    assert_eq!(shadow.rate.len(), 1);
-    assert_eq!(shadow.budget.len(), 1);
-    assert_eq!(shadow.budget[0].scope.rule(), "watch");
-    assert_eq!(shadow.budget[0].amount, 540, "granted as under both rules");
+    assert_eq!(rates(&shadow).len(), 1);
+    assert_eq!(budgets(&shadow).len(), 1);
+    assert_eq!(budgets(&shadow)[0].scope.rule(), "watch");
     assert_eq!(
-        shadow.token_verdict.as_ref().map(|d| d.reason),
+        budgets(&shadow)[0].amount,
+        540,
+        "granted as under both rules"
+    );
+    assert_eq!(
+        token_verdict(&shadow).as_ref().map(|d| d.reason),
         Some(Reason::OutputTokenLimit)
     );
     assert!(shadow.kill_targets.is_empty() && !shadow.fail_open);
@@ -328,7 +331,7 @@ fn rules_over_the_same_dimensions_share_a_key_renamed() {
         let r = &p.scopes[i];
         ScopeKey::derive_in(&r.name, &r.dims, &f.identity, r.ip_prefix)
     };
-    let ids: Vec<&str> = enforced.rate.iter().map(|c| c.scope.id()).collect();
+    let ids: Vec<&str> = rates(&enforced).iter().map(|c| c.scope.id()).collect();
     assert_eq!(
         ids,
         [
@@ -337,9 +340,108 @@ fn rules_over_the_same_dimensions_share_a_key_renamed() {
             "per-user|tenant:t/user:u"
         ]
     );
-    for (check, i) in enforced.rate.iter().zip([1, 3, 4]) {
+    for (check, i) in rates(&enforced).iter().zip([1, 3, 4]) {
         assert_eq!(Some(&check.scope), derived(i).as_ref());
     }
-    assert_eq!(Some(&shadow.rate[0].scope), derived(2).as_ref());
-    assert_eq!(shadow.rate[0].scope.id(), "per-ip-trial|ip:203.0.113.7");
+    assert_eq!(Some(&rates(&shadow)[0].scope), derived(2).as_ref());
+    assert_eq!(rates(&shadow)[0].scope.id(), "per-ip-trial|ip:203.0.113.7");
+}
+
+fn budgets(p: &Plan) -> Vec<&BudgetCheck> {
+    p.reserves().map(|(_, b)| b).collect()
+}
+
+fn counts_of(p: &Plan, reason: Reason) -> Vec<&RateCheck> {
+    p.counts()
+        .filter(|(_, r, _)| *r == reason)
+        .map(|(_, _, c)| c)
+        .collect()
+}
+
+fn rates(p: &Plan) -> Vec<&RateCheck> {
+    counts_of(p, Reason::RequestRateLimit)
+}
+
+fn repeats(p: &Plan) -> Vec<&RateCheck> {
+    counts_of(p, Reason::LoopDetected)
+}
+
+fn verdicts(p: &Plan) -> impl Iterator<Item = &Deny> + '_ {
+    p.checks.iter().filter_map(|c| match &c.kind {
+        Kind::Verdict(d) => Some(d),
+        _ => None,
+    })
+}
+
+fn token_verdict(p: &Plan) -> Option<Deny> {
+    verdicts(p).find(|d| !d.reason.is_stateful()).cloned()
+}
+
+fn loop_verdict(p: &Plan) -> Option<Deny> {
+    verdicts(p)
+        .find(|d| d.reason == Reason::LoopDetected)
+        .cloned()
+}
+
+/// The checks are in the controls' fixed order, each control's in policy order.
+#[test]
+fn a_plan_lists_its_checks_in_the_controls_order() {
+    let policy = Policy::from_toml(
+        r#"
+        [[scopes]]
+        key = "user"
+        requests = { limit = 5, window = "1m" }
+        input_tokens = 10
+        concurrency = { limit = 2 }
+        budget = { tokens = 300, period = "day" }
+        tool_calls = { limit = 9, period = "day" }
+        loops = { max_identical = 1, window = "1m" }
+        [[scopes]]
+        key = "tenant"
+        requests = { limit = 50, window = "1m" }
+        concurrency = { limit = 20 }
+        "#,
+    )
+    .unwrap_or_else(|e| unreachable!("{e}"));
+    let facts = RequestFacts {
+        request_id: "r".into(),
+        identity: Identity::default()
+            .with(Dimension::Tenant, "t")
+            .with(Dimension::User, "u"),
+        input_tokens: 11,
+        fingerprint: Some(3),
+        tool_call_repeats: 2,
+        ..RequestFacts::default()
+    };
+    let p = plan(&policy, &facts).unwrap_or_else(|e| unreachable!("{e}"));
+    let order: Vec<(Reason, &str)> = p
+        .checks
+        .iter()
+        .map(|c| {
+            let kind = match c.kind {
+                Kind::Count(_) => "count",
+                Kind::Lease(_) => "lease",
+                Kind::Reserve(_) => "reserve",
+                Kind::Verdict(_) => "verdict",
+            };
+            (c.reason, kind)
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (Reason::RequestRateLimit, "count"),
+            (Reason::RequestRateLimit, "count"),
+            (Reason::InputTokenLimit, "verdict"),
+            (Reason::ConcurrencyLimit, "lease"),
+            (Reason::ConcurrencyLimit, "lease"),
+            (Reason::BudgetLimit, "reserve"),
+            (Reason::ToolCallLimit, "reserve"),
+            (Reason::LoopDetected, "count"),
+            (Reason::LoopDetected, "verdict"),
+        ]
+    );
+    // Each control's checks in policy order: the user rule's before the tenant's.
+    let rate_rules: Vec<&str> = rates(&p).iter().map(|c| c.scope.rule()).collect();
+    assert_eq!(rate_rules, ["user", "tenant"]);
 }

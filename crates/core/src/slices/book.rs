@@ -22,7 +22,7 @@ mod orders;
 mod pending;
 mod tend;
 use crate::clock::{Clock, Millis};
-use crate::controls::{budget, rate};
+use crate::controls::{Kind, budget, rate};
 use crate::decision::{Decision, Quota, Reason};
 use crate::ledger::{Period, RateWindow};
 use crate::memory::MemoryStore;
@@ -162,14 +162,8 @@ fn hash_of(parts: impl Iterator<Item = Arc<str>>) -> u64 {
 
 /// The stateful scopes of a plan and its shadow's.
 fn scopes<'a>(plan: &'a Plan, shadow: Option<&'a Plan>) -> impl Iterator<Item = &'a ScopeKey> {
-    let of = |p: &'a Plan| {
-        p.rate
-            .iter()
-            .map(|c| &c.scope)
-            .chain(p.concurrency.iter().map(|c| &c.scope))
-            .chain(p.budget.iter().map(|c| &c.scope))
-    };
-    of(plan).chain(shadow.into_iter().flat_map(of))
+    plan.scopes()
+        .chain(shadow.into_iter().flat_map(Plan::scopes))
 }
 
 impl Book {
@@ -314,7 +308,10 @@ impl Book {
         if scopes(plan, shadow).any(|s| self.is_exact(s.shared_id(), now)) {
             return Ok(Step::Store { give_back: true });
         }
-        if self.lost || !plan.repeats.is_empty() || shadow.is_some_and(|s| !s.repeats.is_empty()) {
+        // A count that reports no quota is a request's own counter (its repeats), not a shared
+        // limit worth a slice: the store counts it.
+        let own_counter = |p: &Plan| p.counts().any(|(_, r, _)| !r.reports_quota());
+        if self.lost || own_counter(plan) || shadow.is_some_and(own_counter) {
             return Ok(Step::Store { give_back: false });
         }
         let margin = self.margin(cfg);
@@ -377,12 +374,14 @@ impl Book {
             }
             (Some(_), _) => return Ok(Step::Store { give_back: false }),
         };
-        let slice_short = |r: Reason| {
-            matches!(
-                r,
-                Reason::ConcurrencyLimit | Reason::BudgetLimit | Reason::ToolCallLimit
-            )
+        // Refused by a lease or a reservation: the slices' room, not the scope's, may be short.
+        let held_by_slices = |p: &Plan, r: Reason| {
+            p.checks
+                .iter()
+                .any(|c| c.reason == r && matches!(c.kind, Kind::Lease(_) | Kind::Reserve(_)))
         };
+        let slice_short =
+            |r: Reason| held_by_slices(plan, r) || shadow.is_some_and(|s| held_by_slices(s, r));
         let short_here = matches!(&decided, Decision::Deny(d) if slice_short(d.reason))
             || matches!(&outcome, Some(ShadowOutcome::Refused(d)) if slice_short(d.reason));
         if short_here {
@@ -397,7 +396,7 @@ impl Book {
         }
         if let (Some(s), Some(ShadowOutcome::Held)) = (shadow, &outcome) {
             // The shadow's slices grow with their use too.
-            for b in &s.budget {
+            for (_, b) in s.reserves() {
                 if let Some(slice) = self.budgets.get_mut(&Self::budget_key(b, now).0) {
                     slice.used = slice.used.saturating_add(b.amount);
                 }
@@ -440,15 +439,15 @@ impl Book {
     /// slices for one more of the request in any of its scopes (or one has no slice to tell).
     fn tight(&self, plan: &Plan, shadow: Option<&Plan>, now: Millis) -> bool {
         std::iter::once(plan).chain(shadow).any(|p| {
-            p.rate.iter().any(|c| {
+            p.counts().any(|(_, _, c)| {
                 self.rate
                     .get(&Self::rate_key(c))
                     .is_none_or(|s| rate::remaining(&s.window, c, now) == 0)
-            }) || p.concurrency.iter().any(|c| {
+            }) || p.leases().any(|(_, c)| {
                 self.leases
                     .get(&Self::lease_key(c))
                     .is_none_or(|s| s.headroom == 0)
-            }) || p.budget.iter().any(|b| {
+            }) || p.reserves().any(|(_, b)| {
                 self.budgets
                     .get(&Self::budget_key(b, now).0)
                     .is_none_or(|s| !budget::fits(b.amount, s.headroom))
@@ -459,8 +458,8 @@ impl Book {
     /// Counts the attempt in every rate slice of the plan and its shadow's; the plan's rate
     /// quotas, as the store would give them.
     fn count(&mut self, plan: &Plan, shadow: Option<&Plan>, now: Millis) -> Vec<Quota> {
-        let mut quotas = Vec::with_capacity(plan.rate.len());
-        for (check, c) in plan.rate.iter().enumerate() {
+        let mut quotas = Vec::with_capacity(plan.checks.len());
+        for (check, reason, c) in plan.counts() {
             if let Some(s) = self.rate.get_mut(&Self::rate_key(c)) {
                 s.left -= 1;
                 s.used += 1;
@@ -473,10 +472,10 @@ impl Book {
                     reset_after_ms: w.start.saturating_add(c.window_ms).saturating_sub(now),
                     retry_after_ms: 0,
                 };
-                quotas.push(rate::quota(check, c, counted));
+                quotas.push(rate::quota(reason, check, c, counted));
             }
         }
-        for c in shadow.iter().flat_map(|s| &s.rate) {
+        for (_, _, c) in shadow.iter().flat_map(|s| s.counts()) {
             if let Some(s) = self.rate.get_mut(&Self::rate_key(c)) {
                 s.left -= 1;
                 s.used += 1;
@@ -489,12 +488,12 @@ impl Book {
     /// limit the slice's room here. `None` when a slice went missing.
     fn rewrite(&self, plan: &Plan, now: Millis) -> Option<Plan> {
         let mut lp = plan.clone();
-        lp.rate.clear();
+        lp.attempt_counted = true;
         lp.kill_targets = crate::pipeline::KillTargets::default();
-        for c in &mut lp.concurrency {
+        for c in lp.leases_mut() {
             c.limit = self.leases.get(&Self::lease_key(c))?.slots;
         }
-        for b in &mut lp.budget {
+        for b in lp.reserves_mut() {
             b.limit = self.budgets.get(&Self::budget_key(b, now).0)?.local_limit();
         }
         Some(lp)
@@ -510,28 +509,26 @@ impl Book {
         let mut quotas = Vec::with_capacity(a.quotas.len() + rate.map_or(0, <[Quota]>::len));
         quotas.extend(rate.unwrap_or_default().iter().cloned());
         for mut q in a.quotas {
-            match q.reason {
-                Reason::ConcurrencyLimit => {
-                    if let Some(c) = plan.concurrency.get(q.check) {
-                        if let Some(s) = self.leases.get_mut(&Self::lease_key(c)) {
-                            s.peak = s.peak.max(s.slots.saturating_sub(q.remaining));
-                            q.remaining = q.remaining.saturating_add(s.headroom);
-                        }
-                        q.limit = c.limit;
+            match plan.checks.get(q.check).map(|c| &c.kind) {
+                Some(Kind::Lease(c)) => {
+                    if let Some(s) = self.leases.get_mut(&Self::lease_key(c)) {
+                        s.peak = s.peak.max(s.slots.saturating_sub(q.remaining));
+                        q.remaining = q.remaining.saturating_add(s.headroom);
                     }
+                    q.limit = c.limit;
                 }
-                _ => {
-                    if let Some(b) = plan.budget.get(q.check) {
-                        if let Some(s) = self.budgets.get_mut(&Self::budget_key(b, now).0) {
-                            s.used = s.used.saturating_add(b.amount);
-                            q.remaining = q.remaining.saturating_add(s.headroom);
-                        }
-                        q.limit = b.limit;
+                Some(Kind::Reserve(b)) => {
+                    if let Some(s) = self.budgets.get_mut(&Self::budget_key(b, now).0) {
+                        s.used = s.used.saturating_add(b.amount);
+                        q.remaining = q.remaining.saturating_add(s.headroom);
                     }
+                    q.limit = b.limit;
                 }
+                _ => {}
             }
             quotas.push(q);
         }
+        quotas.sort_by_key(|q| q.check);
         a.quotas = quotas;
         Decision::Admit(a)
     }
@@ -540,7 +537,7 @@ impl Book {
     /// slices' windows count it too, so that their quotas stay the store's.
     pub fn learn_attempt(&mut self, plan: &Plan) {
         let now = self.last;
-        for c in &plan.rate {
+        for (_, _, c) in plan.counts() {
             if let Some(s) = self.rate.get_mut(&Self::rate_key(c)) {
                 if s.window.start.saturating_add(c.window_ms) > now {
                     s.window.current = s.window.current.saturating_add(1);
@@ -556,19 +553,15 @@ impl Book {
             return;
         };
         for q in &a.quotas {
-            match q.reason {
-                Reason::ConcurrencyLimit => {
-                    if let Some(c) = plan.concurrency.get(q.check) {
-                        if let Some(s) = self.leases.get_mut(&Self::lease_key(c)) {
-                            s.headroom = q.remaining;
-                        }
+            match plan.checks.get(q.check).map(|c| &c.kind) {
+                Some(Kind::Lease(c)) => {
+                    if let Some(s) = self.leases.get_mut(&Self::lease_key(c)) {
+                        s.headroom = q.remaining;
                     }
                 }
-                Reason::BudgetLimit | Reason::ToolCallLimit => {
-                    if let Some(b) = plan.budget.get(q.check) {
-                        if let Some(s) = self.budgets.get_mut(&Self::budget_key(b, now).0) {
-                            s.headroom = q.remaining;
-                        }
+                Some(Kind::Reserve(b)) => {
+                    if let Some(s) = self.budgets.get_mut(&Self::budget_key(b, now).0) {
+                        s.headroom = q.remaining;
                     }
                 }
                 _ => {}

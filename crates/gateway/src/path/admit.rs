@@ -182,10 +182,10 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         if !matches!(shadowed, Shadowed::None) {
             shadow = None;
         }
-        // The attempt was counted once: retries from the queue skip the rate checks.
-        p.rate.clear();
+        // The attempt was counted once: retries from the queue skip the counts.
+        p.attempt_counted = true;
         if let Some(s) = shadow.as_deref_mut() {
-            s.rate.clear();
+            s.attempt_counted = true;
         }
         // The timer's clock, which the waits below follow (and a test's paused time moves).
         let entered = TimerInstant::now();
@@ -284,15 +284,14 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
             ),
         }
         Ok(match e {
-            // Token limits need no store: refuse as usual.
-            StoreError::Unavailable(_) if p.token_verdict.is_some() => {
-                Decision::Deny(p.token_verdict.clone().ok_or_else(respond::inconsistent)?)
-            }
-            // So does a history that repeats a tool call: the stateful controls before it are
-            // the ones failing open.
-            StoreError::Unavailable(_) if p.fail_open && p.loop_verdict.is_some() => {
-                Decision::Deny(p.loop_verdict.clone().ok_or_else(respond::inconsistent)?)
-            }
+            // A verdict needs no store: a stateless control's refuses as usual, and so does a
+            // stateful control's when the plan fails open (the controls failing open are the
+            // ones before it that need the store).
+            StoreError::Unavailable(_) if p.verdict_without_store().is_some() => Decision::Deny(
+                p.verdict_without_store()
+                    .cloned()
+                    .ok_or_else(respond::inconsistent)?,
+            ),
             StoreError::Unavailable(_) if p.fail_open => {
                 crate::telemetry::fail_open();
                 Decision::Admit(Admitted {
@@ -320,22 +319,7 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
 /// Clears the controls in `exempt` from the plan.
 fn exempt(p: &mut Plan, exempt: &[Reason]) {
     for r in exempt {
-        match r {
-            Reason::RequestRateLimit => p.rate.clear(),
-            Reason::ConcurrencyLimit => p.concurrency.clear(),
-            Reason::BudgetLimit | Reason::ToolCallLimit => {
-                p.budget.retain(|b| b.unit.reason() != *r);
-            }
-            Reason::LoopDetected => {
-                p.repeats.clear();
-                p.loop_verdict = None;
-            }
-            _ => {
-                if p.token_verdict.as_ref().is_some_and(|d| d.reason == *r) {
-                    p.token_verdict = None;
-                }
-            }
-        }
+        p.exempt(*r);
     }
 }
 

@@ -50,7 +50,7 @@ pub(crate) async fn early_rate(
     };
     let mut p = tollgate_core::rate_plan(&cfg.policy, &facts);
     gw.overrides.apply(&mut p);
-    if p.rate.is_empty() {
+    if p.checks.is_empty() {
         return Ok(Vec::new());
     }
     match gw.store.admit(&p).await {
@@ -60,7 +60,7 @@ pub(crate) async fn early_rate(
                 .store
                 .release(&p.request_id, Some(Usage::default()))
                 .await;
-            Ok(p.rate.into_iter().map(|r| r.scope).collect())
+            Ok(p.scopes().cloned().collect())
         }
         Ok(refused) => {
             match &refused {

@@ -26,6 +26,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderValue, Request};
 use axum::response::Response;
+use tollgate_core::pipeline::Kind;
 use tollgate_core::record::DecisionRecord;
 use tollgate_core::{Admitted, Decision, Plan, PlanError, Reason, Unit};
 
@@ -148,7 +149,9 @@ async fn admit_counted(
     // Limits set at run time for one value take their rules' place.
     gw.overrides.apply(&mut p);
     // The attempt was counted in these before its body was (see `early`).
-    p.rate.retain(|r| !early.contains(&r.scope));
+    p.checks.retain(|c| {
+        !(matches!(c.kind, Kind::Count(_)) && c.scope().is_some_and(|s| early.contains(s)))
+    });
     if gw.books.as_ref().is_some_and(|b| !b.ledger.accepting()) {
         crate::telemetry::ledger_event("refused");
         return Err(respond::ledger_full());
@@ -258,7 +261,10 @@ pub(crate) fn plans(
 /// how marked input was priced; fields named as the request's API names them.
 fn refusal(dialect: &dyn Dialect, counted: &Counted, p: &Plan, refused: &Decision) -> ApiError {
     let unit = match refused {
-        Decision::Deny(d) => p.budget.iter().find(|b| b.scope == d.scope).map(|b| b.unit),
+        Decision::Deny(d) => p
+            .reserves()
+            .find(|(_, b)| b.scope == d.scope)
+            .map(|(_, b)| b.unit),
         _ => None,
     };
     let mut e = respond::refusal_in(refused, unit);
@@ -267,9 +273,8 @@ fn refusal(dialect: &dyn Dialect, counted: &Counted, p: &Plan, refused: &Decisio
         let writes = counted.facts.cache_write_tokens;
         // A money budget reserved marked input at the dearest cache-write price.
         let money = p
-            .budget
-            .iter()
-            .any(|b| b.unit == Unit::MicroUsd && b.scope == d.scope);
+            .reserves()
+            .any(|(_, b)| b.unit == Unit::MicroUsd && b.scope == d.scope);
         if d.reason == Reason::BudgetLimit && money && writes > 0 {
             e.message = format!(
                 "{} The reservation prices the {writes} input tokens that may be written to the \

@@ -2,10 +2,11 @@
 -- ledger function mirrors crates/core/src/ledger.rs. Numbers stay below 2^53 by the policy's
 -- bounds. Admission and settlement are functions so that one call can carry many of them.
 -- The ticket is one msgpack string under P:ts:<request>, which becomes the request's finished
--- marker when it ends (one SET ... GET at settlement). A refusal names its control by its
--- reason code ('request_rate_limit', 'concurrency_limit', 'budget_limit', 'tool_call_limit',
--- 'loop_detected'), as tollgate_redis::STORE_REASONS does; the reply kinds are those of
--- ADMIT_REPLIES, SHADOW_REPLIES and FINISH_REPLIES (a test reads this file and checks them).
+-- marker when it ends (one SET ... GET at settlement). The scripts know a plan's checks by
+-- their kinds (count, lease, reserve, verdict), never by their controls: a refusal names its
+-- check by its place in the plan and repeats the reason it was sent with. The reply kinds are
+-- those of ADMIT_REPLIES, SHADOW_REPLIES and FINISH_REPLIES (a test reads this file and checks
+-- them).
 -- v5: reservations of tool calls (unit 'c'), a settlement's tool calls, and the request's
 -- repeats. v6: an admission with its shadow plan (admit_shadowed), whose reservations the
 -- request's ticket holds with their units in capitals. v7: slices (slices_v1.lua), whose

@@ -215,8 +215,9 @@ local function kill_table()
   return t
 end
 
--- A refusal by a control this script decides, in the `deny` layout of
--- crates/redis/src/contract.rs (Lua's tables count from 1).
+-- A refusal by one of the plan's checks, in the `deny` layout of crates/redis/src/contract.rs
+-- (Lua's tables count from 1): its reason, its place in the plan (from 0), what is left and the
+-- waits (-1: none).
 local function deny(reason, check, remaining, retry, reset)
   local r = {}
   r[@deny.kind + 1], r[@deny.reason + 1], r[@deny.check + 1] = 'deny', reason, check
@@ -224,12 +225,12 @@ local function deny(reason, check, remaining, retry, reset)
   return r
 end
 
--- Takes the leases of the n scopes whose keys are A[al], A[al + 2], ... (counted by the checks,
--- so their entries are read) for request id, into the call's pending state and the ticket v,
--- whose last value set is v[nv]. Returns the new nv.
+-- Takes the leases of the n lease checks whose layouts start at A[al[1]], ..., A[al[n]]
+-- (checked, so their entries are read) for request id, into the call's pending state and the
+-- ticket v, whose last value set is v[nv]. Returns the new nv.
 local function take_leases(A, al, n, id, expires_arg, keep, v, nv)
-  for i = 0, n - 1 do
-    local key = A[al + @lease# * i + @lease.key]
+  for i = 1, n do
+    local key = A[al[i] + @lease.key]
     local l = LEASE[key]
     local k = l[4]
     l[5 + k], l[6 + k], l[4] = expires_arg, id, k + 2
@@ -241,12 +242,13 @@ local function take_leases(A, al, n, id, expires_arg, keep, v, nv)
   return nv
 end
 
--- Makes the reservations of the n budget scopes at A[ab] (six values each) with what their
--- checks found (bud: four values per scope), into the pending state and the ticket v. A shadow
--- rule's unit goes into the ticket in capitals (see end_ticket). Returns the new nv.
+-- Makes the reservations of the n reservation checks whose layouts start at A[ab[1]], ...,
+-- with what their checks found (bud: four values per check), into the pending state and the
+-- ticket v. A shadow rule's unit goes into the ticket in capitals (see end_ticket). Returns the
+-- new nv.
 local function take_budgets(A, ab, n, bud, now, ttl, retention, v, nv, shadow)
-  for i = 0, n - 1 do
-    local b, k = ab + @budget# * i, 4 * i
+  for i = 1, n do
+    local b, k = ab[i], 4 * (i - 1)
     local key, field, pend, cur, amount = A[b + @budget.key], bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4]
     local cell = BUDGET[key]
     if cur ~= field then
@@ -276,40 +278,95 @@ local function take_budgets(A, ab, n, bud, now, ttl, retention, v, nv, shadow)
   return nv
 end
 
--- One admission: count the attempt in every rate scope, apply the token verdict, take a lease
--- in every concurrency scope and reserve in every budget scope, all or nothing.
+-- The arguments a check takes after its `check` layout, by its kind.
+local CHECK_ARGS = {r = @rate#, k = @rate#, l = @lease#, b = @budget#, v = 0}
+
+-- Counts one attempt in the count whose `rate` layout starts at A[a]: whether it went over,
+-- what is left, the time to the reset and the wait.
+local function count_at(A, a, now)
+  local key, limit, window_arg = A[a + @rate.key], num(A[a + @rate.limit]), A[a + @rate.window]
+  local window = num(window_arg)
+  -- The entry's first three are the window {start, current, previous} that roll() moves.
+  local w = RATE[key]
+  if w == nil then
+    local h = redis.call('HMGET', key, 's', 'c', 'p', 'w')
+    -- The start and the previous count change once a window: remembered like policy numbers.
+    local s, c = num(h[1] or '0'), 0 + (h[2] or 0)
+    w = {s, c, num(h[3] or '0'), h[4] or false, h[1] and s or -1, c, h[4] or false}
+    RATE[key] = w
+  end
+  if w[4] ~= window_arg then
+    -- Another window length (the policy changed): counting starts again.
+    if w[4] then w[1], w[2], w[3] = 0, 0, 0 end
+    w[4] = window_arg
+  end
+  return rate_count(w, now, window, limit)
+end
+
+-- The lease check whose `lease` layout starts at A[a]: the leases left after it, or nil and the
+-- wait.
+local function lease_at(A, a, now)
+  local key, limit = A[a + @lease.key], num(A[a + @lease.limit])
+  -- A lease leaves its set when its request ends or expires (the sweep), so the set's size
+  -- (without the skiplist member) is the number held unless the sweep is behind; only at the
+  -- limit are expired members taken out here and the set counted again (counting the
+  -- unexpired members, ZCOUNT from now, walks every one of them).
+  local l = lease(key, true)
+  local held = l[1]
+  if held >= limit then
+    lease_flush(key, l)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+    held = redis.call('ZCOUNT', key, '-inf', '(+inf')
+    l[1] = held
+  end
+  local soonest = nil
+  if held >= limit then
+    local s = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+    if s[2] ~= nil then soonest = tonumber(s[2]) end
+  end
+  return lease_verdict(held, limit, soonest, now)
+end
+
+-- The reservation check whose `budget` layout starts at A[a]: whether it fits, what is left,
+-- the wait, the period's end and field, and the current field (false when none).
+local function budget_at(A, a, now)
+  local key, limit, len = A[a + @budget.key], num(A[a + @budget.limit]), num(A[a + @budget.period_len])
+  local label, amount = A[a + @budget.label], num(A[a + @budget.amount])
+  local pid, _, pend = period_at(len, now)
+  local field = label .. '@' .. int(pid)
+  local cell = budget(key, field, true)
+  local fits, left, retry = budget_verdict(cell[2] + cell[3], amount, limit, pend, now)
+  local cur = cell[6]
+  if cur == '' then cur = false end
+  return fits, left, retry, pend, field, cur, amount
+end
+
+-- One admission: count the attempt in every count, then walk the checks in the plan's order to
+-- the first refusal (a count over its limit, a verdict, a full lease set, a budget without
+-- room), then take a lease for every lease check and reserve for every reservation, all or
+-- nothing. The script knows the checks' kinds, never their controls: a refusal names its check
+-- by its place and its reason as sent.
 --
 -- A[a], ...: the header (the `admit` layout of crates/redis/src/contract.rs), the kill-switch
---   targets, then the `rate` layout per rate scope and then per repeat scope, the `lease` layout
---   per lease scope, the `budget` layout per budget scope (unit t|m|c<n>, period length 0 for
---   a month).
--- Returns {'admit', expires_at, quota values...} | a refusal in the `deny` layout | {'token'} |
---   {'loop'} | {'dup'} | {'killed', target, reason}. A repeat scope's index counts from the first repeat scope.
+--   targets, then per check its `check` layout (kind, reason) and its kind's (`rate`, `lease`,
+--   `budget`: unit t|m|c<n>, period length 0 for a month; none for a verdict).
+-- Returns {'admit', expires_at, a `quota` per check} | a refusal in the `deny` layout |
+--   {'dup'} | {'killed', target, reason}.
 -- `known`: the id was checked for a duplicate already. `shadow`: what a shadow plan's probe
--- (in the same A) found, {start, lease args, n_lease, budget args, n_budget, its checks' table},
--- to take into this ticket as well when this admission passes.
+-- (in the same A) found, {start, lease places, n_lease, budget places, n_budget, its checks'
+-- table}, to take into this ticket as well when this admission passes.
 local function admit_one(A, a, now, kills, probe, shadow, known)
-  local id, ttl, retention, a0, token_deny, loop_deny, n_rate, n_lease, n_budget, n_kill
-  -- Most admissions have no repeat scope: '0' is known without a conversion (see num).
-  local n_repeat = 0
+  local id, ttl, retention, a0, n_check, n_kill
   if probe == 'shadow' then
-    -- A shadow plan's header (admit_shadowed): its verdicts and counts, nothing for a ticket.
-    token_deny, loop_deny = A[a + @shadow.token_deny] == '1', A[a + @shadow.loop_deny] == '1'
-    n_rate, n_lease = num(A[a + @shadow.n_rate]), num(A[a + @shadow.n_lease])
-    n_budget = num(A[a + @shadow.n_budget])
-    if A[a + @shadow.n_repeat] ~= '0' then n_repeat = num(A[a + @shadow.n_repeat]) end
-    n_kill, a = 0, a + @shadow#
+    -- A shadow plan's header (admit_shadowed): its checks' number, nothing for a ticket.
+    n_check, n_kill, a = num(A[a + @shadow.n_check]), 0, a + @shadow#
   else
     id, ttl, retention = A[a + @admit.id], num(A[a + @admit.ttl]), num(A[a + @admit.retention])
-    token_deny = A[a + @admit.token_deny] == '1'
-    n_rate, n_lease = num(A[a + @admit.n_rate]), num(A[a + @admit.n_lease])
-    n_budget = num(A[a + @admit.n_budget])
+    n_check = num(A[a + @admit.n_check])
     -- Price and expired usage only go into the ticket: kept as the strings they came in, and
     -- read where they are (no table of their own).
     a0 = a
     n_kill = num(A[a + @admit.n_kill])
-    if A[a + @admit.n_repeat] ~= '0' then n_repeat = num(A[a + @admit.n_repeat]) end
-    loop_deny = A[a + @admit.loop_deny] == '1'
     a = a + @admit#
   end
   -- The kill switch comes before anything is counted.
@@ -327,129 +384,82 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
     return {'dup'}
   end
 
-  -- The reply: its quotas are appended as the controls pass, and its second value, the expiry,
-  -- is set at the end. Made with room for six quotas (a scope's rate, lease and budget): a
-  -- table grown one value at a time is copied at every power of two.
-  local out, no = {nil, nil, nil, nil, nil, nil, nil, nil}, @admitted#
+  -- The reply: a quota per check at its place, the second value, the expiry, set at the end.
+  -- Made with room for three quotas: a table grown one value at a time is copied at every
+  -- power of two.
+  local out = {nil, nil, nil, nil, nil, nil, nil, nil}
   out[@admitted.kind + 1], out[@admitted.expires_at + 1] = 'admit', 0
-  -- 1. Rate: every attempt counts in every rate scope, and every repeat in its repeat scope
-  -- (refused last, after the budgets).
-  local rate_fail, repeat_fail = nil, nil
-  for i = 1, n_rate + n_repeat do
-    local key, limit, window_arg = A[a + @rate.key], num(A[a + @rate.limit]), A[a + @rate.window]
-    local window = num(window_arg)
-    a = a + @rate#
-    -- The entry's first three are the window {start, current, previous} that roll() moves.
-    local w = RATE[key]
-    if w == nil then
-      local h = redis.call('HMGET', key, 's', 'c', 'p', 'w')
-      -- The start and the previous count change once a window: remembered like policy numbers.
-      local s, c = num(h[1] or '0'), 0 + (h[2] or 0)
-      w = {s, c, num(h[3] or '0'), h[4] or false, h[1] and s or -1, c, h[4] or false}
-      RATE[key] = w
-    end
-    if w[4] ~= window_arg then
-      -- Another window length (the policy changed): counting starts again.
-      if w[4] then w[1], w[2], w[3] = 0, 0, 0 end
-      w[4] = window_arg
-    end
-    local over, left, reset, retry = rate_count(w, now, window, limit)
-    if i > n_rate then
-      if over and repeat_fail == nil then
-        repeat_fail = deny('loop_detected', i - n_rate - 1, 0, retry, reset)
+  -- Every attempt counts in every count, whatever refuses it; a count over its limit refuses
+  -- at its place.
+  local first = a
+  local over_at, over = nil, nil
+  for i = 1, n_check do
+    local kind = A[a + @check.kind]
+    local q = @admitted# + (i - 1) * @quota# + 1
+    a = a + @check#
+    if kind == 'r' then
+      local went_over, left, reset, retry = count_at(A, a, now)
+      if went_over and over_at == nil then
+        over_at, over = i, deny(A[a - @check# + @check.reason], i - 1, 0, retry, reset)
       end
+      out[q + @quota.remaining], out[q + @quota.reset] = left, reset
     else
-      if over and rate_fail == nil then
-        rate_fail = deny('request_rate_limit', i - 1, 0, retry, reset)
-      end
-      out[no + @rate_quota.remaining + 1], out[no + @rate_quota.reset + 1] = left, reset
-      no = no + @rate_quota#
+      -- Filled now, so that the reply has no hole; the walk sets what it finds.
+      out[q + @quota.remaining], out[q + @quota.reset] = 0, -1
     end
+    a = a + CHECK_ARGS[kind]
   end
-  if rate_fail ~= nil then return rate_fail end
-  -- 2-4. Token controls, decided by the caller.
-  if token_deny then return {'token'} end
-  -- 5. Concurrency. The lease keys are read again from A when the leases are taken.
-  local a_lease = a
-  for i = 1, n_lease do
-    local key, limit = A[a + @lease.key], num(A[a + @lease.limit])
-    a = a + @lease#
-    -- A lease leaves its set when its request ends or expires (the sweep), so the set's size
-    -- (without the skiplist member) is the number held unless the sweep is behind; only at the
-    -- limit are expired members taken out here and the set counted again (counting the
-    -- unexpired members, ZCOUNT from now, walks every one of them).
-    local l = lease(key, true)
-    local held = l[1]
-    if held >= limit then
-      lease_flush(key, l)
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
-      held = redis.call('ZCOUNT', key, '-inf', '(+inf')
-      l[1] = held
-    end
-    local soonest = nil
-    if held >= limit then
-      local s = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
-      if s[2] ~= nil then soonest = tonumber(s[2]) end
-    end
-    local left, wait = lease_verdict(held, limit, soonest, now)
-    if left == nil then return deny('concurrency_limit', i - 1, 0, wait, -1) end
-    out[no + @lease_quota.remaining + 1] = left
-    no = no + @lease_quota#
-  end
-  -- 6. Budget: check all, then reserve all. What a reservation needs beyond A goes into one flat
-  -- table, four values per scope: the period's field, its end, the current field (false when
+  -- The walk, in the plan's order. What a reservation needs beyond A goes into one flat table,
+  -- four values per reservation: the period's field, its end, the current field (false when
   -- none) and the amount.
-  local a_budget, bud = a, nil
-  for i = 1, n_budget do
-    local key, limit, len = A[a + @budget.key], num(A[a + @budget.limit]), num(A[a + @budget.period_len])
-    local label, amount, unit = A[a + @budget.label], num(A[a + @budget.amount]), A[a + @budget.unit]
-    a = a + @budget#
-    local pid, _, pend = period_at(len, now)
-    local field = label .. '@' .. int(pid)
-    local cell = budget(key, field, true)
-    local committed = cell[2] + cell[3]
-    local fits, left, retry = budget_verdict(committed, amount, limit, pend, now)
-    if not fits then
-      -- Unit 'c': tool calls.
-      if string.byte(unit) == 99 then
-        return deny('tool_call_limit', i - 1, left, retry, pend - now)
-      end
-      return deny('budget_limit', i - 1, left, retry, pend - now)
-    end
-    local cur = cell[6]
-    if cur == '' then cur = false end
-    if bud == nil then
-      bud = {field, pend, cur, amount}
-    else
-      local k = 4 * (i - 1)
+  a = first
+  local al, nl, ab, nb, bud = {}, 0, {}, 0, {}
+  for i = 1, n_check do
+    local kind, reason = A[a + @check.kind], A[a + @check.reason]
+    local q = @admitted# + (i - 1) * @quota# + 1
+    a = a + @check#
+    if kind == 'r' then
+      if over_at == i then return over end
+    elseif kind == 'v' then
+      return deny(reason, i - 1, 0, -1, -1)
+    elseif kind == 'l' then
+      local left, wait = lease_at(A, a, now)
+      if left == nil then return deny(reason, i - 1, 0, wait, -1) end
+      nl = nl + 1
+      al[nl] = a
+      out[q + @quota.remaining] = left
+    elseif kind == 'b' then
+      local fits, left, retry, pend, field, cur, amount = budget_at(A, a, now)
+      if not fits then return deny(reason, i - 1, left, retry, pend - now) end
+      local k = 4 * nb
+      nb = nb + 1
+      ab[nb] = a
       bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4] = field, pend, cur, amount
+      out[q + @quota.remaining], out[q + @quota.reset] = left, pend - now
     end
-    out[no + @budget_quota.remaining + 1], out[no + @budget_quota.reset + 1] = left, pend - now
-    no = no + @budget_quota#
+    a = a + CHECK_ARGS[kind]
   end
-  -- 7. Loops: the request's repeats, then its history's (decided by the caller).
-  if repeat_fail ~= nil then return repeat_fail end
-  if loop_deny then return {'loop'} end
   -- A probe (sharded stores, after another shard refused; a shadow plan) counts and checks,
   -- takes nothing, and says where what it would take is.
-  if probe then return out, a_lease, n_lease, a_budget, n_budget, bud end
+  if probe then return out, al, nl, ab, nb, bud end
   -- Everything passed: take the leases, make the reservations, record the ticket (its layout
   -- is above peek_ticket), built as it goes.
   local expires = now + ttl
   local expires_arg = int(expires)
   local keep = ttl + 60000
+  local n_lease = nl
+  if shadow then n_lease = nl + shadow[3] end
   -- With room for a lease and a reservation (nil until set; cmsgpack packs what is set).
   local v = {expires_arg, A[a0 + @admit.ttl], A[a0 + @admit.price_input],
     A[a0 + @admit.price_cached], A[a0 + @admit.price_output], A[a0 + @admit.expired_input],
-    A[a0 + @admit.expired_cached], A[a0 + @admit.expired_output], A[a0 + @admit.n_lease],
+    A[a0 + @admit.expired_cached], A[a0 + @admit.expired_output], int(n_lease),
     nil, nil, nil, nil, nil, nil, nil}
-  local nv = take_leases(A, a_lease, n_lease, id, expires_arg, keep, v, 9)
+  local nv = take_leases(A, al, nl, id, expires_arg, keep, v, 9)
   if shadow then
     -- The shadow's checks passed: its leases and reservations are held by this ticket.
     nv = take_leases(A, shadow[2], shadow[3], id, expires_arg, keep, v, nv)
-    v[9] = int(n_lease + shadow[3])
   end
-  nv = take_budgets(A, a_budget, n_budget, bud, now, ttl, retention, v, nv, false)
+  nv = take_budgets(A, ab, nb, bud, now, ttl, retention, v, nv, false)
   if shadow then
     take_budgets(A, shadow[4], shadow[5], shadow[6], now, ttl, retention, v, nv, true)
   end
@@ -468,7 +478,7 @@ end
 -- the request's, so the request's admission leaves its checks true); the request's admission
 -- then takes the shadow's leases and reservations into its own ticket when both pass. A known
 -- id counts nowhere. Returns {'dup'} or {'shadowed', the request's reply, the shadow's}: the
--- probe's refusal ('deny', 'token' or 'loop', of the shadow plan), or {'held'} or {'passed'}
+-- probe's refusal (in the `deny` layout, of the shadow plan), or {'held'} or {'passed'}
 -- (it would have admitted; the request was not admitted, so nothing is held).
 local function admit_shadowed(A, a, now, kills)
   local e = a + 1

@@ -76,7 +76,7 @@ impl Book {
         let live_until = now.saturating_add(plan.ttl_ms).saturating_add(margin);
         let ttl = cfg.slice_ttl(plan.ttl_ms);
         if rate_too {
-            for c in &plan.rate {
+            for (_, _, c) in plan.counts() {
                 let key = Self::rate_key(c);
                 let usable = self.rate.get(&key).is_some_and(|s| {
                     s.left > 0
@@ -89,7 +89,7 @@ impl Book {
                 }
             }
         }
-        for c in &plan.concurrency {
+        for (_, c) in plan.leases() {
             let key = Self::lease_key(c);
             let ok = self
                 .leases
@@ -100,7 +100,7 @@ impl Book {
                 self.lease_order(key, in_use, ttl, want);
             }
         }
-        for b in &plan.budget {
+        for (_, b) in plan.reserves() {
             let (key, end) = Self::budget_key(b, now);
             if now.saturating_add(margin) >= end {
                 // Too close to the period's end: the store decides.
@@ -135,13 +135,13 @@ impl Book {
         plan: &Plan,
         now: Millis,
     ) -> Result<bool, StoreError> {
-        for c in &plan.concurrency {
+        for (_, c) in plan.leases() {
             let slots = self.leases.get(&Self::lease_key(c)).map_or(0, |s| s.slots);
             if engine.held(c.scope.id(), None)?.0 >= slots {
                 return Ok(false);
             }
         }
-        for b in &plan.budget {
+        for (_, b) in plan.reserves() {
             let (key, _) = Self::budget_key(b, now);
             let limit = self.budgets.get(&key).map_or(0, BudgetSlice::local_limit);
             let (_, settled, reserved) =
@@ -164,7 +164,7 @@ impl Book {
         want: &mut Pending,
     ) -> Result<(), StoreError> {
         let ttl = cfg.slice_ttl(plan.ttl_ms);
-        for c in &plan.concurrency {
+        for (_, c) in plan.leases() {
             let key = Self::lease_key(c);
             if want.has_lease(&key) {
                 continue;
@@ -174,7 +174,7 @@ impl Book {
                 self.lease_order(key, in_use, ttl, want);
             }
         }
-        for b in &plan.budget {
+        for (_, b) in plan.reserves() {
             let (key, end) = Self::budget_key(b, now);
             if want.has_budget(&key) {
                 continue;
@@ -315,7 +315,7 @@ impl Book {
         let mut out = Pending::default();
         let now = self.last;
         for p in std::iter::once(plan).chain(shadow) {
-            for c in &p.rate {
+            for (_, _, c) in p.counts() {
                 let key = Self::rate_key(c);
                 if let Some(s) = self.rate.get_mut(&key).filter(|s| s.left > 0) {
                     let back = std::mem::take(&mut s.left);
@@ -323,7 +323,7 @@ impl Book {
                     out.push(rate_order_of(&key, 0, back, back_start), Mark::Rate(key));
                 }
             }
-            for c in &p.concurrency {
+            for (_, c) in p.leases() {
                 let key = Self::lease_key(c);
                 let Some(s) = self.leases.get_mut(&key).filter(|s| s.made) else {
                     continue;
@@ -334,7 +334,7 @@ impl Book {
                     out.push(lease_order_of(&key, s, in_use, false), Mark::Lease(key));
                 }
             }
-            for b in &p.budget {
+            for (_, b) in p.reserves() {
                 let key = Self::budget_key(b, now).0;
                 // One the store has ended may still have settlements to report.
                 let Some(s) = self.budgets.get_mut(&key) else {

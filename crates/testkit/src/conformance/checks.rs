@@ -1,0 +1,106 @@
+//! The conformance cases of a plan as an ordered list of checks: a store knows the checks'
+//! kinds, never their controls. It counts every count first, walks the checks in the plan's
+//! order to the first refusal, and names that check's reason, whatever the reason is; so a
+//! control of a known kind needs no store of its own.
+
+use tollgate_core::pipeline::{Check, Kind};
+use tollgate_core::{Decision, Deny, Plan, Reason, Store};
+
+use super::{plan_of, setup};
+use crate::{Harness, facts, policy};
+
+const POLICY: &str = r#"
+[[scopes]]
+key = "user"
+requests = { limit = 1, window = "1m" }
+concurrency = { limit = 1 }
+budget = { tokens = 1000, period = "day" }
+"#;
+
+/// The plan of request `id` by `user`, its checks rearranged by `f`.
+fn rearranged(id: &str, user: &str, f: impl FnOnce(Vec<Check>) -> Vec<Check>) -> Plan {
+    let mut p = plan_of(&policy(POLICY), &facts(id, user, 10, 10));
+    p.checks = f(std::mem::take(&mut p.checks));
+    p
+}
+
+fn of_kind(checks: &[Check], kind: fn(&Kind) -> bool) -> Check {
+    checks
+        .iter()
+        .find(|c| kind(&c.kind))
+        .cloned()
+        .unwrap_or_else(|| panic!("no such check in {checks:?}"))
+}
+
+fn count(k: &Kind) -> bool {
+    matches!(k, Kind::Count(_))
+}
+
+fn lease(k: &Kind) -> bool {
+    matches!(k, Kind::Lease(_))
+}
+
+fn refusal(d: Decision) -> Deny {
+    match d {
+        Decision::Deny(d) => d,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Checks are walked in the plan's order, not the controls': a full lease set placed before an
+/// over-limit count refuses first. And the refusal is the check's reason as the plan gives it.
+pub async fn checks_are_walked_in_the_plans_order<H: Harness>(h: &H) {
+    let (s, _) = setup(h).await;
+    let first = plan_of(&policy(POLICY), &facts("a", "u", 10, 10));
+    assert!(matches!(s.admit(&first).await, Ok(Decision::Admit(_))));
+    // The second attempt is over the rate, and the one lease is held: the lease comes first.
+    let b = rearranged("b", "u", |c| vec![of_kind(&c, lease), of_kind(&c, count)]);
+    let d = refusal(s.admit(&b).await.unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(d.reason, Reason::ConcurrencyLimit);
+    // The same count under another reason refuses with that reason.
+    let c = rearranged("c", "u", |c| {
+        let mut n = of_kind(&c, count);
+        n.reason = Reason::LoopDetected;
+        vec![n]
+    });
+    let d = refusal(s.admit(&c).await.unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(
+        (d.reason, d.limit, d.requested),
+        (Reason::LoopDetected, 1, 1)
+    );
+}
+
+/// A verdict refuses at its place, and every count is counted first all the same: the next
+/// attempt finds the count over its limit.
+pub async fn a_verdict_refuses_at_its_place_after_every_count<H: Harness>(h: &H) {
+    let (s, _) = setup(h).await;
+    let base = plan_of(&policy(POLICY), &facts("v0", "v", 10, 10));
+    let scope = of_kind(&base.checks, count)
+        .scope()
+        .cloned()
+        .unwrap_or_else(|| panic!("a count has a scope"));
+    let verdict = Deny {
+        reason: Reason::InputTokenLimit,
+        scope,
+        limit: 5,
+        remaining: 5,
+        requested: 10,
+        retry_after_ms: None,
+        reset_after_ms: None,
+    };
+    let v = Check {
+        reason: verdict.reason,
+        kind: Kind::Verdict(verdict.clone()),
+    };
+    let p = rearranged("v1", "v", |c| {
+        let mut out = vec![v];
+        out.extend(c);
+        out
+    });
+    let d = refusal(s.admit(&p).await.unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(d, verdict);
+    // Nothing was held, and the attempt was counted: the rate refuses the next one.
+    let next = plan_of(&policy(POLICY), &facts("v2", "v", 10, 10));
+    let d = refusal(s.admit(&next).await.unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(d.reason, Reason::RequestRateLimit);
+}
