@@ -53,7 +53,7 @@ fi
 if [ -n "${TOLLGATE_BENCH_AGAINST:-}" ]; then
   BEFORE_MEM=$(BIN="$TOLLGATE_BENCH_AGAINST" gateway before-memory "" "$ALL_SIX")
   BEFORE_RED=$(BIN="$TOLLGATE_BENCH_AGAINST" gateway before-redis \
-    "$(printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\nprefix = "before"\n' "$REDIS")" "$ALL_SIX")
+    "$(printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\nprefix = "before"\n[store.slices]\nenabled = false\n' "$REDIS")" "$ALL_SIX")
   BEFORE_SLI=$(BIN="$TOLLGATE_BENCH_AGAINST" gateway before-sliced "$(sliced_store_toml "$REDIS" before-sliced)" "$ALL_SIX")
   TARGETS+=("before-memory $BEFORE_MEM" "before-redis $BEFORE_RED" "before-sliced $BEFORE_SLI")
 fi

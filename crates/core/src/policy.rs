@@ -13,7 +13,7 @@ use std::time::Duration;
 
 mod prices;
 mod raw;
-mod validate;
+pub(crate) mod validate;
 pub use raw::*;
 use validate::{duration_ms, positive, validate_scope};
 
@@ -32,7 +32,7 @@ pub struct PolicyError {
 }
 
 impl PolicyError {
-    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             path: path.into(),
             message: message.into(),
@@ -106,25 +106,8 @@ pub struct ScopeRule {
     pub dims: Vec<Dimension>,
     /// Required dimension values.
     pub matches: Vec<(Dimension, String)>,
-    /// Rate limit.
-    pub requests: Option<RateLimit>,
-    /// Input-token limit.
-    pub input_tokens: Option<NonZeroU64>,
-    /// Whether a request above `input_tokens` has its oldest turns dropped until it fits (the
-    /// gateway does it, before the plan; a request that still does not fit is refused).
-    pub trim_input: bool,
-    /// Output-token cap.
-    pub output_tokens: Option<OutputLimit>,
-    /// Total-token limit.
-    pub total_tokens: Option<NonZeroU64>,
-    /// Concurrency limit.
-    pub concurrency: Option<ConcurrencyLimit>,
-    /// Budget.
-    pub budget: Option<BudgetLimit>,
-    /// Tool calls per period (a [`BudgetLimit`] in [`Unit::ToolCalls`]).
-    pub tool_calls: Option<BudgetLimit>,
-    /// Loop detection.
-    pub loops: Option<LoopLimit>,
+    /// Every control's part of the rule, read as the rule's own fields (`rule.budget`).
+    pub controls: crate::controls::Rules,
     /// How client addresses are grouped into `ip` scopes.
     pub ip_prefix: IpPrefix,
     /// A shadow rule: its controls are evaluated and its counters, leases and reservations
@@ -138,6 +121,20 @@ pub struct ScopeRule {
     /// this rule's key is that rule's renamed ([`ScopeKey::renamed`]), not derived again (a
     /// shadow rule trying other limits on an enforced rule's scopes is the common case).
     pub same_key_as: Option<usize>,
+}
+
+impl std::ops::Deref for ScopeRule {
+    type Target = crate::controls::Rules;
+
+    fn deref(&self) -> &Self::Target {
+        &self.controls
+    }
+}
+
+impl std::ops::DerefMut for ScopeRule {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.controls
+    }
 }
 
 /// Attempts per sliding window.

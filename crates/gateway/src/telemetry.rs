@@ -459,20 +459,7 @@ pub fn register(policy: &tollgate_core::Policy) {
 
 /// The reasons a rule's controls can refuse for.
 fn rule_reasons(rule: &tollgate_core::policy::ScopeRule) -> Vec<tollgate_core::Reason> {
-    use tollgate_core::Reason as R;
-    [
-        (rule.requests.is_some(), R::RequestRateLimit),
-        (rule.input_tokens.is_some(), R::InputTokenLimit),
-        (rule.output_tokens.is_some(), R::OutputTokenLimit),
-        (rule.total_tokens.is_some(), R::TotalTokenLimit),
-        (rule.concurrency.is_some(), R::ConcurrencyLimit),
-        (rule.budget.is_some(), R::BudgetLimit),
-        (rule.tool_calls.is_some(), R::ToolCallLimit),
-        (rule.loops.is_some(), R::LoopDetected),
-    ]
-    .into_iter()
-    .filter_map(|(has, r)| has.then_some(r))
-    .collect()
+    rule.controls().map(|(_, reason)| reason).collect()
 }
 
 /// The policy version in force: `tollgate_policy_info{version}` is 1 for it and 0 for the one

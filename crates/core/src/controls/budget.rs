@@ -9,7 +9,10 @@ use crate::clock::Millis;
 use crate::decision::{Deny, Quota, Reason};
 use crate::ledger::{Period, Usage};
 use crate::pipeline::PlanError;
-use crate::policy::{AlertAt, Price, ScopeRule, Unit};
+use std::collections::BTreeMap;
+
+use crate::policy::validate::validate_budget;
+use crate::policy::{AlertAt, BudgetLimit, PolicyError, Price, RawBudget, ScopeRule, Unit};
 use crate::scope::ScopeKey;
 
 /// A reservation to make in one scope: of tokens, money, or tool calls.
@@ -41,6 +44,16 @@ pub struct Pricing<'a> {
     pub price: Option<Price>,
     /// The estimate.
     pub estimate: &'a Usage,
+}
+
+/// The budget part of rule `path` as written, checked: `budget = { tokens | micro_usd, period,
+/// alert_at }` (money needs prices).
+pub fn rule(
+    raw: Option<RawBudget>,
+    path: &str,
+    prices: &BTreeMap<String, Price>,
+) -> Result<Option<BudgetLimit>, PolicyError> {
+    raw.map(|b| validate_budget(b, path, prices)).transpose()
 }
 
 /// The budget check of `rule` in scope `key`: input + granted output in tokens, or its price

@@ -5,7 +5,10 @@
 
 use crate::clock::Millis;
 use crate::decision::{Deny, Quota, Reason};
-use crate::policy::ScopeRule;
+use std::num::NonZeroU64;
+
+use crate::policy::validate::{duration_ms, positive};
+use crate::policy::{ConcurrencyLimit, PolicyError, RawConcurrency, ScopeRule};
 use crate::scope::ScopeKey;
 
 /// The longest wait a concurrency refusal suggests: when a lease ends is not known, only when
@@ -22,6 +25,26 @@ pub struct ConcurrencyCheck {
     pub scope: ScopeKey,
     /// Leases at once.
     pub limit: u64,
+}
+
+/// How long a lease lives without renewal unless the rule says.
+const DEFAULT_LEASE_TTL_MS: u64 = 300_000;
+
+/// The concurrency part of rule `path` as written, checked: `concurrency = { limit, lease_ttl }`.
+pub fn rule(
+    raw: Option<RawConcurrency>,
+    path: &str,
+) -> Result<Option<ConcurrencyLimit>, PolicyError> {
+    raw.map(|c| {
+        Ok(ConcurrencyLimit {
+            limit: positive(c.limit, &format!("{path}.concurrency.limit"))?,
+            lease_ttl_ms: match c.lease_ttl {
+                Some(t) => duration_ms(&t, &format!("{path}.concurrency.lease_ttl"))?,
+                None => NonZeroU64::new(DEFAULT_LEASE_TTL_MS).unwrap_or(NonZeroU64::MIN),
+            },
+        })
+    })
+    .transpose()
 }
 
 /// The concurrency check of `rule` in scope `key`, when the rule limits concurrency.

@@ -4,13 +4,25 @@
 //! state.
 
 use crate::decision::{Deny, Reason};
-use crate::policy::ScopeRule;
+use crate::policy::validate::{duration_ms, positive};
+use crate::policy::{LoopLimit, PolicyError, RawLoops, ScopeRule};
 use crate::scope::ScopeKey;
 
 use super::RateCheck;
 
 /// The reason loop detection refuses with.
 pub const REASON: Reason = Reason::LoopDetected;
+
+/// The loop part of rule `path` as written, checked: `loops = { max_identical, window }`.
+pub fn rule(raw: Option<RawLoops>, path: &str) -> Result<Option<LoopLimit>, PolicyError> {
+    raw.map(|l| {
+        Ok(LoopLimit {
+            max_identical: positive(l.max_identical, &format!("{path}.loops.max_identical"))?,
+            window_ms: duration_ms(&l.window, &format!("{path}.loops.window"))?,
+        })
+    })
+    .transpose()
+}
 
 /// The repeat counter of `rule` in scope `key` for a request whose fingerprint is
 /// `fingerprint`, when the rule detects loops.

@@ -2,12 +2,14 @@
 //! input tokens → output-token cap → total tokens (the three in [`tokens`]) → concurrency →
 //! budget, then the agent controls that come after the budget ([`tool_calls`], [`loops`]).
 //!
-//! A module holds how a rule becomes the [`Check`]s of a plan, its check against a scope's
+//! A module holds its part of a scope rule (as written, and checked into [`Rules`]), how a rule
+//! becomes the [`Check`]s of a plan, its check against a scope's
 //! state at an instant, and the reason it refuses with. A check is one of four kinds
 //! ([`Kind`]): an attempt counted in a window, a lease held, an amount reserved, or a verdict
 //! decided without state. Stores know the kinds, never the controls: they count every count
 //! first, walk the plan's checks in order to the first refusal, then take the holds. So a
-//! control of a known kind is its module, its place in [`checks`], and its reason.
+//! control of a known kind is its module, its line in the rule table here ([`RawRules`],
+//! [`Rules`]), its place in [`checks`], and its reason.
 //!
 //! Every store decides with these functions: the memory store, and through it the slice book;
 //! the Redis scripts have one Lua twin per kind (`crates/redis/src/lua/controls/`), tied to
@@ -25,12 +27,145 @@ pub use budget::BudgetCheck;
 pub use concurrency::ConcurrencyCheck;
 pub use rate::RateCheck;
 
+use std::collections::BTreeMap;
+use std::num::NonZeroU64;
+
+use serde::de::MapAccess;
+
 use crate::clock::Millis;
 use crate::decision::{Deny, Quota, Reason};
 use crate::ledger::Period;
 use crate::pipeline::PlanError;
-use crate::policy::ScopeRule;
+use crate::policy::{
+    BudgetLimit, ConcurrencyLimit, LoopLimit, OutputLimit, PolicyError, Price, RateLimit,
+    RawBudget, RawConcurrency, RawInput, RawLoops, RawOutput, RawRequests, RawToolCalls, ScopeRule,
+};
 use crate::scope::ScopeKey;
+
+/// Every control's part of a scope rule as written, each under its key in the rule's table.
+#[derive(Debug, Clone, Default)]
+pub struct RawRules {
+    /// `requests = { limit, window }`
+    pub requests: Option<RawRequests>,
+    /// `input_tokens = N` or `{ max, mode }`
+    pub input_tokens: Option<RawInput>,
+    /// `output_tokens = { max, mode, default }`
+    pub output_tokens: Option<RawOutput>,
+    /// `total_tokens = N`
+    pub total_tokens: Option<u64>,
+    /// `concurrency = { limit, lease_ttl }`
+    pub concurrency: Option<RawConcurrency>,
+    /// `budget = { tokens | micro_usd, period, alert_at }`
+    pub budget: Option<RawBudget>,
+    /// `tool_calls = { limit, period }`
+    pub tool_calls: Option<RawToolCalls>,
+    /// `loops = { max_identical, window }`
+    pub loops: Option<RawLoops>,
+}
+
+impl RawRules {
+    /// The keys the controls are written under, in the controls' order.
+    pub const KEYS: [&'static str; 8] = [
+        "requests",
+        "input_tokens",
+        "output_tokens",
+        "total_tokens",
+        "concurrency",
+        "budget",
+        "tool_calls",
+        "loops",
+    ];
+
+    /// Reads the value under `key` from `map` when a control is written under that key; false
+    /// when none is (the rule's own fields are the policy's).
+    pub fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: &str,
+        map: &mut A,
+    ) -> Result<bool, A::Error> {
+        match key {
+            "requests" => self.requests = Some(map.next_value()?),
+            "input_tokens" => self.input_tokens = Some(map.next_value()?),
+            "output_tokens" => self.output_tokens = Some(map.next_value()?),
+            "total_tokens" => self.total_tokens = Some(map.next_value()?),
+            "concurrency" => self.concurrency = Some(map.next_value()?),
+            "budget" => self.budget = Some(map.next_value()?),
+            "tool_calls" => self.tool_calls = Some(map.next_value()?),
+            "loops" => self.loops = Some(map.next_value()?),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// Every control's part of a scope rule, checked. A [`ScopeRule`] reads these as its own
+/// fields (`rule.budget`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// Rate limit.
+    pub requests: Option<RateLimit>,
+    /// Input-token limit.
+    pub input_tokens: Option<NonZeroU64>,
+    /// Whether a request above `input_tokens` has its oldest turns dropped until it fits (the
+    /// gateway does it, before the plan; a request that still does not fit is refused).
+    pub trim_input: bool,
+    /// Output-token cap.
+    pub output_tokens: Option<OutputLimit>,
+    /// Total-token limit.
+    pub total_tokens: Option<NonZeroU64>,
+    /// Concurrency limit.
+    pub concurrency: Option<ConcurrencyLimit>,
+    /// Budget.
+    pub budget: Option<BudgetLimit>,
+    /// Tool calls per period (a [`BudgetLimit`] in tool calls).
+    pub tool_calls: Option<BudgetLimit>,
+    /// Loop detection.
+    pub loops: Option<LoopLimit>,
+}
+
+impl Rules {
+    /// The controls' parts of rule `path` as written, each checked by its module; the first
+    /// error names the field.
+    pub fn check(
+        raw: RawRules,
+        path: &str,
+        prices: &BTreeMap<String, Price>,
+    ) -> Result<Self, PolicyError> {
+        let requests = rate::rule(raw.requests, path)?;
+        let (input_tokens, trim_input) = tokens::input_rule(raw.input_tokens, path)?;
+        let total_tokens = tokens::total_rule(raw.total_tokens, path)?;
+        let output_tokens = tokens::output_rule(raw.output_tokens, path)?;
+        Ok(Self {
+            requests,
+            input_tokens,
+            trim_input,
+            output_tokens,
+            total_tokens,
+            concurrency: concurrency::rule(raw.concurrency, path)?,
+            budget: budget::rule(raw.budget, path, prices)?,
+            tool_calls: tool_calls::rule(raw.tool_calls, path)?,
+            loops: loops::rule(raw.loops, path)?,
+        })
+    }
+
+    /// The controls the rule sets, each with its key and the reason it refuses with, in the
+    /// controls' order.
+    pub fn controls(&self) -> impl Iterator<Item = (&'static str, Reason)> + use<> {
+        [
+            (self.requests.is_some(), rate::REASON),
+            (self.input_tokens.is_some(), Reason::InputTokenLimit),
+            (self.output_tokens.is_some(), Reason::OutputTokenLimit),
+            (self.total_tokens.is_some(), Reason::TotalTokenLimit),
+            (self.concurrency.is_some(), concurrency::REASON),
+            (self.budget.is_some(), Reason::BudgetLimit),
+            (self.tool_calls.is_some(), tool_calls::REASON),
+            (self.loops.is_some(), loops::REASON),
+        ]
+        .into_iter()
+        .zip(RawRules::KEYS)
+        .filter_map(|((set, reason), key)| set.then_some((key, reason)))
+    }
+}
 
 /// The reasons of the controls, in the order a request passes them (the token controls'
 /// three in theirs): a refusal names the first control that refuses.

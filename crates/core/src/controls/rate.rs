@@ -7,7 +7,8 @@
 use crate::clock::Millis;
 use crate::decision::{Deny, Quota, Reason};
 use crate::ledger::RateWindow;
-use crate::policy::ScopeRule;
+use crate::policy::validate::{duration_ms, positive};
+use crate::policy::{PolicyError, RateLimit, RawRequests, ScopeRule};
 use crate::scope::ScopeKey;
 
 /// The reason the request rate refuses with.
@@ -22,6 +23,17 @@ pub struct RateCheck {
     pub limit: u64,
     /// Window, ms.
     pub window_ms: u64,
+}
+
+/// The rate part of rule `path` as written, checked: `requests = { limit, window }`.
+pub fn rule(raw: Option<RawRequests>, path: &str) -> Result<Option<RateLimit>, PolicyError> {
+    raw.map(|r| {
+        Ok(RateLimit {
+            limit: positive(r.limit, &format!("{path}.requests.limit"))?,
+            window_ms: duration_ms(&r.window, &format!("{path}.requests.window"))?,
+        })
+    })
+    .transpose()
 }
 
 /// The rate check of `rule` in scope `key`, when the rule limits the request rate.

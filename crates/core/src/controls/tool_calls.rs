@@ -4,13 +4,29 @@
 //! ([`super::budget::check`]), under its own scope (the rule's, with `/tool_calls`).
 
 use crate::decision::Reason;
-use crate::policy::{ScopeRule, Unit};
+use crate::ledger::Period;
+use crate::policy::validate::positive;
+use crate::policy::{AlertAt, BudgetLimit, PolicyError, RawToolCalls, ScopeRule, Unit};
 use crate::scope::ScopeKey;
 
 use super::BudgetCheck;
 
 /// The reason a tool-call budget refuses with.
 pub const REASON: Reason = Reason::ToolCallLimit;
+
+/// The tool-call part of rule `path` as written, checked: `tool_calls = { limit, period }`.
+pub fn rule(raw: Option<RawToolCalls>, path: &str) -> Result<Option<BudgetLimit>, PolicyError> {
+    raw.map(|t| {
+        Ok(BudgetLimit {
+            limit: positive(t.limit, &format!("{path}.tool_calls.limit"))?,
+            unit: Unit::ToolCalls,
+            period: Period::parse(&t.period)
+                .map_err(|m| PolicyError::new(format!("{path}.tool_calls.period"), m))?,
+            alert_at: AlertAt::default(),
+        })
+    })
+    .transpose()
+}
 
 /// The tool-call check of `rule` in scope `key`, when the rule limits tool calls.
 pub fn plan(rule: &ScopeRule, key: &ScopeKey) -> Option<BudgetCheck> {

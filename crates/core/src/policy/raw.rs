@@ -2,7 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use std::fmt;
+
+use serde::de::{Error as _, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+
+pub use crate::controls::RawRules;
 
 /// The policy as written. Unknown fields are errors, so a typo never silently disables a limit.
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -45,38 +50,71 @@ pub struct RawPrice {
     pub tiers: BTreeMap<String, RawPrice>,
 }
 
-/// One scope rule as written.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One scope rule as written: its own fields, and each control's under its key
+/// ([`RawRules`]). Read field by field, so that an unknown key is refused with the fields a
+/// rule takes.
+#[derive(Debug, Clone, Default)]
 pub struct RawScope {
     /// Unique name (letters, digits, `-`, `_`); defaults to the key.
     pub name: Option<String>,
     /// `global`, or dimensions joined by `/`: `tenant`, `key`, `user`, `ip`, `model`.
     pub key: String,
     /// Only requests whose dimensions equal these values fall in this scope.
-    #[serde(default, rename = "match")]
     pub match_: BTreeMap<String, String>,
-    /// Requests per sliding window; every attempt counts.
-    pub requests: Option<RawRequests>,
-    /// Maximum input tokens of one request: a number, or `{ max, mode }`.
-    pub input_tokens: Option<RawInput>,
-    /// Output-token cap of one request.
-    pub output_tokens: Option<RawOutput>,
-    /// Maximum input + max output tokens of one request.
-    pub total_tokens: Option<u64>,
-    /// Maximum unfinished requests at once.
-    pub concurrency: Option<RawConcurrency>,
-    /// Budget per period, in tokens or money.
-    pub budget: Option<RawBudget>,
-    /// Tool calls the model may emit per period, counted from the answers.
-    pub tool_calls: Option<RawToolCalls>,
-    /// Repeats allowed of one request, or of one tool call in a request's history.
-    pub loops: Option<RawLoops>,
+    /// The controls' parts: `requests`, `input_tokens`, `output_tokens`, `total_tokens`,
+    /// `concurrency`, `budget`, `tool_calls`, `loops`.
+    pub controls: RawRules,
     /// For a rule keyed on `ip`: how many leading bits of an address make one scope
     /// (default `{ v4 = 32, v6 = 64 }`).
     pub ip_prefix: Option<RawIpPrefix>,
     /// `enforce` (the default) or `shadow`: evaluated, its state kept, never refusing.
     pub mode: Option<String>,
+}
+
+/// A rule's own fields, besides its controls'.
+const SCOPE_FIELDS: [&str; 5] = ["name", "key", "match", "ip_prefix", "mode"];
+
+impl<'de> Deserialize<'de> for RawScope {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = RawScope;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a scope rule")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawScope, A::Error> {
+                let mut s = RawScope::default();
+                let mut key = None;
+                while let Some(k) = map.next_key::<String>()? {
+                    match k.as_str() {
+                        "name" => s.name = Some(map.next_value()?),
+                        "key" => key = Some(map.next_value()?),
+                        "match" => s.match_ = map.next_value()?,
+                        "ip_prefix" => s.ip_prefix = Some(map.next_value()?),
+                        "mode" => s.mode = Some(map.next_value()?),
+                        other => {
+                            if !s.controls.read(other, &mut map)? {
+                                let expected: Vec<String> = SCOPE_FIELDS
+                                    .iter()
+                                    .chain(&RawRules::KEYS)
+                                    .map(|f| format!("`{f}`"))
+                                    .collect();
+                                return Err(A::Error::custom(format!(
+                                    "unknown field `{other}`, expected one of {}",
+                                    expected.join(", ")
+                                )));
+                            }
+                        }
+                    }
+                }
+                s.key = key.ok_or_else(|| A::Error::missing_field("key"))?;
+                Ok(s)
+            }
+        }
+        d.deserialize_map(Fields)
+    }
 }
 
 /// `ip_prefix = { v4 = 24, v6 = 48 }`

@@ -103,6 +103,24 @@ fn unknown_fields_are_errors_not_silence() {
         input_tokenz = 100
     "#);
     assert!(e.message.contains("input_tokenz"), "{e}");
+    // The error lists what a rule takes: its own fields and every control's key.
+    assert!(
+        e.message.contains("`key`") && e.message.contains("`tool_calls`"),
+        "{e}"
+    );
+    // Inside a control's table too.
+    let e = err(r#"
+        [[scopes]]
+        key = "user"
+        requests = { limit = 5, window = "1m", burst = 3 }
+    "#);
+    assert!(e.message.contains("burst"), "{e}");
+    // And a rule without its key says so.
+    let e = err(r#"
+        [[scopes]]
+        requests = { limit = 5, window = "1m" }
+    "#);
+    assert!(e.message.contains("key"), "{e}");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 // the policy's types and raw forms, which this module checks
 use super::*;
 
-pub(super) fn positive(v: u64, path: &str) -> Result<NonZeroU64, PolicyError> {
+pub(crate) fn positive(v: u64, path: &str) -> Result<NonZeroU64, PolicyError> {
     if v > MAX_LIMIT {
         return Err(PolicyError::new(
             path,
@@ -15,7 +15,7 @@ pub(super) fn positive(v: u64, path: &str) -> Result<NonZeroU64, PolicyError> {
     NonZeroU64::new(v).ok_or_else(|| PolicyError::new(path, "must be greater than 0"))
 }
 
-pub(super) fn duration_ms(s: &str, path: &str) -> Result<NonZeroU64, PolicyError> {
+pub(crate) fn duration_ms(s: &str, path: &str) -> Result<NonZeroU64, PolicyError> {
     let d: Duration = humantime::parse_duration(s.trim())
         .map_err(|e| PolicyError::new(path, format!("invalid duration {s:?}: {e}")))?;
     let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -82,71 +82,8 @@ pub(super) fn validate_scope(
             .ok_or_else(|| PolicyError::new(format!("{path}.match.{k}"), "unknown dimension"))?;
         matches.push((d, v));
     }
-    let requests = match s.requests {
-        Some(r) => Some(RateLimit {
-            limit: positive(r.limit, &format!("{path}.requests.limit"))?,
-            window_ms: duration_ms(&r.window, &format!("{path}.requests.window"))?,
-        }),
-        None => None,
-    };
-    let (input_tokens, trim_input) = match s.input_tokens {
-        None => (None, false),
-        Some(RawInput::Max(v)) => (Some(positive(v, &format!("{path}.input_tokens"))?), false),
-        Some(RawInput::Rule(r)) => {
-            let max = positive(r.max, &format!("{path}.input_tokens.max"))?;
-            let trim = match r.mode.as_deref() {
-                None | Some("reject") => false,
-                Some("trim") => true,
-                Some(m) => {
-                    return Err(PolicyError::new(
-                        format!("{path}.input_tokens.mode"),
-                        format!("unknown mode {m:?}; expected \"reject\" or \"trim\""),
-                    ));
-                }
-            };
-            (Some(max), trim)
-        }
-    };
-    let total_tokens = s
-        .total_tokens
-        .map(|v| positive(v, &format!("{path}.total_tokens")))
-        .transpose()?;
-    let output_tokens = s
-        .output_tokens
-        .map(|o| validate_output(o, path))
-        .transpose()?;
-    let concurrency = match s.concurrency {
-        Some(c) => Some(ConcurrencyLimit {
-            limit: positive(c.limit, &format!("{path}.concurrency.limit"))?,
-            lease_ttl_ms: match c.lease_ttl {
-                Some(t) => duration_ms(&t, &format!("{path}.concurrency.lease_ttl"))?,
-                None => NonZeroU64::new(300_000).unwrap_or(NonZeroU64::MIN),
-            },
-        }),
-        None => None,
-    };
-    let budget = s
-        .budget
-        .map(|b| validate_budget(b, path, prices))
-        .transpose()?;
-    let tool_calls = match s.tool_calls {
-        Some(t) => Some(BudgetLimit {
-            limit: positive(t.limit, &format!("{path}.tool_calls.limit"))?,
-            unit: Unit::ToolCalls,
-            period: Period::parse(&t.period)
-                .map_err(|m| PolicyError::new(format!("{path}.tool_calls.period"), m))?,
-            alert_at: AlertAt::default(),
-        }),
-        None => None,
-    };
-    let loops = match s.loops {
-        Some(l) => Some(LoopLimit {
-            max_identical: positive(l.max_identical, &format!("{path}.loops.max_identical"))?,
-            window_ms: duration_ms(&l.window, &format!("{path}.loops.window"))?,
-        }),
-        None => None,
-    };
-    let shadow = shadow_mode(s.mode.as_deref(), trim_input, path)?;
+    let controls = crate::controls::Rules::check(s.controls, path, prices)?;
+    let shadow = shadow_mode(s.mode.as_deref(), controls.trim_input, path)?;
     let global_key = dims
         .is_empty()
         .then(|| ScopeKey::derive(&name, &dims, &Identity::default()))
@@ -158,15 +95,7 @@ pub(super) fn validate_scope(
         name,
         dims,
         matches,
-        requests,
-        input_tokens,
-        trim_input,
-        output_tokens,
-        total_tokens,
-        concurrency,
-        budget,
-        tool_calls,
-        loops,
+        controls,
         shadow,
     })
 }
@@ -222,7 +151,7 @@ pub(super) fn validate_dims(key: &str, path: &str) -> Result<Vec<Dimension>, Pol
 }
 
 /// `output_tokens = { max, mode, default }`: the default at most the max.
-pub(super) fn validate_output(o: RawOutput, path: &str) -> Result<OutputLimit, PolicyError> {
+pub(crate) fn validate_output(o: RawOutput, path: &str) -> Result<OutputLimit, PolicyError> {
     let max = positive(o.max, &format!("{path}.output_tokens.max"))?;
     let mode = match o.mode.as_deref() {
         None | Some("reject") => OutputMode::Reject,
@@ -248,7 +177,7 @@ pub(super) fn validate_output(o: RawOutput, path: &str) -> Result<OutputLimit, P
 }
 
 /// `budget = { tokens | micro_usd, period }`: money needs prices.
-pub(super) fn validate_budget(
+pub(crate) fn validate_budget(
     b: RawBudget,
     path: &str,
     prices: &BTreeMap<String, Price>,

@@ -184,19 +184,7 @@ pub(crate) fn rule_rows(policy: &tollgate_core::Policy) -> Vec<RuleRow> {
         .scopes
         .iter()
         .map(|r| {
-            let control_list: Vec<&'static str> = [
-                (r.requests.is_some(), "requests"),
-                (r.input_tokens.is_some(), "input_tokens"),
-                (r.output_tokens.is_some(), "output_tokens"),
-                (r.total_tokens.is_some(), "total_tokens"),
-                (r.concurrency.is_some(), "concurrency"),
-                (r.budget.is_some(), "budget"),
-                (r.tool_calls.is_some(), "tool_calls"),
-                (r.loops.is_some(), "loops"),
-            ]
-            .into_iter()
-            .filter_map(|(on, name)| on.then_some(name))
-            .collect();
+            let control_list: Vec<&'static str> = r.controls().map(|(key, _)| key).collect();
             let dims: Vec<&str> = r.dims.iter().map(|d| d.as_str()).collect();
             RuleRow {
                 name: r.name.to_string(),
