@@ -183,24 +183,32 @@ async fn a_stream_longer_than_its_lease_keeps_it() {
     assert_eq!(chat(&app, 5, false).await.status, 200);
 }
 
+/// A gateway under `sections` whose one slot a stream holds for five seconds (100 tokens, 50 ms
+/// each), from 100 ms before this returns.
+async fn slot_held_for_five_seconds(
+    sections: &str,
+) -> (Router, Sim, tokio::task::JoinHandle<Answer>) {
+    let sim = SimConfig {
+        token_delay: Duration::from_millis(50),
+        output_tokens: 100,
+        ..SimConfig::default()
+    };
+    let (app, sim) = app(TokioClock::at(T0), sections, sim).await;
+    let long = tokio::spawn({
+        let app = app.clone();
+        async move { chat(&app, 100, true).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    (app, sim, long)
+}
+
 /// A queued request waits for a slot at most `[queue] max_wait`, then is refused; one whose
 /// slot comes back within that time is served.
 #[tokio::test(start_paused = true)]
 async fn a_queued_request_waits_at_most_max_wait() {
     let sections = "[queue]\nmax_wait = \"2s\"\nper_key = 4\nglobal = 4\n\
          [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = { limit = 1, lease_ttl = \"1m\" }\n";
-    let sim = SimConfig {
-        token_delay: Duration::from_millis(50),
-        output_tokens: 100,
-        ..SimConfig::default()
-    };
-    let (app, _sim) = app(TokioClock::at(T0), sections, sim).await;
-    // Holds the slot for five seconds.
-    let long = tokio::spawn({
-        let app = app.clone();
-        async move { chat(&app, 100, true).await }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (app, _sim, long) = slot_held_for_five_seconds(sections).await;
     let asked = Instant::now();
     let r = chat(&app, 5, false).await;
     let waited = asked.elapsed();
@@ -245,4 +253,22 @@ async fn a_refused_request_lets_go_of_its_idempotency_key() {
     let again = chat_with(&app, 5, false, Some("k-1")).await;
     assert_eq!(again.status, 200);
     assert!(again.replayed);
+}
+
+/// A queued request is one attempt: its retries from the queue count neither in the rate nor
+/// in the repeat counter of loop detection, so waiting for a slot never makes it a loop.
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_is_not_its_own_loop() {
+    let sections = "[queue]\nmax_wait = \"10s\"\nper_key = 4\nglobal = 4\n\
+         [[policy.scopes]]\nkey = \"tenant\"\nconcurrency = { limit = 1, lease_ttl = \"1m\" }\n\
+         loops = { max_identical = 2, window = \"1m\" }\n";
+    // The next request waits, retried many times, while the slot is held.
+    let (app, _sim, long) = slot_held_for_five_seconds(sections).await;
+    let r = chat(&app, 5, false).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(long.await.unwrap().status, 200);
+    // The same content a third time (the cap and streaming are not what makes a request the
+    // same): that one is the loop.
+    let r = chat(&app, 5, false).await;
+    assert_eq!((r.status, r.code.as_str()), (429, "loop_detected"));
 }
