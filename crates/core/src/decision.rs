@@ -61,16 +61,53 @@ impl Reason {
         Self::ALL.into_iter().find(|r| r.code() == s)
     }
 
+    /// What a client can do about this control's refusal.
+    pub fn recourse(self) -> Recourse {
+        match self {
+            Reason::RequestRateLimit | Reason::ConcurrencyLimit | Reason::ToolCallLimit => {
+                Recourse::Wait
+            }
+            Reason::BudgetLimit => Recourse::Budget,
+            Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => {
+                Recourse::Shrink
+            }
+            Reason::LoopDetected => Recourse::Stop,
+        }
+    }
+
+    /// The kind of limit the control sets, as a `RateLimit-Policy` name ends
+    /// (`"<rule>-<kind>"`).
+    pub fn limit_name(self) -> &'static str {
+        match self {
+            Reason::RequestRateLimit => "requests",
+            Reason::InputTokenLimit => "input-tokens",
+            Reason::OutputTokenLimit => "output-tokens",
+            Reason::TotalTokenLimit => "total-tokens",
+            Reason::ConcurrencyLimit => "concurrency",
+            Reason::BudgetLimit => "budget",
+            Reason::ToolCallLimit => "tool-calls",
+            Reason::LoopDetected => "loops",
+        }
+    }
+
+    /// The unit of this control's numbers, said after a number (a budget's are in its scope's
+    /// unit, which its refusal's edge knows; tokens here).
+    pub fn unit(self) -> &'static str {
+        match self {
+            Reason::RequestRateLimit | Reason::LoopDetected => "requests",
+            Reason::ConcurrencyLimit => "requests at once",
+            Reason::ToolCallLimit => "tool calls",
+            Reason::InputTokenLimit
+            | Reason::OutputTokenLimit
+            | Reason::TotalTokenLimit
+            | Reason::BudgetLimit => "tokens",
+        }
+    }
+
     /// Whether waiting can help. Token-size rejections are about the request itself, and a
     /// loop is not broken by sending it again later.
     pub fn is_retryable(self) -> bool {
-        matches!(
-            self,
-            Reason::RequestRateLimit
-                | Reason::ConcurrencyLimit
-                | Reason::BudgetLimit
-                | Reason::ToolCallLimit
-        )
+        matches!(self.recourse(), Recourse::Wait | Recourse::Budget)
     }
 
     /// Whether the store decides it (and so whether it may fail open): all but the three
@@ -98,6 +135,42 @@ impl Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.code())
+    }
+}
+
+/// What a client can do about a refusal. Each API format's edge chooses its status and words
+/// from it, so that a control's refusal is described by its reason alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recourse {
+    /// Wait: the limit frees up or its window resets.
+    Wait,
+    /// Wait for the period to reset, or have the budget raised.
+    Budget,
+    /// Send a smaller request: sent again, it is refused again.
+    Shrink,
+    /// Stop: sending it again only repeats it.
+    Stop,
+}
+
+impl Deny {
+    /// What the refused request asked of its control, in words, with `amount` the request's
+    /// amount said in its unit; empty when the limit says it all.
+    pub fn asked(&self, amount: &str) -> String {
+        let n = self.requested;
+        match self.reason {
+            Reason::BudgetLimit => format!("this request reserves {amount}"),
+            Reason::ToolCallLimit => "each round reserves one tool call".to_owned(),
+            Reason::LoopDetected if n > 1 => {
+                format!("the most repeated tool call appears {n} times in one history")
+            }
+            Reason::LoopDetected => "an identical request".to_owned(),
+            Reason::InputTokenLimit => format!("the request has {n} input tokens"),
+            Reason::OutputTokenLimit => format!("the request asks for {n} output tokens"),
+            Reason::TotalTokenLimit => {
+                format!("the request has {n} input and maximum output tokens")
+            }
+            Reason::RequestRateLimit | Reason::ConcurrencyLimit => String::new(),
+        }
     }
 }
 

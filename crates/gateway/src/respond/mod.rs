@@ -141,12 +141,7 @@ fn openai_duration(ms: u64) -> String {
 
 /// Appends a limit's name, `"<rule>-<kind>"`, as a structured-field string.
 fn push_policy_name(out: &mut String, reason: Reason, rule: &str) {
-    let kind = match reason {
-        Reason::RequestRateLimit => "requests",
-        Reason::ConcurrencyLimit => "concurrency",
-        Reason::ToolCallLimit => "tool-calls",
-        _ => "budget",
-    };
+    let kind = reason.limit_name();
     let safe = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
     out.push('"');
     // Structured-field strings: keep to safe characters (rule names usually are already).

@@ -2,6 +2,7 @@
 //! of them) and a message whose every number carries its unit.
 
 use super::class::{Class, Refusal};
+use tollgate_core::decision::Recourse;
 use tollgate_core::{Deny, Quota, Reason, Unit};
 
 use super::{ApiError, LONG_WAIT_MS, inconsistent, killed, put, put_retry_after, quota_headers};
@@ -16,17 +17,10 @@ use super::{ApiError, LONG_WAIT_MS, inconsistent, killed, put, put_retry_after, 
 /// not all come back at once. A wait longer than an SDK sleeps (a minute) says
 /// `x-should-retry: false`.
 pub fn deny_in(d: &Deny, unit: Option<Unit>) -> ApiError {
-    let (class, kind) = match d.reason {
-        Reason::RequestRateLimit | Reason::ConcurrencyLimit => {
-            (Class::Refused(Refusal::Limit), "rate_limit_error")
-        }
-        Reason::BudgetLimit => (Class::Refused(Refusal::Limit), "insufficient_quota"),
-        Reason::ToolCallLimit | Reason::LoopDetected => {
-            (Class::Refused(Refusal::Limit), "rate_limit_error")
-        }
-        Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => {
-            (Class::Refused(Refusal::TooLarge), "invalid_request_error")
-        }
+    let (class, kind) = match d.reason.recourse() {
+        Recourse::Wait | Recourse::Stop => (Class::Refused(Refusal::Limit), "rate_limit_error"),
+        Recourse::Budget => (Class::Refused(Refusal::Limit), "insufficient_quota"),
+        Recourse::Shrink => (Class::Refused(Refusal::TooLarge), "invalid_request_error"),
     };
     let mut message = refusal_message(d, unit);
     let mut e = ApiError::new(class, kind, d.reason.code(), String::new());
@@ -58,7 +52,7 @@ pub fn deny_in(d: &Deny, unit: Option<Unit>) -> ApiError {
                 put(&mut e.headers, "x-should-retry", "false");
             }
         }
-    } else if d.reason == Reason::LoopDetected {
+    } else if d.reason.recourse() == Recourse::Stop {
         put(&mut e.headers, "x-should-retry", "false");
     } else {
         e = e.param(match d.reason {
@@ -78,30 +72,13 @@ pub fn deny(d: &Deny) -> ApiError {
 
 /// What a refusal says, each number with its unit.
 fn refusal_message(d: &Deny, unit: Option<Unit>) -> String {
+    // A budget's numbers are in its scope's unit; every other control's in its own.
     let amount = |n: u64| match (d.reason, unit) {
         (Reason::BudgetLimit, Some(Unit::MicroUsd)) => dollars(n),
-        (Reason::BudgetLimit, Some(Unit::Tokens) | None) => format!("{n} tokens"),
-        (Reason::RequestRateLimit | Reason::LoopDetected, _) => format!("{n} requests"),
-        (Reason::ConcurrencyLimit, _) => format!("{n} requests at once"),
-        (Reason::ToolCallLimit, _) | (_, Some(Unit::ToolCalls)) => format!("{n} tool calls"),
-        _ => format!("{n} tokens"),
+        (Reason::BudgetLimit, Some(Unit::ToolCalls)) => format!("{n} tool calls"),
+        (r, _) => format!("{n} {}", r.unit()),
     };
-    let what = match d.reason {
-        Reason::BudgetLimit => format!("this request reserves {}", amount(d.requested)),
-        Reason::ToolCallLimit => "each round reserves one tool call".to_owned(),
-        Reason::LoopDetected if d.requested > 1 => format!(
-            "the most repeated tool call appears {} times in one history",
-            d.requested
-        ),
-        Reason::LoopDetected => "an identical request".to_owned(),
-        Reason::InputTokenLimit => format!("the request has {} input tokens", d.requested),
-        Reason::OutputTokenLimit => format!("the request asks for {} output tokens", d.requested),
-        Reason::TotalTokenLimit => format!(
-            "the request has {} input and maximum output tokens",
-            d.requested
-        ),
-        Reason::RequestRateLimit | Reason::ConcurrencyLimit => String::new(),
-    };
+    let what = d.asked(&amount(d.requested));
     let mut m = format!(
         "{} for scope {}: limit {}, remaining {}",
         d.reason.code(),
