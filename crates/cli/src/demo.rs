@@ -6,6 +6,9 @@ use std::net::SocketAddr;
 /// The demo key (its hash is in the demo configuration).
 pub const DEMO_KEY: &str = "sk-tollgate-demo";
 
+/// The demo's key of priority class `critical`.
+pub const VIP_KEY: &str = "sk-tollgate-demo-vip";
+
 /// The demo configuration: tight limits per key so that refusals come quickly, and an admin
 /// listener on a free port whose token is in `token_file`.
 pub fn config(upstream: &str, token_file: &std::path::Path) -> String {
@@ -29,8 +32,22 @@ hash = "{hash}"
 tenant = "demo"
 allow_user = true
 
+[[keys]]
+name = "demo-vip"
+hash = "{vip_hash}"
+tenant = "demo"
+class = "critical"
+
+[queue]
+max_wait = "5s"
+per_key = 4
+global = 16
+
 [policy]
 version = "demo-1"
+
+[policy.classes.critical]
+weight = 3
 
 [[policy.scopes]]
 name = "per-key"
@@ -38,7 +55,13 @@ key = "key"
 requests = {{ limit = 5, window = "1m" }}
 input_tokens = 4000
 output_tokens = {{ max = 256, mode = "clamp", default = 64 }}
-concurrency = {{ limit = 2, lease_ttl = "1m" }}
+concurrency = {{ limit = 3, lease_ttl = "1m" }}
+
+[[policy.scopes]]
+name = "per-model"
+key = "model"
+concurrency = {{ limit = 4, lease_ttl = "1m" }}
+reserve = {{ critical = "50%" }}
 
 [[policy.scopes]]
 name = "tenant-daily"
@@ -46,6 +69,7 @@ key = "tenant"
 budget = {{ tokens = 300, period = "day" }}
 "#,
         hash = tollgate_gateway::hash_key(DEMO_KEY),
+        vip_hash = tollgate_gateway::hash_key(VIP_KEY),
         token_file = token_file.display().to_string(),
     )
 }
@@ -73,8 +97,9 @@ pub fn banner(addr: SocketAddr, upstream: &str, (admin, token): (SocketAddr, &st
   gateway:   http://{addr}   (OpenAI: /v1/chat/completions, /v1/responses, /v1/embeddings,
                                /v1/models; Anthropic: /v1/messages)
   upstream:  {upstream}   (simulated model, 16 tokens per answer)
-  API key:   {DEMO_KEY}
-  limits:    5 requests/min and 2 at once per key; output clamped to 256; 300 tokens/day per tenant
+  API key:   {DEMO_KEY}   (class standard; {VIP_KEY} is of class critical)
+  limits:    5 requests/min and 3 at once per key; 4 at once per model, 2 of them kept for
+             class critical; output clamped to 256; 300 tokens/day per tenant
   admin:     http://{admin}   (token: {token})
   status:    http://{admin}/admin/ui   (a browser asks: any user name, the token as password)
 
@@ -102,6 +127,12 @@ Try:
     -H 'content-type: application/json' \
     -d '{{"model":"gpt-4o","max_tokens":256,"messages":[{{"role":"user","content":"Hello!"}}]}}'
   Add -i to see the RateLimit and x-ratelimit-* headers.
+
+  Priority classes: what each key may use (a call counts in its key's rate). The demo key may
+  hold 2 of gpt-4o's 4 slots (a third request in flight waits up to 5 s in the queue, then
+  gets 429 capacity_reserved); the VIP key may hold all 4, and in the queue it is served three
+  turns for each of the demo key's one.
+  curl -s 'http://{addr}/v1/limits?model=gpt-4o' -H 'authorization: Bearer {VIP_KEY}'
 
   Switch the tenant off on every instance, look, and switch it on again:
   curl -s -u admin:{token} http://{admin}/admin/kill -H 'content-type: application/json' \

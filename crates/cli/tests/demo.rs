@@ -72,6 +72,31 @@ fn the_demo_does_what_its_banner_says() {
         .trim_start_matches("-d '")
         .trim_end_matches('\'');
     let auth = "authorization: Bearer sk-tollgate-demo\r\n";
+    // The classes, as printed: the VIP key may hold all of the model's slots.
+    let printed = banner
+        .iter()
+        .find(|l| l.contains("/v1/limits?model=gpt-4o"))
+        .expect("the limits command");
+    let vip = printed
+        .split("Bearer ")
+        .nth(1)
+        .unwrap()
+        .trim()
+        .trim_end_matches('\'');
+    let limits = exchange(
+        &gateway,
+        "GET",
+        "/v1/limits?model=gpt-4o",
+        &format!("authorization: Bearer {vip}\r\n"),
+        "",
+    );
+    assert!(limits.contains(r#""class":"critical""#), "{limits}");
+    assert!(
+        limits.contains(r#""kept_for_higher_classes":0"#),
+        "{limits}"
+    );
+    let mine = exchange(&gateway, "GET", "/v1/limits?model=gpt-4o", auth, "");
+    assert!(mine.contains(r#""kept_for_higher_classes":2"#), "{mine}");
     let codes: Vec<String> = (0..3)
         .map(|_| exchange(&gateway, "POST", "/v1/chat/completions", auth, body)[9..12].to_owned())
         .collect();

@@ -20,6 +20,9 @@ pub enum Reason {
     TotalTokenLimit,
     /// Unfinished requests at once.
     ConcurrencyLimit,
+    /// Unfinished requests at once, of the slots a request's priority class may hold: the
+    /// rest are kept for classes above it.
+    CapacityReserved,
     /// Tokens or money per period.
     BudgetLimit,
     /// Tool calls per period (an agent operation's, usually): settled from the answers.
@@ -31,12 +34,13 @@ pub enum Reason {
 
 impl Reason {
     /// Every control in order.
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::RequestRateLimit,
         Reason::InputTokenLimit,
         Reason::OutputTokenLimit,
         Reason::TotalTokenLimit,
         Reason::ConcurrencyLimit,
+        Reason::CapacityReserved,
         Reason::BudgetLimit,
         Reason::ToolCallLimit,
         Reason::LoopDetected,
@@ -50,6 +54,7 @@ impl Reason {
             Reason::OutputTokenLimit => "output_token_limit",
             Reason::TotalTokenLimit => "total_token_limit",
             Reason::ConcurrencyLimit => "concurrency_limit",
+            Reason::CapacityReserved => "capacity_reserved",
             Reason::BudgetLimit => "budget_limit",
             Reason::ToolCallLimit => "tool_call_limit",
             Reason::LoopDetected => "loop_detected",
@@ -64,9 +69,10 @@ impl Reason {
     /// What a client can do about this control's refusal.
     pub fn recourse(self) -> Recourse {
         match self {
-            Reason::RequestRateLimit | Reason::ConcurrencyLimit | Reason::ToolCallLimit => {
-                Recourse::Wait
-            }
+            Reason::RequestRateLimit
+            | Reason::ConcurrencyLimit
+            | Reason::CapacityReserved
+            | Reason::ToolCallLimit => Recourse::Wait,
             Reason::BudgetLimit => Recourse::Budget,
             Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => {
                 Recourse::Shrink
@@ -83,7 +89,7 @@ impl Reason {
             Reason::InputTokenLimit => "input-tokens",
             Reason::OutputTokenLimit => "output-tokens",
             Reason::TotalTokenLimit => "total-tokens",
-            Reason::ConcurrencyLimit => "concurrency",
+            Reason::ConcurrencyLimit | Reason::CapacityReserved => "concurrency",
             Reason::BudgetLimit => "budget",
             Reason::ToolCallLimit => "tool-calls",
             Reason::LoopDetected => "loops",
@@ -95,7 +101,7 @@ impl Reason {
     pub fn unit(self) -> &'static str {
         match self {
             Reason::RequestRateLimit | Reason::LoopDetected => "requests",
-            Reason::ConcurrencyLimit => "requests at once",
+            Reason::ConcurrencyLimit | Reason::CapacityReserved => "requests at once",
             Reason::ToolCallLimit => "tool calls",
             Reason::InputTokenLimit
             | Reason::OutputTokenLimit
@@ -126,7 +132,16 @@ impl Reason {
         self.is_retryable()
     }
 
-    /// Position in the fixed order (0-based); also the numeric code in store scripts.
+    /// The control this reason is one of: a reserve refuses with a reason of its own, but its
+    /// check is concurrency's lease, exempted and failed open with it.
+    pub fn control(self) -> Reason {
+        match self {
+            Reason::CapacityReserved => Reason::ConcurrencyLimit,
+            r => r,
+        }
+    }
+
+    /// Position in the fixed order (0-based).
     pub fn index(self) -> usize {
         self as usize
     }
@@ -168,6 +183,10 @@ impl Deny {
             Reason::OutputTokenLimit => format!("the request asks for {n} output tokens"),
             Reason::TotalTokenLimit => {
                 format!("the request has {n} input and maximum output tokens")
+            }
+            Reason::CapacityReserved => {
+                "the rest of the scope's requests at once are kept for higher priority classes"
+                    .to_owned()
             }
             Reason::RequestRateLimit | Reason::ConcurrencyLimit => String::new(),
         }

@@ -40,6 +40,8 @@ pub struct RequestFacts {
     /// The service tier the request asks for when it is not the standard one: it is reserved and
     /// settled at that tier's price, and refused under a money budget when it has none.
     pub price_tier: Option<String>,
+    /// The priority class its key names, if any (else its tenant's, else `standard`).
+    pub class: Option<String>,
 }
 
 pub use crate::controls::{BudgetCheck, Check, ConcurrencyCheck, Kind, RateCheck};
@@ -251,9 +253,22 @@ impl Plan {
         })
     }
 
-    /// Leaves out every check of control `reason`.
+    /// Leaves out every check of control `reason` (a reserve's with concurrency's).
     pub fn exempt(&mut self, reason: Reason) {
-        self.checks.retain(|c| c.reason != reason);
+        self.checks.retain(|c| c.reason.control() != reason);
+    }
+
+    /// The check that refused with `d`, found by its reason and scope.
+    pub fn check_of(&self, d: &Deny) -> Option<&Check> {
+        self.checks
+            .iter()
+            .find(|c| c.reason == d.reason && c.scope().is_none_or(|s| *s == d.scope))
+    }
+
+    /// Whether `d` refused a lease: a slot may free up while the request waits in a queue.
+    pub fn refused_lease(&self, d: &Deny) -> bool {
+        self.check_of(d)
+            .is_some_and(|c| matches!(c.kind, Kind::Lease(_)))
     }
 }
 
@@ -428,6 +443,12 @@ fn build(
         },
         fingerprint: facts.fingerprint,
         tool_call_repeats: facts.tool_call_repeats,
+        class: {
+            let c = policy
+                .classes
+                .of(facts.class.as_deref(), facts.identity.tenant.as_deref());
+            (c, policy.classes.weight(c))
+        },
     })?;
     // Made at its length: a suffix pushed onto a copy moved it once more.
     let request_id = match id_suffix {
@@ -455,7 +476,7 @@ fn fails_open(policy: &Policy, checks: &[Check]) -> bool {
     checks
         .iter()
         .filter(|c| c.reason.is_stateful())
-        .all(|c| policy.fail_open.contains(&c.reason))
+        .all(|c| policy.fail_open.contains(&c.reason.control()))
 }
 
 /// A rule a request falls under, by index, with the scope it puts the request in.

@@ -62,6 +62,8 @@ pub struct PolicyInner {
     /// Prices of a model's service tiers (priority processing, a region of its own), by model
     /// and tier name: a request for a tier is reserved and settled at its tier's price.
     pub tier_prices: BTreeMap<String, BTreeMap<String, Price>>,
+    /// The priority classes.
+    pub classes: crate::controls::reserve::Classes,
     /// The rules, in order.
     pub scopes: Vec<ScopeRule>,
     /// Whether any rule is a shadow rule: a request's shadow plan is not looked for otherwise.
@@ -323,6 +325,7 @@ impl Policy {
         for (i, code) in raw.fail_open.iter().enumerate() {
             let path = format!("{root}.fail_open[{i}]");
             let r = crate::decision::Reason::from_code(code)
+                .filter(|r| r.control() == *r)
                 .ok_or_else(|| PolicyError::new(&path, format!("unknown control {code:?}")))?;
             if !r.is_stateful() {
                 return Err(PolicyError::new(
@@ -333,9 +336,10 @@ impl Policy {
             fail_open.push(r);
         }
         let (prices, tier_prices) = prices::validate(raw.prices, root)?;
+        let classes = crate::controls::reserve::Classes::check(raw.classes, root)?;
         let mut scopes: Vec<ScopeRule> = Vec::with_capacity(raw.scopes.len());
         for (i, s) in raw.scopes.into_iter().enumerate() {
-            let mut rule = validate_scope(s, &format!("{root}.scopes[{i}]"), &prices)?;
+            let mut rule = validate_scope(s, &format!("{root}.scopes[{i}]"), &prices, &classes)?;
             if scopes.iter().any(|r| r.name == rule.name) {
                 return Err(PolicyError::new(
                     format!("{root}.scopes[{i}].name"),
@@ -362,6 +366,7 @@ impl Policy {
             prices,
             tier_prices,
             has_shadow: scopes.iter().any(|r| r.shadow),
+            classes,
             scopes,
         })))
     }
@@ -383,6 +388,7 @@ impl Policy {
                 fail_open: Vec::new(),
                 prices: BTreeMap::new(),
                 tier_prices: BTreeMap::new(),
+                classes: crate::controls::reserve::Classes::default(),
                 scopes: Vec::new(),
                 has_shadow: false,
             }))

@@ -132,6 +132,9 @@ pub struct RecordedFacts {
     /// The service tier it asked for, when not the standard one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price_tier: Option<String>,
+    /// The priority class its key names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -164,6 +167,7 @@ impl RecordedFacts {
             tool_call_repeats: facts.tool_call_repeats,
             extra_output_tokens: facts.extra_output_tokens,
             price_tier: facts.price_tier.clone(),
+            class: facts.class.clone(),
         }
     }
 
@@ -189,6 +193,7 @@ impl RecordedFacts {
             tool_call_repeats: self.tool_call_repeats,
             extra_output_tokens: self.extra_output_tokens,
             price_tier: self.price_tier.clone(),
+            class: self.class.clone(),
         }
     }
 }

@@ -56,7 +56,8 @@ pub use exchange::{
 };
 
 use crate::clock::{Clock, Millis, SystemClock};
-use crate::decision::{Decision, Quota, Reason};
+use crate::controls::Kind;
+use crate::decision::{Decision, Quota};
 use crate::ledger::{Period, Usage};
 use crate::memory::MemoryStore;
 use crate::pipeline::Plan;
@@ -384,14 +385,13 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
             self.give_back_for(plan, shadow).await?;
         }
         let (mut d, mut o) = self.ask_store(plan, shadow, counted.is_some()).await?;
-        let held_back = |r: Reason| {
-            matches!(
-                r,
-                Reason::ConcurrencyLimit | Reason::BudgetLimit | Reason::ToolCallLimit
-            )
+        // A lease or a reservation: what this instance holds of it may be what is missing.
+        let held_back = |p: Option<&Plan>, x: &crate::decision::Deny| {
+            p.and_then(|p| p.check_of(x))
+                .is_some_and(|c| matches!(c.kind, Kind::Lease(_) | Kind::Reserve(_)))
         };
-        let refused = matches!(&d, Decision::Deny(x) if held_back(x.reason))
-            || matches!(&o, Some(ShadowOutcome::Refused(x)) if held_back(x.reason));
+        let refused = matches!(&d, Decision::Deny(x) if held_back(Some(plan), x))
+            || matches!(&o, Some(ShadowOutcome::Refused(x)) if held_back(shadow, x));
         if !give_back && refused && self.give_back_for(plan, shadow).await? {
             {
                 let mut st = self.lock()?;

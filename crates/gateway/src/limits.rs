@@ -71,15 +71,22 @@ async fn answer(
         identity = identity.with(Dimension::Model, m.clone());
     }
     let rates = counted(gw, &cfg, &key, &identity).await?;
+    let classes = &cfg.policy.classes;
+    let class = classes.of(key.class.as_deref(), Some(&key.tenant));
     let mut out = Vec::new();
     for rule in cfg.policy.scopes.iter().filter(|r| !r.shadow) {
         let Some(scope) = applies(rule, &identity) else {
             continue;
         };
-        out.extend(rows(gw, rule, &scope, &rates).await?);
+        let at = Row {
+            rule,
+            scope: &scope,
+            class: (class, classes.weight(class)),
+        };
+        out.extend(rows(gw, at, &rates).await?);
     }
     Ok(
-        json!({"object": "limits", "key": key.key_id, "tenant": key.tenant,
+        json!({"object": "limits", "key": key.key_id, "tenant": key.tenant, "class": class,
         "policy_version": &*cfg.policy.version, "limits": out}),
     )
 }
@@ -134,11 +141,18 @@ async fn counted(
     }
 }
 
+/// A rule whose rows are asked for: its scope for the key, and the key's class and weight.
+#[derive(Clone, Copy)]
+struct Row<'a> {
+    rule: &'a ScopeRule,
+    scope: &'a ScopeKey,
+    class: (&'a str, u32),
+}
+
 /// The rows of one rule's scope: one per control it holds.
 async fn rows(
     gw: &Shared,
-    rule: &ScopeRule,
-    scope: &ScopeKey,
+    Row { rule, scope, class }: Row<'_>,
     rates: &[(String, tollgate_core::decision::Quota)],
 ) -> Result<Vec<Value>, ApiError> {
     use crate::overrides::Control;
@@ -187,7 +201,18 @@ async fn rows(
         .map_err(crate::path::admit::store_error)?;
     if let Some(c) = rule.concurrency {
         let mut row = base("concurrency");
-        let limit = own(Control::Concurrency, c.limit.get());
+        let mut limit = own(Control::Concurrency, c.limit.get());
+        // The slots kept for classes above the key's are not the key's to use.
+        if let Some(r) = &rule.reserve {
+            let lease = tollgate_core::pipeline::ConcurrencyCheck {
+                scope: scope.clone(),
+                limit,
+                kept_percent: 0,
+            };
+            let (_, open) = tollgate_core::controls::reserve::apply(r, class.0, class.1, lease);
+            row["kept_for_higher_classes"] = json!(limit - open.limit);
+            limit = open.limit;
+        }
         row["limit"] = json!(limit);
         row["used"] = json!(u.leases);
         row["remaining"] = json!(limit.saturating_sub(u.leases));

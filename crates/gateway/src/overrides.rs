@@ -9,9 +9,10 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 
 use serde::{Deserialize, Serialize};
-use tollgate_core::pipeline::Plan;
+use tollgate_core::controls::reserve;
+use tollgate_core::pipeline::{Kind, Plan};
 use tollgate_core::policy::ScopeRule;
-use tollgate_core::{Dimension, Identity, Policy, ScopeKey, Unit};
+use tollgate_core::{Dimension, Identity, Policy, Reason, ScopeKey, Unit};
 
 /// The controls an override can set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -166,26 +167,34 @@ impl Overrides {
             return;
         }
         let mut used: Vec<String> = Vec::new();
-        let mut set = |scope: &ScopeKey, control: Control, limit: &mut u64| {
+        let mut set = |scope: &ScopeKey, control: Control| {
             // A tool-call budget is kept in a child of its rule's scope.
             let id = scope.id().split('?').next().unwrap_or_default();
-            if let Some(o) = t.1.get(&field(id, control)) {
-                *limit = o.limit;
-                used.push(o.named());
-            }
+            let o = t.1.get(&field(id, control))?;
+            used.push(o.named());
+            Some(o.limit)
         };
-        for r in plan.counts_mut() {
-            set(&r.scope, Control::Requests, &mut r.limit);
-        }
-        for c in plan.leases_mut() {
-            set(&c.scope, Control::Concurrency, &mut c.limit);
-        }
-        for b in plan.reserves_mut() {
-            let control = match b.unit {
-                Unit::ToolCalls => Control::ToolCalls,
-                Unit::Tokens | Unit::MicroUsd => Control::Budget,
-            };
-            set(&b.scope, control, &mut b.limit);
+        // By control: a loop's repeat counter is a count too, and a reserve's lease is
+        // concurrency's with the reserved share kept off the limit set.
+        for c in &mut plan.checks {
+            match (&mut c.kind, c.reason.control()) {
+                (Kind::Count(r), Reason::RequestRateLimit) => {
+                    r.limit = set(&r.scope, Control::Requests).unwrap_or(r.limit);
+                }
+                (Kind::Lease(l), Reason::ConcurrencyLimit) => {
+                    if let Some(limit) = set(&l.scope, Control::Concurrency) {
+                        l.limit = reserve::open(limit, l.kept_percent);
+                    }
+                }
+                (Kind::Reserve(b), _) => {
+                    let control = match b.unit {
+                        Unit::ToolCalls => Control::ToolCalls,
+                        Unit::Tokens | Unit::MicroUsd => Control::Budget,
+                    };
+                    b.limit = set(&b.scope, control).unwrap_or(b.limit);
+                }
+                _ => {}
+            }
         }
         if !used.is_empty() {
             plan.policy_version = format!("{}+{}", plan.policy_version, used.join("+")).into();
@@ -352,7 +361,65 @@ fn dollars(s: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::dollars;
+    use super::*;
+
+    /// Limits set at run time change their own controls' checks only: a loop's repeat counter
+    /// (a count in a child of the scope) keeps its limit when the scope's request rate is set,
+    /// and a reserve keeps its share of a concurrency limit set.
+    #[test]
+    fn an_override_changes_its_own_control_only() {
+        let policy = Policy::from_toml(
+            "[classes.critical]\nweight = 4\n[[scopes]]\nname = \"t\"\nkey = \"tenant\"\n\
+             requests = { limit = 5, window = \"1m\" }\nconcurrency = { limit = 10 }\n\
+             reserve = { critical = \"20%\" }\nloops = { max_identical = 3, window = \"1m\" }\n",
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let facts = tollgate_core::RequestFacts {
+            request_id: "r".into(),
+            identity: Identity::default().with(Dimension::Tenant, "acme"),
+            fingerprint: Some(7),
+            ..Default::default()
+        };
+        let mut plan = tollgate_core::plan(&policy, &facts).unwrap_or_else(|e| unreachable!("{e}"));
+        let scope = plan.checks[0]
+            .scope()
+            .map(|s| s.id().to_owned())
+            .unwrap_or_default();
+        let o = Overrides::default();
+        let entries: Vec<(String, String)> = [(Control::Requests, 50), (Control::Concurrency, 100)]
+            .into_iter()
+            .map(|(control, limit)| {
+                let o = Override {
+                    rule: "t".into(),
+                    scope: scope.clone(),
+                    control,
+                    limit,
+                    revision: 1,
+                    set_at_ms: 0,
+                };
+                (o.field(), serde_json::to_string(&o).unwrap_or_default())
+            })
+            .collect();
+        o.replace(1, &entries);
+        o.apply(&mut plan);
+        let limits: Vec<(Reason, u64)> = plan
+            .checks
+            .iter()
+            .filter_map(|c| match &c.kind {
+                Kind::Count(r) => Some((c.reason, r.limit)),
+                Kind::Lease(l) => Some((c.reason, l.limit)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            limits,
+            [
+                (Reason::RequestRateLimit, 50),
+                (Reason::CapacityReserved, 80),
+                (Reason::LoopDetected, 3),
+            ]
+        );
+    }
 
     #[test]
     fn dollars_are_read_to_the_micro() {

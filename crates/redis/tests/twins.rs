@@ -176,6 +176,7 @@ fn concurrency_lua_decides_as_rust_does() {
             let check = concurrency::ConcurrencyCheck {
                 scope: key(),
                 limit,
+                kept_percent: 0,
             };
             let rust = match concurrency::check(concurrency::REASON, &check, held, soonest, now) {
                 Ok(left) => [1, left as i64],

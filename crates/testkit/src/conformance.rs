@@ -15,6 +15,8 @@ mod agents;
 pub use agents::*;
 mod checks;
 pub use checks::*;
+mod classes;
+pub use classes::*;
 mod shadow;
 pub use shadow::*;
 pub mod slices;

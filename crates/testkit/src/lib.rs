@@ -65,7 +65,8 @@ macro_rules! conformance_tests {
             a_history_of_repeated_tool_calls_is_a_loop, idempotency_keys_are_claimed_once,
             shadow_holds_end_with_the_request, a_refused_request_holds_no_shadow,
             checks_are_walked_in_the_plans_order,
-            a_verdict_refuses_at_its_place_after_every_count);
+            a_verdict_refuses_at_its_place_after_every_count,
+            a_reserve_keeps_its_share_for_its_class);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(

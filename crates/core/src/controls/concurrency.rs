@@ -25,6 +25,10 @@ pub struct ConcurrencyCheck {
     pub scope: ScopeKey,
     /// Leases at once.
     pub limit: u64,
+    /// The per cent of the scope's leases kept for classes above the request's
+    /// ([`super::reserve`]): `limit` is what is left of the scope's limit without them, and a
+    /// limit set at run time keeps them the same way. Stores never read it.
+    pub kept_percent: u64,
 }
 
 /// How long a lease lives without renewal unless the rule says.
@@ -52,6 +56,7 @@ pub fn plan(rule: &ScopeRule, key: &ScopeKey) -> Option<ConcurrencyCheck> {
     rule.concurrency.map(|c| ConcurrencyCheck {
         scope: key.clone(),
         limit: c.limit.get(),
+        kept_percent: 0,
     })
 }
 

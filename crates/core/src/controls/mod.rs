@@ -20,6 +20,7 @@ pub mod budget;
 pub mod concurrency;
 pub mod loops;
 pub mod rate;
+pub mod reserve;
 pub mod tokens;
 pub mod tool_calls;
 
@@ -55,6 +56,8 @@ pub struct RawRules {
     pub total_tokens: Option<u64>,
     /// `concurrency = { limit, lease_ttl }`
     pub concurrency: Option<RawConcurrency>,
+    /// `reserve = { <class> = "<n>%" }`
+    pub reserve: Option<BTreeMap<String, String>>,
     /// `budget = { tokens | micro_usd, period, alert_at }`
     pub budget: Option<RawBudget>,
     /// `tool_calls = { limit, period }`
@@ -65,12 +68,13 @@ pub struct RawRules {
 
 impl RawRules {
     /// The keys the controls are written under, in the controls' order.
-    pub const KEYS: [&'static str; 8] = [
+    pub const KEYS: [&'static str; 9] = [
         "requests",
         "input_tokens",
         "output_tokens",
         "total_tokens",
         "concurrency",
+        "reserve",
         "budget",
         "tool_calls",
         "loops",
@@ -89,6 +93,7 @@ impl RawRules {
             "output_tokens" => self.output_tokens = Some(map.next_value()?),
             "total_tokens" => self.total_tokens = Some(map.next_value()?),
             "concurrency" => self.concurrency = Some(map.next_value()?),
+            "reserve" => self.reserve = Some(map.next_value()?),
             "budget" => self.budget = Some(map.next_value()?),
             "tool_calls" => self.tool_calls = Some(map.next_value()?),
             "loops" => self.loops = Some(map.next_value()?),
@@ -115,6 +120,8 @@ pub struct Rules {
     pub total_tokens: Option<NonZeroU64>,
     /// Concurrency limit.
     pub concurrency: Option<ConcurrencyLimit>,
+    /// Shares of the concurrency kept for priority classes.
+    pub reserve: Option<reserve::Reserve>,
     /// Budget.
     pub budget: Option<BudgetLimit>,
     /// Tool calls per period (a [`BudgetLimit`] in tool calls).
@@ -130,18 +137,21 @@ impl Rules {
         raw: RawRules,
         path: &str,
         prices: &BTreeMap<String, Price>,
+        classes: &reserve::Classes,
     ) -> Result<Self, PolicyError> {
         let requests = rate::rule(raw.requests, path)?;
         let (input_tokens, trim_input) = tokens::input_rule(raw.input_tokens, path)?;
         let total_tokens = tokens::total_rule(raw.total_tokens, path)?;
         let output_tokens = tokens::output_rule(raw.output_tokens, path)?;
+        let concurrency = concurrency::rule(raw.concurrency, path)?;
         Ok(Self {
             requests,
             input_tokens,
             trim_input,
             output_tokens,
             total_tokens,
-            concurrency: concurrency::rule(raw.concurrency, path)?,
+            concurrency,
+            reserve: reserve::rule(raw.reserve, concurrency.is_some(), classes, path)?,
             budget: budget::rule(raw.budget, path, prices)?,
             tool_calls: tool_calls::rule(raw.tool_calls, path)?,
             loops: loops::rule(raw.loops, path)?,
@@ -157,6 +167,7 @@ impl Rules {
             (self.output_tokens.is_some(), Reason::OutputTokenLimit),
             (self.total_tokens.is_some(), Reason::TotalTokenLimit),
             (self.concurrency.is_some(), concurrency::REASON),
+            (self.reserve.is_some(), reserve::REASON),
             (self.budget.is_some(), Reason::BudgetLimit),
             (self.tool_calls.is_some(), tool_calls::REASON),
             (self.loops.is_some(), loops::REASON),
@@ -169,7 +180,7 @@ impl Rules {
 
 /// The reasons of the controls, in the order a request passes them (the token controls'
 /// three in theirs): a refusal names the first control that refuses.
-pub const ORDER: [Reason; 8] = Reason::ALL;
+pub const ORDER: [Reason; 9] = Reason::ALL;
 
 /// One check of a plan: the control it is for, and what a store does for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -284,6 +295,8 @@ pub struct Inputs<'a> {
     pub fingerprint: Option<u64>,
     /// How often the history's most repeated tool call appears.
     pub tool_call_repeats: u64,
+    /// The request's priority class and its weight.
+    pub class: (&'a str, u32),
 }
 
 /// Every check of a request, in the fixed order of the controls, each control's in policy
@@ -302,7 +315,11 @@ pub fn checks(x: Inputs<'_>) -> Result<Vec<Check>, PlanError> {
     }
     for (r, k) in rules.clone() {
         if let Some(c) = concurrency::plan(r, k) {
-            add(concurrency::REASON, Kind::Lease(c));
+            let (reason, c) = match &r.reserve {
+                Some(s) => reserve::apply(s, x.class.0, x.class.1, c),
+                None => (concurrency::REASON, c),
+            };
+            add(reason, Kind::Lease(c));
         }
     }
     for (r, k) in rules.clone() {

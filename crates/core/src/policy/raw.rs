@@ -28,6 +28,9 @@ pub struct RawPolicy {
     /// Prices per model, in micro-units per million tokens.
     #[serde(default)]
     pub prices: BTreeMap<String, RawPrice>,
+    /// Priority classes by name: their weights and the tenants in each.
+    #[serde(default)]
+    pub classes: BTreeMap<String, crate::controls::reserve::RawClass>,
     /// The scopes and their limits, checked in this order within each control.
     #[serde(default)]
     pub scopes: Vec<RawScope>,

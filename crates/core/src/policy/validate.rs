@@ -62,6 +62,7 @@ pub(super) fn validate_scope(
     s: RawScope,
     path: &str,
     prices: &BTreeMap<String, Price>,
+    classes: &crate::controls::reserve::Classes,
 ) -> Result<ScopeRule, PolicyError> {
     let dims = validate_dims(&s.key, path)?;
     let ip_prefix = validate_ip_prefix(s.ip_prefix.as_ref(), &dims, path)?;
@@ -82,7 +83,7 @@ pub(super) fn validate_scope(
             .ok_or_else(|| PolicyError::new(format!("{path}.match.{k}"), "unknown dimension"))?;
         matches.push((d, v));
     }
-    let controls = crate::controls::Rules::check(s.controls, path, prices)?;
+    let controls = crate::controls::Rules::check(s.controls, path, prices, classes)?;
     let shadow = shadow_mode(s.mode.as_deref(), controls.trim_input, path)?;
     let global_key = dims
         .is_empty()

@@ -6,7 +6,7 @@ use tollgate_core::{Policy, Reason, Store};
 
 use super::service::{Admission, FactsFn};
 use crate::config::QueueConfig;
-use crate::path::admit::Queue;
+use crate::path::queue::Queue;
 use crate::store::AnyStore;
 
 /// Applies [`Admission`] to a service. Generic over the store: any [`Store`] (the memory store,

@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::Request;
 use http_body_util::{BodyExt, Limited};
-use tollgate_core::{Decision, Dimension, RequestFacts, Store, Usage};
+use tollgate_core::{Decision, RequestFacts, Store, Usage};
 
 use super::future::ResponseFuture;
 use super::layer::AdmissionLayer;
@@ -95,17 +95,12 @@ where
                 Ok(p) => p,
                 Err(e) => return Ok(respond::unpriced_model(e).into_response()),
             };
-            let queue_key = facts
-                .identity
-                .get(Dimension::Key)
-                .or_else(|| facts.identity.get(Dimension::Tenant))
-                .unwrap_or("");
             let controls = Controls {
                 store: &layer.store,
                 exempt: &layer.exempt,
                 kills: &layer.kills,
                 queue: layer.queue.as_ref().map(|(q, c)| (&**q, *c)),
-                queue_key,
+                flow: crate::path::queue::Flow::of(&layer.policy, &facts),
                 alerts: layer.alerts.as_ref(),
                 on_lost: None,
             };

@@ -1,4 +1,4 @@
-//! `[[keys]]`, checked: each key's digest, tenant, end user, models and exemptions.
+//! `[[keys]]`, checked: each key's digest, tenant, end user, models, exemptions and class.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -11,6 +11,7 @@ use super::{ConfigError, KeyConfig, err};
 pub(super) fn keys(
     raw: Vec<RawKey>,
     models: &BTreeMap<String, usize>,
+    classes: &tollgate_core::controls::reserve::Classes,
 ) -> Result<HashMap<String, KeyConfig>, ConfigError> {
     let mut keys = HashMap::new();
     for (i, k) in raw.into_iter().enumerate() {
@@ -28,12 +29,16 @@ pub(super) fn keys(
             .to_ascii_lowercase();
         let mut exempt = Vec::new();
         for (j, e) in k.exempt.iter().enumerate() {
-            exempt.push(Reason::from_code(e).ok_or_else(|| {
-                err(
-                    format!("{field}.exempt[{j}]"),
-                    format!("unknown control {e:?}"),
-                )
-            })?);
+            exempt.push(
+                Reason::from_code(e)
+                    .filter(|r| r.control() == *r)
+                    .ok_or_else(|| {
+                        err(
+                            format!("{field}.exempt[{j}]"),
+                            format!("unknown control {e:?}"),
+                        )
+                    })?,
+            );
         }
         for (j, m) in k.models.iter().flatten().enumerate() {
             if !models.contains_key(m) {
@@ -43,6 +48,12 @@ pub(super) fn keys(
                 ));
             }
         }
+        if let Some(c) = k.class.as_deref().filter(|c| !classes.has(c)) {
+            return Err(err(
+                format!("{field}.class"),
+                format!("{c:?} is not a class declared in [policy.classes]"),
+            ));
+        }
         let key = KeyConfig {
             name: k.name.unwrap_or_else(|| format!("key{i}")),
             key_id: hex[..16].to_owned(),
@@ -51,6 +62,7 @@ pub(super) fn keys(
             allow_user: k.allow_user,
             models: k.models,
             exempt,
+            class: k.class,
         };
         if keys.insert(hex, key).is_some() {
             return Err(err(format!("{field}.hash"), "the same key twice"));

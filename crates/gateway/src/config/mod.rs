@@ -330,6 +330,8 @@ pub struct KeyConfig {
     pub models: Option<Vec<String>>,
     /// Exempt controls.
     pub exempt: Vec<Reason>,
+    /// Its priority class, when it names one (else its tenant's).
+    pub class: Option<String>,
 }
 
 /// Queue limits.

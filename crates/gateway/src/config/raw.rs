@@ -395,6 +395,8 @@ pub struct RawKey {
     /// Controls this key is exempt from (reason codes), e.g. trusted internal traffic.
     #[serde(default)]
     pub exempt: Vec<String>,
+    /// Its priority class (one of `[policy.classes]`); default: its tenant's, else `standard`.
+    pub class: Option<String>,
 }
 
 /// `[queue]`

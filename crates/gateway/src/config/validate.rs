@@ -66,7 +66,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
     let conns = connection_bounds(&raw.server)?;
     let policy = Policy::validate(raw.policy, "policy")?;
     let (upstreams, models) = upstreams(raw.upstreams, &policy)?;
-    let keys = super::keys::keys(raw.keys, &models)?;
+    let keys = super::keys::keys(raw.keys, &models, &policy.classes)?;
     let (unknown_context_tokens, context_ttl) = responses(&raw.responses)?;
     validate_betas(&raw.anthropic)?;
     let config = GatewayConfig {

@@ -54,6 +54,8 @@ impl Issued {
             allow_user: self.allow_user,
             models: self.models.clone(),
             exempt: Vec::new(),
+            // An issued key is of its tenant's class: a tenant's own token must not raise it.
+            class: None,
         }
     }
 

@@ -3,9 +3,6 @@
 //! unreachable store means (a token verdict still refuses, a fail-open policy admits, otherwise
 //! 503), and the bounded queue in front of a full concurrency scope.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::time::Instant as TimerInstant;
@@ -14,6 +11,7 @@ use tollgate_core::decision::Killed;
 use tollgate_core::record::ShadowRefusal;
 use tollgate_core::{Admitted, Decision, Deny, Plan, Reason, ShadowOutcome, Store, StoreError};
 
+use super::queue::{Behind, Flow, Place, Queue, line_of};
 use crate::config::QueueConfig;
 use crate::respond::{self, ApiError};
 
@@ -29,8 +27,8 @@ pub(crate) struct Controls<'a, S> {
     pub kills: &'a [(String, String)],
     /// The bounded queue and its settings, when one is configured.
     pub queue: Option<(&'a Queue, QueueConfig)>,
-    /// Whose place in the queue a waiting request takes (its key).
-    pub queue_key: &'a str,
+    /// Whose places and turns in the queue a waiting request takes.
+    pub flow: Flow<'a>,
     /// Where budget thresholds, exhausted budgets and a store's loss are told.
     pub alerts: Option<&'a crate::alerts::Alerts>,
     /// What to do when the store says it lost its state (the proxy: rebuild from the ledger).
@@ -161,17 +159,35 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
             };
             return Ok((k, shadowed));
         }
+        let Some((queue, q)) = self.queue else {
+            return self.once(p, shadow.as_deref()).await;
+        };
+        // The timer's clock, which the waits below follow (and a test's paused time moves).
+        let entered = TimerInstant::now();
+        let deadline = entered + q.max_wait;
+        // Behind the requests that wait for one of its leases, it is tried in its turn.
+        let mut place = match queue.behind(p, &self.flow, q) {
+            None => None,
+            Some(Behind::InLine(pl)) => {
+                wait_turn(&pl, deadline).await;
+                Some(pl)
+            }
+            Some(Behind::Full(d)) => return Ok((Decision::Deny(d), Shadowed::None)),
+        };
         let (first, mut shadowed) = self.once(p, shadow.as_deref()).await?;
         let deny = match first {
-            Decision::Deny(d) if d.reason == Reason::ConcurrencyLimit => d,
-            other => return Ok((other, shadowed)),
+            Decision::Deny(d) if p.refused_lease(&d) => d,
+            other => {
+                if let Some(pl) = place.take() {
+                    queued(pl, entered, &other);
+                }
+                return Ok((other, shadowed));
+            }
         };
-        let Some((queue, q)) = self.queue else {
+        let Some(mut place) = place.or_else(|| queue.enter(&self.flow, q)) else {
             return Ok((Decision::Deny(deny), shadowed));
         };
-        let Some(_slot) = queue.enter(self.queue_key, q) else {
-            return Ok((Decision::Deny(deny), shadowed));
-        };
+        place.line_up(line_of(&deny));
         // A shadow that would have admitted is tried again with each retry; one admitted apart
         // (a sharded store) is released now, and a request admitted from the queue then holds
         // nothing under the shadow rules.
@@ -187,25 +203,25 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         if let Some(s) = shadow.as_deref_mut() {
             s.attempt_counted = true;
         }
-        // The timer's clock, which the waits below follow (and a test's paused time moves).
-        let entered = TimerInstant::now();
-        let deadline = entered + q.max_wait;
         let mut wait = Duration::from_millis(5);
         let mut last = deny;
         while TimerInstant::now() + wait <= deadline {
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_millis(50));
+            if !place.first() {
+                continue;
+            }
             let (d, s) = self.once(p, shadow.as_deref()).await?;
             if shadow.is_some() {
                 shadowed = s;
             }
             match d {
-                Decision::Deny(d) if d.reason == Reason::ConcurrencyLimit => last = d,
+                Decision::Deny(d) if p.refused_lease(&d) => {
+                    place.line_up(line_of(&d));
+                    last = d;
+                }
                 other => {
-                    crate::telemetry::queue_wait(
-                        entered.elapsed().as_secs_f64(),
-                        matches!(other, Decision::Admit(_)),
-                    );
+                    queued(place, entered, &other);
                     return Ok((other, shadowed));
                 }
             }
@@ -372,51 +388,20 @@ impl<S: Store + Clone + 'static> Drop for Unanswered<'_, S> {
 /// the store when the call timed out has been applied (or dropped) well within it.
 const UNANSWERED_RELEASE_WINDOW: Duration = Duration::from_secs(30);
 
-/// The bounded queue: how many requests wait per key and in all.
-#[derive(Debug, Default)]
-pub struct Queue {
-    waiting: Mutex<HashMap<String, usize>>,
-    total: AtomicU64,
-}
-
-impl Queue {
-    /// A place for `key`, unless its share or the whole queue is full.
-    fn enter(&self, key: &str, q: QueueConfig) -> Option<QueueSlot<'_>> {
-        let mut w = self.waiting.lock().ok()?;
-        let n = w.entry(key.to_owned()).or_default();
-        if *n >= q.per_key || self.total.load(Ordering::SeqCst) >= q.global as u64 {
-            if *n == 0 {
-                w.remove(key);
-            }
-            return None;
-        }
-        *n += 1;
-        self.total.fetch_add(1, Ordering::SeqCst);
-        crate::telemetry::queue_waiting(1.0);
-        Some(QueueSlot {
-            q: self,
-            key: key.to_owned(),
-        })
+/// Waits until it is `place`'s turn, or until `deadline`.
+async fn wait_turn(place: &Place<'_>, deadline: TimerInstant) {
+    let mut wait = Duration::from_millis(5);
+    while !place.first() && TimerInstant::now() + wait <= deadline {
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_millis(50));
     }
 }
 
-/// A place in the bounded queue; leaving it (also by being dropped) frees it.
-struct QueueSlot<'a> {
-    q: &'a Queue,
-    key: String,
-}
-
-impl Drop for QueueSlot<'_> {
-    fn drop(&mut self) {
-        crate::telemetry::queue_waiting(-1.0);
-        self.q.total.fetch_sub(1, Ordering::SeqCst);
-        if let Ok(mut w) = self.q.waiting.lock() {
-            if let Some(n) = w.get_mut(&self.key) {
-                *n -= 1;
-                if *n == 0 {
-                    w.remove(&self.key);
-                }
-            }
-        }
-    }
+/// A request leaves the queue with decision `d`: served, its line moves on.
+fn queued(place: Place<'_>, entered: TimerInstant, d: &Decision) {
+    crate::telemetry::queue_wait(
+        entered.elapsed().as_secs_f64(),
+        matches!(d, Decision::Admit(_)),
+    );
+    place.served();
 }

@@ -141,6 +141,7 @@ pub(crate) async fn count(
         tool_call_repeats,
         extra_output_tokens: if dialect.has_output() { predicted } else { 0 },
         price_tier,
+        class: key.class.clone(),
     };
     Ok(Counted {
         json,

@@ -17,6 +17,7 @@ pub(crate) mod idempotent;
 pub(crate) mod intake;
 mod loops;
 pub(crate) mod meter;
+pub(crate) mod queue;
 pub(crate) mod settle;
 mod trim;
 
@@ -167,7 +168,7 @@ async fn admit_counted(
         exempt: &key.exempt,
         kills: &cfg.kills,
         queue: cfg.queue.map(|q| (&gw.queue, q)),
-        queue_key: &key.key_id,
+        flow: queue::Flow::of(&cfg.policy, &counted.facts),
         alerts: Some(&gw.alerts),
         on_lost: Some(admit::OnLost(&rebuild)),
     };

@@ -199,7 +199,7 @@ pub fn quota_headers<'a>(h: &mut HeaderMap, quotas: &[Quota], rule: impl Fn(&Quo
                 policies.push_str(";w=");
                 push_number(&mut policies, w.div_ceil(1000));
             }
-            if q.reason == Reason::ConcurrencyLimit {
+            if q.reason.control() == Reason::ConcurrencyLimit {
                 policies.push_str(";qu=\"concurrent-requests\"");
             }
             limits.push_str(";r=");
