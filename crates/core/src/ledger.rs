@@ -4,6 +4,9 @@
 use crate::clock::Millis;
 use crate::policy::Price;
 
+mod calendar;
+pub use calendar::{Calendar, Every, Zone};
+
 /// Weights are in units of 1/`WEIGHT_SCALE`: the previous window's count is weighted by the
 /// share of it that the sliding window still covers, rounded down to this resolution.
 pub const WEIGHT_SCALE: u64 = 10_000;
@@ -103,6 +106,8 @@ pub enum Period {
     Fixed(u64),
     /// UTC calendar months.
     CalendarMonth,
+    /// Days, weeks, months, quarters or years in a time zone, from a chosen start.
+    Calendar(Calendar),
 }
 
 const DAY_MS: u64 = 86_400_000;
@@ -122,6 +127,53 @@ impl Period {
                 let end = days_from_civil(ny, nm, 1) * DAY_MS;
                 (y * 12 + (m - 1), start, end)
             }
+            Period::Calendar(c) => {
+                let (start, end) = c.at(now);
+                (start, start, end)
+            }
+        }
+    }
+
+    /// The start and end of period `id` (as [`Period::at`] numbers them).
+    pub fn span(self, id: u64) -> (Millis, Millis) {
+        match self {
+            Period::Fixed(len) => (
+                id.saturating_mul(len),
+                id.saturating_add(1).saturating_mul(len),
+            ),
+            Period::CalendarMonth => {
+                let day = |y: u64, m: u64| days_from_civil(y, m, 1) * DAY_MS;
+                let (y, m) = (id / 12, id % 12 + 1);
+                let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+                (day(y, m), day(ny, nm))
+            }
+            Period::Calendar(c) => (id, c.at(id).1),
+        }
+    }
+
+    /// The period a [`Period::label`] names.
+    pub fn from_label(label: &str) -> Option<Self> {
+        if label == "month" {
+            return Some(Period::CalendarMonth);
+        }
+        if let Some(len) = label.strip_prefix("fixed:") {
+            return len.parse().ok().filter(|l| *l > 0).map(Period::Fixed);
+        }
+        Calendar::from_label(label).map(Period::Calendar)
+    }
+
+    /// What the Redis scripts are given for this period at `now`: its length (0 for a UTC
+    /// month, which they compute), or for a calendar in a zone the starts around `now`
+    /// (`before,start,end,after`, see [`Calendar::around`]), among which they take the one
+    /// containing their own clock's instant.
+    pub fn script_arg(self, now: Millis) -> String {
+        match self {
+            Period::Fixed(len) => itoa::Buffer::new().format(len).to_owned(),
+            Period::CalendarMonth => "0".to_owned(),
+            Period::Calendar(c) => {
+                let [a, b, e, f] = c.around(now);
+                format!("{a},{b},{e},{f}")
+            }
         }
     }
 
@@ -139,6 +191,7 @@ impl Period {
                 s
             }
             Period::CalendarMonth => "month".to_owned(),
+            Period::Calendar(c) => c.label(),
         }
     }
 }

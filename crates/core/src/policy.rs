@@ -397,6 +397,17 @@ impl Policy {
 }
 
 impl Period {
+    /// A period as written: a name or duration ([`Period::parse`]), or a calendar in a zone.
+    pub fn of(raw: &raw::RawPeriod) -> Result<Self, String> {
+        match raw {
+            raw::RawPeriod::Named(s) => Self::parse(s),
+            raw::RawPeriod::Calendar(c) => {
+                crate::ledger::Calendar::parse(&c.every, c.zone.as_deref(), c.starts.as_deref())
+                    .map(Period::Calendar)
+            }
+        }
+    }
+
     /// Parses `day`, `month` or a fixed duration (`1h`, `7d`).
     pub fn parse(s: &str) -> Result<Self, String> {
         match s.trim() {

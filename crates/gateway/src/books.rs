@@ -274,7 +274,7 @@ impl Books {
             .map_err(|e| e.to_string())?;
         let mut held = Vec::with_capacity(first.len());
         for t in &first {
-            let period = period_of_total(t.period_ms);
+            let period = period_of_total(&t.label, t.period_ms);
             let u = store
                 .usage(&t.scope, Some(period))
                 .await
@@ -287,7 +287,7 @@ impl Books {
             .await
             .map_err(|e| e.to_string())?;
         for (t, held) in first.iter().zip(held) {
-            let period = period_of_total(t.period_ms);
+            let period = period_of_total(&t.label, t.period_ms);
             let ledger = second
                 .iter()
                 .find(|s| s.scope == t.scope && s.label == t.label && s.period_id == t.period_id)
@@ -435,14 +435,16 @@ impl Books {
 }
 
 fn charge(scope: &str, period: Period, id: u64, unit: Unit, amount: u64) -> Charge {
-    let (start, end) = bounds(period, id);
+    let (start, end) = period.span(id);
     let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     Charge {
         scope: scope.to_owned(),
         label: period.label(),
+        // 0 for a UTC month, -1 for a calendar in a zone (its label says which).
         period_ms: match period {
             Period::Fixed(len) => n(len),
             Period::CalendarMonth => 0,
+            Period::Calendar(_) => -1,
         },
         period_id: n(id),
         period_start_ms: n(start),
@@ -452,27 +454,12 @@ fn charge(scope: &str, period: Period, id: u64, unit: Unit, amount: u64) -> Char
     }
 }
 
-fn period_of_total(period_ms: i64) -> Period {
-    match u64::try_from(period_ms) {
+/// The period of a ledger total: by its label, else by its length (older rows).
+fn period_of_total(label: &str, period_ms: i64) -> Period {
+    Period::from_label(label).unwrap_or(match u64::try_from(period_ms) {
         Ok(len) if len > 0 => Period::Fixed(len),
         _ => Period::CalendarMonth,
-    }
-}
-
-/// The start and end of period `id`.
-fn bounds(period: Period, id: u64) -> (u64, u64) {
-    match period {
-        Period::Fixed(len) => (
-            id.saturating_mul(len),
-            id.saturating_add(1).saturating_mul(len),
-        ),
-        Period::CalendarMonth => {
-            let day = |y: u64, m: u64| tollgate_core::ledger::days_from_civil(y, m, 1) * 86_400_000;
-            let (y, m) = (id / 12, id % 12 + 1);
-            let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-            (day(y, m), day(ny, nm))
-        }
-    }
+    })
 }
 
 /// The ledger's entry of a request the store expired.

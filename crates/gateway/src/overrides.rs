@@ -336,7 +336,7 @@ pub fn amount(rule: &ScopeRule, control: Control, text: &str) -> Result<u64, Str
 fn fixed_ms(p: tollgate_core::Period) -> Option<u64> {
     match p {
         tollgate_core::Period::Fixed(ms) => Some(ms),
-        tollgate_core::Period::CalendarMonth => None,
+        tollgate_core::Period::CalendarMonth | tollgate_core::Period::Calendar(_) => None,
     }
 }
 

@@ -184,11 +184,12 @@ fn charge(
     amount: &str,
 ) -> Option<ExpiryCharge> {
     let scope = key.strip_prefix(prefix)?.strip_prefix(":b:")?;
-    let (_, period_id) = field.rsplit_once('@')?;
-    let period = match len.parse::<u64>().ok()? {
-        0 => Period::CalendarMonth,
-        n => Period::Fixed(n),
-    };
+    let (label, period_id) = field.rsplit_once('@')?;
+    // Named by its label: a calendar period's length argument is the starts it was given.
+    let period = Period::from_label(label).or_else(|| match len.parse::<u64>().ok()? {
+        0 => Some(Period::CalendarMonth),
+        n => Some(Period::Fixed(n)),
+    })?;
     let unit = match unit.as_bytes().first()? {
         b't' => Unit::Tokens,
         b'm' => Unit::MicroUsd,

@@ -31,11 +31,9 @@ impl Invocation {
     }
 }
 
-pub(crate) fn period_arg(p: Period) -> (u64, String) {
-    match p {
-        Period::Fixed(len) => (len, p.label()),
-        Period::CalendarMonth => (0, p.label()),
-    }
+/// A period as the scripts take it at `now` (see [`Period::script_arg`]), and its label.
+pub(crate) fn period_arg(p: Period, now: u64) -> (String, String) {
+    (p.script_arg(now), p.label())
 }
 
 /// A number as an argument, written by `itoa`: the formatting machinery of `to_string` costs
@@ -64,11 +62,12 @@ fn strs(items: usize) -> Strs {
     Strs::with_capacity(items)
 }
 
-/// The exact KEYS and ARGV of an admission, as one item of a batch call.
-pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64) -> Invocation {
+/// The exact KEYS and ARGV of an admission, as one item of a batch call; `now` is the
+/// caller's instant (ms), near which calendar periods' starts are given.
+pub fn admit_invocation(prefix: &str, plan: &Plan, retention_ms: u64, now: u64) -> Invocation {
     let mut keys = strs(key_count(plan));
     let mut args = strs(admit_arg_count(plan));
-    admit_args(prefix, plan, retention_ms, &mut keys, &mut args);
+    admit_args(prefix, plan, (retention_ms, now), &mut keys, &mut args);
     Invocation { keys, args }
 }
 
@@ -104,7 +103,13 @@ fn check_arg_count(plan: &Plan) -> usize {
 
 /// Pushes an admission's keys and arguments: the header by name, in the contract's order, then
 /// the kill targets and the checks.
-fn admit_args(prefix: &str, plan: &Plan, retention_ms: u64, keys: &mut Strs, args: &mut Strs) {
+fn admit_args(
+    prefix: &str,
+    plan: &Plan,
+    (retention_ms, now): (u64, u64),
+    keys: &mut Strs,
+    args: &mut Strs,
+) {
     keys.push_key(prefix, "ts", &plan.request_id);
     let (price_in, price_cached, price_out) = plan
         .price
@@ -126,11 +131,11 @@ fn admit_args(prefix: &str, plan: &Plan, retention_ms: u64, keys: &mut Strs, arg
         }
     }
     args.extend(plan.kill_targets.iter());
-    check_args(prefix, plan, keys, args);
+    check_args(prefix, plan, now, keys, args);
 }
 
 /// A plan's checks, in its order, each as its kind and reason and then its kind's layout.
-fn check_args(prefix: &str, plan: &Plan, keys: &mut Strs, args: &mut Strs) {
+fn check_args(prefix: &str, plan: &Plan, now: u64, keys: &mut Strs, args: &mut Strs) {
     for c in &plan.checks {
         for field in CheckLayout::ALL {
             match field {
@@ -147,7 +152,7 @@ fn check_args(prefix: &str, plan: &Plan, keys: &mut Strs, args: &mut Strs) {
         match &c.kind {
             Kind::Count(r) => rate_args(prefix, r, keys, args),
             Kind::Lease(l) => lease_args(prefix, l, keys, args),
-            Kind::Reserve(b) => budget_args(prefix, plan, b, keys, args),
+            Kind::Reserve(b) => budget_args(prefix, plan, (b, now), keys, args),
             Kind::Verdict(_) => {}
         }
     }
@@ -174,9 +179,15 @@ fn lease_args(prefix: &str, c: &ConcurrencyCheck, keys: &mut Strs, args: &mut St
     }
 }
 
-fn budget_args(prefix: &str, plan: &Plan, b: &BudgetCheck, keys: &mut Strs, args: &mut Strs) {
+fn budget_args(
+    prefix: &str,
+    plan: &Plan,
+    (b, now): (&BudgetCheck, u64),
+    keys: &mut Strs,
+    args: &mut Strs,
+) {
     keys.push_key(prefix, "b", b.scope.id());
-    let (len, label) = period_arg(b.period);
+    let (len, label) = period_arg(b.period, now);
     for field in BudgetScope::ALL {
         match field {
             BudgetScope::Key => args.push_key(prefix, "b", b.scope.id()),
@@ -189,7 +200,7 @@ fn budget_args(prefix: &str, plan: &Plan, b: &BudgetCheck, keys: &mut Strs, args
                     args.push(&format!("c{}", plan.expired_usage.tool_calls));
                 }
             },
-            BudgetScope::PeriodLen => args.push_num(len),
+            BudgetScope::PeriodLen => args.push(&len),
             BudgetScope::Label => args.push(&label),
             BudgetScope::Amount => args.push_num(b.amount),
         }
@@ -235,6 +246,7 @@ pub(crate) fn admit_shadowed_invocation(
     plan: &Plan,
     shadow: &Plan,
     retention_ms: u64,
+    now: u64,
 ) -> Invocation {
     let s = shadow;
     let mut keys = strs(key_count(plan) + scope_count(s));
@@ -242,12 +254,12 @@ pub(crate) fn admit_shadowed_invocation(
     let mut args = strs(1 + n + Shadow::LEN + check_arg_count(s));
     // The request's arguments are pushed after their count, not copied in behind it.
     args.push_num(n);
-    admit_args(prefix, plan, retention_ms, &mut keys, &mut args);
+    admit_args(prefix, plan, (retention_ms, now), &mut keys, &mut args);
     for field in Shadow::ALL {
         match field {
             Shadow::NCheck => args.push_num(s.checks.len()),
         }
     }
-    check_args(prefix, s, &mut keys, &mut args);
+    check_args(prefix, s, now, &mut keys, &mut args);
     Invocation { keys, args }
 }

@@ -260,6 +260,15 @@ impl RedisStore {
         self.clock.as_ref().map_or(0, |c| c.now().max(1))
     }
 
+    /// This instance's instant: near which a calendar period's starts are given to a script,
+    /// which then takes the one containing its own clock's instant.
+    fn wall_now(&self) -> u64 {
+        self.clock.as_ref().map_or_else(
+            || tollgate_core::Clock::now(&tollgate_core::SystemClock),
+            |c| c.now(),
+        )
+    }
+
     /// Queues an admission or a settlement for the next batch call on `shard` and waits for its
     /// reply.
     async fn batched(
@@ -485,7 +494,12 @@ impl Store for RedisStore {
         if self.shards.len() > 1 {
             return self.admit_parts(plan).await;
         }
-        let inv = admit_invocation(&self.shards[0], plan, self.config.retention_ms);
+        let inv = admit_invocation(
+            &self.shards[0],
+            plan,
+            self.config.retention_ms,
+            self.wall_now(),
+        );
         decision(plan, self.batched(0, "a", inv).await?)
     }
 
@@ -497,8 +511,13 @@ impl Store for RedisStore {
         if self.shards.len() > 1 {
             return self.admit_shadow_apart(plan, shadow).await;
         }
-        let inv =
-            admit_shadowed_invocation(&self.shards[0], plan, shadow, self.config.retention_ms);
+        let inv = admit_shadowed_invocation(
+            &self.shards[0],
+            plan,
+            shadow,
+            self.config.retention_ms,
+            self.wall_now(),
+        );
         shadowed(plan, shadow, self.batched(0, "s", inv).await?)
     }
 
@@ -534,9 +553,8 @@ impl Store for RedisStore {
         period: Option<Period>,
     ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
         let p = &self.shards[shard_of(scope_id, self.shards.len())];
-        let (len, label) = period.map_or((-1i64, String::new()), |per| {
-            let (len, label) = period_arg(per);
-            (i64::try_from(len).unwrap_or(i64::MAX), label)
+        let (len, label) = period.map_or(("-1".to_owned(), String::new()), |per| {
+            period_arg(per, self.wall_now())
         });
         let inv = Invocation::of(
             &[
@@ -548,7 +566,7 @@ impl Store for RedisStore {
             &[
                 p,
                 &num(self.now_arg()),
-                &num(len),
+                &len,
                 &label,
                 &num(self.config.retention_ms),
             ],

@@ -115,6 +115,7 @@ impl RedisStore {
             &self.shards[part.shard],
             &part.plan,
             self.config.retention_ms,
+            self.wall_now(),
         );
         decision(&part.plan, self.batched(part.shard, op, inv).await?)
     }

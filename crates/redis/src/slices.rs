@@ -102,14 +102,16 @@ fn lease_order(prefix: &str, l: &LeaseOrderOf, args: &mut Strs) {
 }
 
 fn budget_order(prefix: &str, b: &BudgetOrderOf, args: &mut Strs) {
-    let (len, label) = period_arg(b.period);
+    // A calendar period's starts around its own: a slice is taken only in the period its
+    // order names.
+    let (len, label) = period_arg(b.period, b.period_id);
     for field in BudgetOrder::ALL {
         match field {
             BudgetOrder::Slice => args.push(&b.slice),
             BudgetOrder::Key => args.push_key(prefix, "b", &b.scope),
             BudgetOrder::Limit => args.push_num(b.limit),
             BudgetOrder::Unit => args.push(unit_arg(b.unit)),
-            BudgetOrder::PeriodLen => args.push_num(len),
+            BudgetOrder::PeriodLen => args.push(&len),
             BudgetOrder::Label => args.push(&label),
             BudgetOrder::PeriodId => args.push_num(b.period_id),
             BudgetOrder::Amount => args.push_num(b.amount),

@@ -40,7 +40,7 @@ fn admit_sends_exactly_these_arguments() {
     .unwrap_or_else(|e| unreachable!("{e}"));
     let facts = alice();
     let p = plan(&policy, &facts).unwrap_or_else(|e| unreachable!("{e}"));
-    let item = admit_invocation("tg", &p, 3_600_000);
+    let item = admit_invocation("tg", &p, 3_600_000, 0);
     let inv = batch_invocation("tg", 0, 3_600_000, true, [("a", &item)]);
     assert_eq!(
         inv.keys,
@@ -166,8 +166,8 @@ fn a_shadowed_admission_carries_the_request_then_its_shadow() {
         .unwrap_or_else(|e| unreachable!("{e}"))
         .unwrap_or_else(|| unreachable!("a shadow rule applies"));
     assert!(p.counts().any(|(_, r, _)| r == Reason::LoopDetected) && p.kill_targets.len() == 4);
-    let alone = admit_invocation("tg", &p, 3_600_000);
-    let both = admit_shadowed_invocation("tg", &p, &shadow, 3_600_000);
+    let alone = admit_invocation("tg", &p, 3_600_000, 0);
+    let both = admit_shadowed_invocation("tg", &p, &shadow, 3_600_000, 0);
     let n = alone.args.len();
     assert_eq!(both.args.get(0), Some(num(n).as_str()));
     assert_eq!(both.args.to_vec()[1..=n], alone.args.to_vec()[..]);

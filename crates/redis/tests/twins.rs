@@ -7,7 +7,7 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tollgate_core::controls::{budget, concurrency, rate};
-use tollgate_core::ledger::RateWindow;
+use tollgate_core::ledger::{Calendar, RateWindow};
 use tollgate_core::policy::{AlertAt, Unit};
 use tollgate_core::scope::ScopeKey;
 use tollgate_core::{Dimension, Identity, Period};
@@ -276,6 +276,73 @@ fn budget_lua_finds_periods_and_decides_as_rust_does() {
                 verdict[2],
             ];
             assert_eq!(lua[i * 6..i * 6 + 6], rust, "case {:?}", cases[i]);
+        }
+    });
+}
+
+/// A calendar period in a zone: the script, given the starts around the caller's instant,
+/// finds the same period as Rust does at the store's instant, a clock up to six hours away from
+/// the caller's (days, weeks, months, fiscal quarters and years, in zones with and without
+/// daylight-saving time, across their changes).
+#[test]
+fn budget_lua_finds_calendar_periods_as_rust_does() {
+    let server = RedisServer::start();
+    let harness = r"
+        local out = {}
+        for i = 1, #ARGV, 2 do
+          local id, start, stop = period_of(ARGV[i], tonumber(ARGV[i + 1]))
+          for _, x in ipairs({id, start, stop}) do out[#out + 1] = string.format('%d', x) end
+        end
+        return out";
+    let spec = (
+        prop::sample::select(vec!["day", "week", "month", "quarter", "year"]),
+        prop::sample::select(vec![
+            "UTC",
+            "Europe/Berlin",
+            "America/New_York",
+            "Australia/Lord_Howe",
+            "Asia/Kolkata",
+        ]),
+        (1u8..=28, 0u16..1440, 0usize..12, 0usize..7),
+    )
+        .prop_map(|(every, zone, (day, minute, month, weekday))| {
+            let time = format!("{:02}:{:02}", minute / 60, minute % 60);
+            let months = [
+                "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+            ];
+            let days = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+            let starts = match every {
+                "day" => time,
+                "week" => format!("{} {time}", days[weekday]),
+                "month" => format!("{day} {time}"),
+                _ => format!("{} {day} {time}", months[month]),
+            };
+            Calendar::parse(every, Some(zone), Some(&starts)).unwrap_or_else(|e| panic!("{e}"))
+        });
+    // 2001 to 2060, and a store clock up to six hours either way.
+    let case = (
+        spec,
+        978_307_200_000u64..2_871_763_200_000,
+        -21_600_000i64..21_600_000,
+    );
+    run(prop::collection::vec(case, 32), |cases| {
+        let args: Vec<String> = cases
+            .iter()
+            .flat_map(|(c, caller, skew)| {
+                let store = caller.saturating_add_signed(*skew);
+                [Period::Calendar(*c).script_arg(*caller), store.to_string()]
+            })
+            .collect();
+        let lua = eval(&server, BUDGET, harness, &args);
+        for (i, (c, caller, skew)) in cases.iter().enumerate() {
+            let (id, start, end) = Period::Calendar(*c).at(caller.saturating_add_signed(*skew));
+            let rust = [id, start, end].map(|n| n as i64);
+            assert_eq!(
+                lua[i * 3..i * 3 + 3],
+                rust,
+                "{} at {caller} {skew:+}",
+                c.label()
+            );
         }
     });
 }

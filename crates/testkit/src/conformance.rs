@@ -15,6 +15,8 @@ mod agents;
 pub use agents::*;
 mod checks;
 pub use checks::*;
+mod calendar;
+pub use calendar::*;
 mod classes;
 pub use classes::*;
 mod shadow;

@@ -268,11 +268,11 @@ impl Check {
     }
 }
 
-/// A period's length in ms, the one containing `at` for a calendar month.
+/// A period's length in ms, the one containing `at` for a calendar period.
 fn period_len(p: Period, at: Millis) -> u64 {
     match p {
         Period::Fixed(len) => len,
-        Period::CalendarMonth => {
+        Period::CalendarMonth | Period::Calendar(_) => {
             let (_, start, end) = p.at(at);
             end.saturating_sub(start)
         }

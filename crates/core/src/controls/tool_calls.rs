@@ -20,7 +20,7 @@ pub fn rule(raw: Option<RawToolCalls>, path: &str) -> Result<Option<BudgetLimit>
         Ok(BudgetLimit {
             limit: positive(t.limit, &format!("{path}.tool_calls.limit"))?,
             unit: Unit::ToolCalls,
-            period: Period::parse(&t.period)
+            period: Period::of(&t.period)
                 .map_err(|m| PolicyError::new(format!("{path}.tool_calls.period"), m))?,
             alert_at: AlertAt::default(),
         })

@@ -191,8 +191,9 @@ pub struct RawBudget {
     pub tokens: Option<u64>,
     /// A budget in money, integer micro-units.
     pub micro_usd: Option<u64>,
-    /// `day`, `month` (UTC calendar), or a fixed duration such as `1h`, `7d`.
-    pub period: String,
+    /// `day`, `month` (UTC calendar), a fixed duration such as `1h`, `7d`, or a calendar in a
+    /// zone (`{ every = "month", zone = "Europe/Berlin", starts = "1 09:00" }`).
+    pub period: RawPeriod,
     /// Per cent of the limit at which an alert fires, once per scope and period.
     #[serde(default)]
     pub alert_at: Vec<u64>,
@@ -204,8 +205,52 @@ pub struct RawBudget {
 pub struct RawToolCalls {
     /// Tool calls per period.
     pub limit: u64,
-    /// `day`, `month` (UTC calendar), or a fixed duration such as `1h`.
-    pub period: String,
+    /// As a budget's.
+    pub period: RawPeriod,
+}
+
+/// A period as written: `"day"`, `"month"`, a duration, or a calendar table.
+#[derive(Debug, Clone)]
+pub enum RawPeriod {
+    /// `"day"`, `"month"` (UTC) or a fixed duration.
+    Named(String),
+    /// `{ every, zone, starts }`.
+    Calendar(RawCalendar),
+}
+
+/// `{ every = "quarter", zone = "America/New_York", starts = "April 1 00:00" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCalendar {
+    /// `day`, `week`, `month`, `quarter` or `year`.
+    pub every: String,
+    /// An IANA time zone (default `UTC`).
+    pub zone: Option<String>,
+    /// Where each period starts: `"09:00"`, `"Monday 09:00"`, `"1 09:00"`, `"April 1 00:00"`.
+    pub starts: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawPeriod {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawPeriod;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a period: \"day\", \"month\", a duration, or { every, zone, starts }")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawPeriod, E> {
+                Ok(RawPeriod::Named(v.to_owned()))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawPeriod, A::Error> {
+                RawCalendar::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawPeriod::Calendar)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `loops = { max_identical = 3, window = "10m" }`

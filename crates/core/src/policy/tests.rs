@@ -261,3 +261,33 @@ fn alert_thresholds_are_per_cents_of_the_limit() {
     assert_eq!(edges.iter().collect::<Vec<_>>(), [1, 100]);
     assert_eq!(AlertAt::default().iter().count(), 0);
 }
+
+#[test]
+fn a_period_can_be_a_calendar_in_a_zone() {
+    let p = Policy::from_toml(
+        "[[scopes]]\nkey = \"tenant\"\nbudget = { tokens = 10, period = { every = \"quarter\", zone = \"Europe/Berlin\", starts = \"April 1 09:00\" } }\n\
+         tool_calls = { limit = 5, period = { every = \"week\" } }\n",
+    )
+    .unwrap_or_else(|e| unreachable!("{e}"));
+    let label = |p: Option<Period>| p.map(Period::label).unwrap_or_default();
+    assert_eq!(
+        label(p.scopes[0].budget.map(|b| b.period)),
+        "quarter Europe/Berlin April 1 09:00"
+    );
+    assert_eq!(
+        label(p.scopes[0].tool_calls.map(|b| b.period)),
+        "week UTC Monday 00:00"
+    );
+    let e = err(
+        "[[scopes]]\nkey = \"tenant\"\nbudget = { tokens = 10, period = { every = \"month\", zone = \"Europe/Berlinn\" } }\n",
+    );
+    assert_eq!(e.path, "policy.scopes[0].budget.period");
+    assert!(
+        e.message.contains("unknown time zone \"Europe/Berlinn\""),
+        "{e}"
+    );
+    let e = err(
+        "[[scopes]]\nkey = \"tenant\"\nbudget = { tokens = 10, period = { every = \"month\", start = \"1\" } }\n",
+    );
+    assert!(e.message.contains("unknown field `start`"), "{e}");
+}

@@ -203,7 +203,7 @@ pub(crate) fn validate_budget(
         }
     };
     let period =
-        Period::parse(&b.period).map_err(|m| PolicyError::new(format!("{bpath}.period"), m))?;
+        Period::of(&b.period).map_err(|m| PolicyError::new(format!("{bpath}.period"), m))?;
     let alert_at =
         AlertAt::of(&b.alert_at).map_err(|m| PolicyError::new(format!("{bpath}.alert_at"), m))?;
     Ok(BudgetLimit {

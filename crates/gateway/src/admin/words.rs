@@ -29,10 +29,16 @@ pub fn grouped(n: u64) -> String {
     out
 }
 
-/// A period in words: `day`, `month`, `1h`.
+/// A period in words: `day`, `month`, `1h`, `month in Europe/Berlin, from 1 09:00`.
 pub fn period(p: Period) -> String {
     match p {
         Period::CalendarMonth => "month (UTC)".to_owned(),
+        Period::Calendar(c) => format!(
+            "{} in {}, from {}",
+            c.every.name(),
+            c.zone.name(),
+            c.starts()
+        ),
         Period::Fixed(86_400_000) => "day (UTC)".to_owned(),
         Period::Fixed(ms) => humantime::format_duration(Duration::from_millis(ms)).to_string(),
     }

@@ -109,7 +109,7 @@ local function end_ticket(id, v, now, out, input, cached, output, w5, w1h, calls
       if price == nil then price = {num(v[3]), num(v[4]), num(v[5])} end
       charge = cost(price, input, cached, output, w5, w1h)
     end
-    if field == v[i + 5] .. '@' .. int(period_at(num(v[i + 4]), now)) then
+    if field == v[i + 5] .. '@' .. int(period_at(v[i + 4], now)) then
       local cell, reserved = budget(bkey, field), num(amount)
       cell[7] = cell[5] == 0 and '-' .. amount
       cell[4], cell[5] = cell[4] + charge, cell[5] - reserved
@@ -330,7 +330,7 @@ end
 -- The reservation check whose `budget` layout starts at A[a]: whether it fits, what is left,
 -- the wait, the period's end and field, and the current field (false when none).
 local function budget_at(A, a, now)
-  local key, limit, len = A[a + @budget.key], num(A[a + @budget.limit]), num(A[a + @budget.period_len])
+  local key, limit, len = A[a + @budget.key], num(A[a + @budget.limit]), A[a + @budget.period_len]
   local label, amount = A[a + @budget.label], num(A[a + @budget.amount])
   local pid, _, pend = period_at(len, now)
   local field = label .. '@' .. int(pid)

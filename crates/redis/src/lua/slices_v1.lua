@@ -136,12 +136,11 @@ local function budget_order(A, a, now, divisor, retention)
   local id, key = A[a + @budget_order.slice], A[a + @budget_order.key]
   local limit, unit = tonumber(A[a + @budget_order.limit]), A[a + @budget_order.unit]
   local len_arg, label, pid = A[a + @budget_order.period_len], A[a + @budget_order.label], A[a + @budget_order.period_id]
-  local len = tonumber(len_arg)
   local want, keep = tonumber(A[a + @budget_order.amount]), tonumber(A[a + @budget_order.keep])
   local settled = tonumber(A[a + @budget_order.settled])
   local ttl, create = tonumber(A[a + @budget_order.ttl]), A[a + @budget_order.create] == '1'
   local field = label .. '@' .. pid
-  local cur_pid, _, pend = period_at(len, now)
+  local cur_pid, _, pend = period_at(len_arg, now)
   local current = int(cur_pid) == pid
   local committed = function()
     local h = redis.call('HMGET', key, field .. ':s', field .. ':r')

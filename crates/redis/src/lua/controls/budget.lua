@@ -3,10 +3,22 @@
 -- runs both on the same cases. What a scope has committed is read by the caller (budget
 -- cells, in the ledger).
 
--- (id, start, end) of the period containing now; len 0 means calendar month (UTC), as
--- Period::at in crates/core/src/ledger.rs.
-local function period_of(len, now)
+-- (id, start, end) of the period containing now, as Period::at in crates/core/src/ledger.rs.
+-- `arg` is what Period::script_arg gives: a length in ms, 0 for a calendar month (UTC), or a
+-- calendar period in a zone as the starts around the caller's instant,
+-- 'before,start,end,after', of which the period containing now is taken (the nearest at
+-- either side when now is outside them: a clock a whole period away from the caller's). Its
+-- id is its start.
+local function period_of(arg, now)
   local id, start, stop
+  if type(arg) == 'string' and string.find(arg, ',', 1, true) then
+    local b = {}
+    for x in string.gmatch(arg, '[^,]+') do b[#b + 1] = tonumber(x) end
+    if now < b[2] then return b[1], b[1], b[2] end
+    if now >= b[3] then return b[3], b[3], b[4] end
+    return b[2], b[2], b[3]
+  end
+  local len = tonumber(arg)
   if len > 0 then
     id = math.floor(now / len)
     start, stop = id * len, (id + 1) * len
