@@ -151,6 +151,17 @@ impl Period {
         }
     }
 
+    /// The id of the period just before period `id`.
+    pub fn previous(self, id: u64) -> Option<u64> {
+        match self {
+            Period::Fixed(_) | Period::CalendarMonth => id.checked_sub(1),
+            Period::Calendar(c) => {
+                let (start, _) = c.at(id.checked_sub(1)?);
+                (start < id).then_some(start)
+            }
+        }
+    }
+
     /// The period a [`Period::label`] names.
     pub fn from_label(label: &str) -> Option<Self> {
         if label == "month" {

@@ -131,6 +131,34 @@ impl ScopeState {
         self.cells.iter().find(|(k, _)| *k == key).map(|(_, c)| c)
     }
 
+    /// The cell of `c`'s scope in period `pid` (`span`), or the one a first reservation in it
+    /// starts: with what it carries over from the period before.
+    fn cell_or_new(
+        &self,
+        c: &crate::controls::BudgetCheck,
+        pid: u64,
+        (start, end): (Millis, Millis),
+    ) -> Cell {
+        if let Some(cell) = self.cell((c.period, pid)) {
+            return *cell;
+        }
+        let before = c
+            .period
+            .previous(pid)
+            .and_then(|p| self.cell((c.period, p)))
+            .map(|b| (b.carry, b.settled.saturating_add(b.reserved)));
+        Cell {
+            end,
+            carry: crate::controls::budget::carried(c.carry_cap, c.limit, before),
+            keep: if c.carry_cap > 0 {
+                end.saturating_add(end.saturating_sub(start))
+            } else {
+                end
+            },
+            ..Cell::default()
+        }
+    }
+
     fn cell_mut(&mut self, key: (Period, u64)) -> Option<&mut Cell> {
         self.cells
             .iter_mut()
@@ -153,6 +181,11 @@ struct Cell {
     reserved: u64,
     outstanding: u64,
     end: Millis,
+    /// What the period adds to its limit of what the one before left unused.
+    carry: u64,
+    /// Kept at least until then: a budget that carries over keeps a period through the next,
+    /// whose carry is found from it.
+    keep: Millis,
 }
 
 #[derive(Debug)]
@@ -345,6 +378,7 @@ impl<C: Clock> MemoryStore<C> {
         Ok(ScopeUsage {
             settled: cell.settled,
             reserved: cell.reserved,
+            carried: cell.carry,
             leases,
         })
     }

@@ -229,6 +229,9 @@ pub struct BudgetLimit {
     pub period: Period,
     /// Where alerts fire.
     pub alert_at: AlertAt,
+    /// The most of what a period leaves unused that the next one adds to its limit, in `unit`
+    /// (0: nothing carried over).
+    pub carry_cap: u64,
 }
 
 /// Per cents of a budget's limit (1 to 100) at which an alert fires, once per scope and period:

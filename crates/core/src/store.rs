@@ -188,6 +188,8 @@ pub struct ScopeUsage {
     pub reserved: u64,
     /// Leases held now.
     pub leases: u64,
+    /// What the current period carries over from the one before (added to its limit).
+    pub carried: u64,
 }
 
 /// A place to keep counters, leases and reservations. Each method is one atomic transition,

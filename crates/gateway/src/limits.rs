@@ -220,13 +220,7 @@ async fn rows(
     }
     if let Some(b) = rule.budget {
         let limit = own(Control::Budget, b.limit.get());
-        out.push(amounts(
-            base("budget"),
-            (b, limit),
-            u.settled,
-            u.reserved,
-            now,
-        ));
+        out.push(amounts(base("budget"), (b, limit), &u, now));
     }
     if let Some(t) = rule.tool_calls {
         let id = format!("{}?tool_calls", scope.id());
@@ -236,13 +230,7 @@ async fn rows(
             .await
             .map_err(crate::path::admit::store_error)?;
         let limit = own(Control::ToolCalls, t.limit.get());
-        out.push(amounts(
-            base("tool_calls"),
-            (t, limit),
-            tu.settled,
-            tu.reserved,
-            now,
-        ));
+        out.push(amounts(base("tool_calls"), (t, limit), &tu, now));
     }
     Ok(out)
 }
@@ -251,17 +239,20 @@ async fn rows(
 fn amounts(
     mut row: Value,
     (b, limit): (tollgate_core::policy::BudgetLimit, u64),
-    used: u64,
-    reserved: u64,
+    u: &tollgate_core::ScopeUsage,
     now: u64,
 ) -> Value {
     let (_, _, end) = b.period.at(now);
-    let remaining = limit.saturating_sub(used.saturating_add(reserved));
+    // What the period carries over from the one before is this period's to spend too.
+    let remaining = limit
+        .saturating_add(u.carried)
+        .saturating_sub(u.settled.saturating_add(u.reserved));
     row["unit"] = json!(b.unit.as_str());
     for (k, n) in [
         ("limit", limit),
-        ("used", used),
-        ("reserved", reserved),
+        ("carried_over", u.carried),
+        ("used", u.settled),
+        ("reserved", u.reserved),
         ("remaining", remaining),
     ] {
         row[k] = json!(n);

@@ -173,7 +173,8 @@ async fn shadow_rules_never_change_answers(redis: bool) {
         ScopeUsage {
             settled: first_settled,
             reserved: 0,
-            leases: 0
+            leases: 0,
+            carried: 0,
         }
     );
     assert!(first_settled > 0 && first_settled <= 30);

@@ -85,6 +85,7 @@ layouts! {
         PeriodLen "period_len",
         Label "label",
         Amount "amount",
+        Carry "carry",
     }
     /// An admission's refusal by one of its checks (`deny` in `ledger_v7.lua`): the reply's
     /// kind, the check's reason, its place in the plan, what is left, the wait (-1: none) and

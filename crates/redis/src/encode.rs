@@ -203,6 +203,7 @@ fn budget_args(
             BudgetScope::PeriodLen => args.push(&len),
             BudgetScope::Label => args.push(&label),
             BudgetScope::Amount => args.push_num(b.amount),
+            BudgetScope::Carry => args.push_num(b.carry_cap),
         }
     }
 }

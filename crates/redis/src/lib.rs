@@ -584,6 +584,7 @@ impl Store for RedisStore {
                 settled: n(0)?,
                 reserved: n(1)?,
                 leases: n(2)?,
+                carried: n(3)?,
             })
         }
     }

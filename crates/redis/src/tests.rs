@@ -66,7 +66,7 @@ fn admit_sends_exactly_these_arguments() {
             // The marker has been seen.
             "1",
             "a",
-            "40",
+            "42",
             "req-1",
             "30000",
             "3600000",
@@ -101,6 +101,8 @@ fn admit_sends_exactly_these_arguments() {
             "86400000",
             "fixed:86400000",
             "100",
+            // Nothing carried over, in either budget.
+            "0",
             "b",
             "budget_limit",
             // 40 x 2.5 + 60 x 10 = 700 micro-USD.
@@ -110,6 +112,7 @@ fn admit_sends_exactly_these_arguments() {
             "0",
             "month",
             "700",
+            "0",
         ]
     );
     // A settlement's usage: input, cached input, output, then the prompt-cache writes for five
@@ -189,6 +192,8 @@ fn a_shadowed_admission_carries_the_request_then_its_shadow() {
             "86400000",
             "fixed:86400000",
             "100",
+            // Nothing carried over.
+            "0",
         ]
     );
     assert_eq!(

@@ -251,6 +251,7 @@ fn budget_lua_finds_periods_and_decides_as_rust_does() {
                 period,
                 amount,
                 alert_at: AlertAt::default(),
+                carry_cap: 0,
             };
             let verdict = match budget::check(
                 tollgate_core::Reason::BudgetLimit,
@@ -343,6 +344,39 @@ fn budget_lua_finds_calendar_periods_as_rust_does() {
                 "{} at {caller} {skew:+}",
                 c.label()
             );
+        }
+    });
+}
+
+/// What a period carries over: the script's `carried` and Rust's agree, at the cap, at nothing
+/// left and anywhere between.
+#[test]
+fn budget_lua_carries_over_as_rust_does() {
+    let server = RedisServer::start();
+    let harness = r"
+        local out = {}
+        for i = 1, #ARGV, 4 do
+          local n = {}
+          for j = 0, 3 do n[j] = tonumber(ARGV[i + j]) end
+          out[#out + 1] = string.format('%d', carried(n[0], n[1], n[2], n[3]))
+        end
+        return out";
+    let case = (
+        prop_oneof![Just(0u64), 1u64..1_000_000_000_000],
+        1u64..1_000_000_000_000,
+        0u64..1_000_000_000_000,
+        prop_oneof![Just(0u64), 0u64..3_000_000_000_000],
+    );
+    run(prop::collection::vec(case, 64), |cases| {
+        let args: Vec<String> = cases
+            .iter()
+            .flat_map(|&(cap, limit, carry, committed)| [cap, limit, carry, committed])
+            .map(|n| n.to_string())
+            .collect();
+        let lua = eval(&server, BUDGET, harness, &args);
+        for (i, &(cap, limit, carry, committed)) in cases.iter().enumerate() {
+            let rust = budget::carried(cap, limit, Some((carry, committed)));
+            assert_eq!(lua[i], rust as i64, "{:?}", cases[i]);
         }
     });
 }

@@ -17,6 +17,8 @@ mod checks;
 pub use checks::*;
 mod calendar;
 pub use calendar::*;
+mod carry;
+pub use carry::*;
 mod classes;
 pub use classes::*;
 mod shadow;

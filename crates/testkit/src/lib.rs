@@ -68,7 +68,9 @@ macro_rules! conformance_tests {
             a_verdict_refuses_at_its_place_after_every_count,
             a_reserve_keeps_its_share_for_its_class,
             a_calendar_day_resets_at_its_local_time_across_dst,
-            a_clock_stepping_back_does_not_reopen_a_calendar_period);
+            a_clock_stepping_back_does_not_reopen_a_calendar_period,
+            unused_budget_carries_over_to_the_next_period,
+            a_carry_is_capped_and_only_from_the_period_before);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(

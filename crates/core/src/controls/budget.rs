@@ -30,6 +30,8 @@ pub struct BudgetCheck {
     pub amount: u64,
     /// Where alerts fire (the gateway's business: stores ignore it).
     pub alert_at: AlertAt,
+    /// The most a period adds to its limit of what the one before left unused (0: none).
+    pub carry_cap: u64,
 }
 
 /// What a request is priced as: its model and service tier, the price found for them, and its
@@ -91,7 +93,51 @@ pub fn plan(
         period: b.period,
         amount,
         alert_at: b.alert_at,
+        carry_cap: b.carry_cap,
     }))
+}
+
+/// What a period adds to `limit` of what the period just before it left unused, at most `cap`:
+/// that period's limit (its own carry included) less its settled and reserved amounts. A
+/// period with no state before it carries nothing (a scope's first period, or one after an
+/// idle period).
+pub fn carried(cap: u64, limit: u64, before: Option<(u64, u64)>) -> u64 {
+    match before {
+        Some((carry, committed)) if cap > 0 => limit
+            .saturating_add(carry)
+            .saturating_sub(committed)
+            .min(cap),
+        _ => 0,
+    }
+}
+
+/// [`check`] in a period that carries `carry` over from the one before: it counts in what is
+/// left, and the limit reported stays the rule's.
+pub fn check_carrying(
+    reason: Reason,
+    place: usize,
+    (c, carry): (&BudgetCheck, u64),
+    committed: u64,
+    span: (Millis, Millis),
+    now: Millis,
+) -> Result<Quota, Deny> {
+    if carry == 0 {
+        return check(reason, place, c, committed, span, now);
+    }
+    let with = BudgetCheck {
+        limit: c.limit.saturating_add(carry),
+        ..c.clone()
+    };
+    match check(reason, place, &with, committed, span, now) {
+        Ok(q) => Ok(Quota {
+            limit: c.limit,
+            ..q
+        }),
+        Err(d) => Err(Deny {
+            limit: c.limit,
+            ..d
+        }),
+    }
 }
 
 /// Checks `c`'s reservation in a scope that has `committed` (settled + reserved) in the

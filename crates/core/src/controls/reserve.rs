@@ -128,14 +128,7 @@ pub fn rule(
         if !classes.weights.contains_key(class.as_str()) {
             return Err(PolicyError::new(at, "not a class declared in [classes]"));
         }
-        let pct = share
-            .trim()
-            .strip_suffix('%')
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .filter(|n| (1..=100).contains(n))
-            .ok_or_else(|| {
-                PolicyError::new(&at, "expected a share such as \"20%\" (1% to 100%)")
-            })?;
+        let pct = crate::policy::validate::percent(&share, &at)?;
         total += pct;
         let weight = classes.weight(&class);
         shares.push((Arc::from(class), weight, pct));
@@ -264,7 +257,7 @@ mod tests {
                 .unwrap_or_default()
         };
         assert!(e(&[("vip", "20%")]).contains("reserve.vip: not a class"));
-        assert!(e(&[("critical", "20")]).contains("reserve.critical: expected a share"));
+        assert!(e(&[("critical", "20")]).contains("reserve.critical: \"20\": expected a share"));
         assert!(e(&[("critical", "0%")]).contains("expected a share"));
         assert!(e(&[("critical", "60%"), ("high", "50%")]).contains("more than 100%"));
         let no_concurrency = rule(

@@ -23,6 +23,7 @@ pub fn rule(raw: Option<RawToolCalls>, path: &str) -> Result<Option<BudgetLimit>
             period: Period::of(&t.period)
                 .map_err(|m| PolicyError::new(format!("{path}.tool_calls.period"), m))?,
             alert_at: AlertAt::default(),
+            carry_cap: 0,
         })
     })
     .transpose()
@@ -37,5 +38,6 @@ pub fn plan(rule: &ScopeRule, key: &ScopeKey) -> Option<BudgetCheck> {
         period: t.period,
         amount: 1,
         alert_at: t.alert_at,
+        carry_cap: 0,
     })
 }

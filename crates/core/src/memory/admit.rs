@@ -242,14 +242,13 @@ impl State {
         let cell = self
             .find(&c.scope, seen)
             .and_then(|i| self.slots.get(i))
-            .and_then(|s| s.cell((c.period, pid)))
-            .copied()
+            .map(|s| s.cell_or_new(c, pid, (start, end)))
             .unwrap_or(Cell {
                 end,
                 ..Cell::default()
             });
         let committed = cell.settled.saturating_add(cell.reserved);
-        match budget::check(reason, i, c, committed, (start, end), now) {
+        match budget::check_carrying(reason, i, (c, cell.carry), committed, (start, end), now) {
             Ok(q) => {
                 if reason.reports_quota() {
                     quotas.push(q);
@@ -337,10 +336,8 @@ impl State {
             let at = match scope.cells.iter().position(|(k, _)| *k == key) {
                 Some(at) => at,
                 None => {
-                    let fresh = Cell {
-                        end,
-                        ..Cell::default()
-                    };
+                    let (start, _) = c.period.span(pid);
+                    let fresh = scope.cell_or_new(c, pid, (start, end));
                     scope.cells.push((key, fresh));
                     scope.cells.len() - 1
                 }

@@ -122,7 +122,8 @@ impl State {
         if s.rate.is_some_and(|(w, r)| r.is_stale(now, w)) {
             s.rate = None;
         }
-        s.cells.retain(|(_, c)| c.end > now || c.outstanding > 0);
+        s.cells
+            .retain(|(_, c)| c.end.max(c.keep) > now || c.outstanding > 0);
         if s.rate.is_none() && s.leases == 0 && s.cells.is_empty() {
             if let Some(id) = s.id.take() {
                 self.scopes.remove(&id);

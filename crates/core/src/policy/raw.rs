@@ -197,6 +197,9 @@ pub struct RawBudget {
     /// Per cent of the limit at which an alert fires, once per scope and period.
     #[serde(default)]
     pub alert_at: Vec<u64>,
+    /// What a period leaves unused is added to the next one's, up to this share of the limit
+    /// (`"25%"`); off by default.
+    pub carry_over: Option<String>,
 }
 
 /// `tool_calls = { limit = 50, period = "1h" }`

@@ -206,10 +206,33 @@ pub(crate) fn validate_budget(
         Period::of(&b.period).map_err(|m| PolicyError::new(format!("{bpath}.period"), m))?;
     let alert_at =
         AlertAt::of(&b.alert_at).map_err(|m| PolicyError::new(format!("{bpath}.alert_at"), m))?;
+    let carry_cap = match b.carry_over.as_deref() {
+        None => 0,
+        Some(share) => {
+            let pct = percent(share, &format!("{bpath}.carry_over"))?;
+            limit.get().saturating_mul(pct) / 100
+        }
+    };
     Ok(BudgetLimit {
         limit,
         unit,
         period,
         alert_at,
+        carry_cap,
     })
+}
+
+/// A share written as a per cent, `"20%"`, from 1% to 100%.
+pub(crate) fn percent(share: &str, path: &str) -> Result<u64, PolicyError> {
+    share
+        .trim()
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .filter(|n| (1..=100).contains(n))
+        .ok_or_else(|| {
+            PolicyError::new(
+                path,
+                format!("{share:?}: expected a share such as \"20%\" (1% to 100%)"),
+            )
+        })
 }

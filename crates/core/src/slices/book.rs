@@ -311,7 +311,10 @@ impl Book {
         // A count that reports no quota is a request's own counter (its repeats), not a shared
         // limit worth a slice: the store counts it.
         let own_counter = |p: &Plan| p.counts().any(|(_, r, _)| !r.reports_quota());
-        if self.lost || own_counter(plan) || shadow.is_some_and(own_counter) {
+        // A budget that carries over is the store's too: what it carries is found there.
+        let carries = |p: &Plan| p.reserves().any(|(_, b)| b.carry_cap > 0);
+        let store_only = |p: &Plan| own_counter(p) || carries(p);
+        if self.lost || store_only(plan) || shadow.is_some_and(store_only) {
             return Ok(Step::Store { give_back: false });
         }
         let margin = self.margin(cfg);

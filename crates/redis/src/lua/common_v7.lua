@@ -55,8 +55,9 @@ end
 --   (made with room for one lease, so that a key used once needs no second allocation)
 -- BUDGET[key] = {field, settled, reserved (false until read; then read + pending), pending
 --   settled, pending reserved, 'cur' (false until read; '' when absent), the pending reserved
---   change as the string it came in when it is one item's (else false: formatted at the end)}:
---   the current period's cell (an item only ever reserves in the period containing now).
+--   change as the string it came in when it is one item's (else false: formatted at the end),
+--   what the period carries over from the one before (read with the rest)}: the current
+--   period's cell (an item only ever reserves in the period containing now).
 -- XADD, XREM: pending changes of the expiry index.
 local RATE, LEASE, BUDGET, XADD, XREM = {}, {}, {}, {}, {}
 
@@ -120,14 +121,15 @@ local function budget(key, field, read)
   local b = BUDGET[key]
   if b == nil or b[1] ~= field then
     if b ~= nil then budget_flush(key, b) end
-    b = {field, false, false, 0, 0, false, false}
+    b = {field, false, false, 0, 0, false, false, 0}
     BUDGET[key] = b
   end
   if read and (b[2] == false or b[6] == false) then
-    local h = redis.call('HMGET', key, field .. ':s', field .. ':r', 'cur')
+    local h = redis.call('HMGET', key, field .. ':s', field .. ':r', 'cur', field .. ':c')
     b[2] = (h[1] or 0) + b[4]
     b[3] = (h[2] or 0) + b[5]
     b[6] = h[3] or ''
+    b[8] = 0 + (h[4] or 0)
   end
   return b
 end

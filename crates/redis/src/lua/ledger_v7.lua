@@ -119,7 +119,7 @@ local function end_ticket(id, v, now, out, input, cached, output, w5, w1h, calls
       -- once, and dropped when nothing is outstanding in it.
       local left = redis.call('HINCRBY', bkey, field .. ':r', '-' .. amount)
       if left <= 0 then
-        redis.call('HDEL', bkey, field .. ':r', field .. ':s')
+        redis.call('HDEL', bkey, field .. ':r', field .. ':s', field .. ':c')
       else
         redis.call('HINCRBY', bkey, field .. ':s', int(charge))
       end
@@ -256,9 +256,10 @@ local function take_budgets(A, ab, n, bud, now, ttl, retention, v, nv, shadow)
       -- settle into it. (The cell remembered is this period's, not the previous one.)
       budget_flush(key, cell)
       if cur and tonumber(redis.call('HGET', key, cur .. ':r') or '0') <= 0 then
-        redis.call('HDEL', key, cur .. ':r', cur .. ':s')
+        redis.call('HDEL', key, cur .. ':r', cur .. ':s', cur .. ':c')
       end
       redis.call('HSET', key, 'cur', field)
+      if cell[8] > 0 then redis.call('HSET', key, field .. ':c', int(cell[8])) end
       cell[6] = field
     end
     cell[7] = cell[5] == 0 and A[b + @budget.amount]
@@ -266,7 +267,13 @@ local function take_budgets(A, ab, n, bud, now, ttl, retention, v, nv, shadow)
     -- Kept through the period, and while any reservation in it may still settle: set when the
     -- period starts, and again only for a reservation that outlives the period.
     if cur ~= field or ttl > pend - now then
-      redis.call('PEXPIRE', key, int(math.max(pend - now, ttl) + retention))
+      local keep = math.max(pend - now, ttl) + retention
+      if num(A[b + @budget.carry]) > 0 then
+        -- Through the next period too, which finds its carry in this one.
+        local _, start, stop = period_at(A[b + @budget.period_len], now)
+        keep = keep + stop - start
+      end
+      redis.call('PEXPIRE', key, int(keep))
     end
     local unit = A[b + @budget.unit]
     if shadow then unit = string.upper(unit) end
@@ -332,12 +339,23 @@ end
 local function budget_at(A, a, now)
   local key, limit, len = A[a + @budget.key], num(A[a + @budget.limit]), A[a + @budget.period_len]
   local label, amount = A[a + @budget.label], num(A[a + @budget.amount])
-  local pid, _, pend = period_at(len, now)
+  local pid, pstart, pend = period_at(len, now)
   local field = label .. '@' .. int(pid)
   local cell = budget(key, field, true)
-  local fits, left, retry = budget_verdict(cell[2] + cell[3], amount, limit, pend, now)
   local cur = cell[6]
   if cur == '' then cur = false end
+  local cap = num(A[a + @budget.carry])
+  if cap > 0 and cur ~= field then
+    -- A new period: it carries over what the period just before left unused (and nothing
+    -- after an idle period). Kept with the cell once a reservation starts the period.
+    local before = label .. '@' .. int(period_at(len, pstart - 1))
+    cell[8] = 0
+    if cur == before then
+      local h = redis.call('HMGET', key, before .. ':s', before .. ':r', before .. ':c')
+      cell[8] = carried(cap, limit, 0 + (h[3] or 0), (h[1] or 0) + (h[2] or 0))
+    end
+  end
+  local fits, left, retry = budget_verdict(cell[2] + cell[3], amount, limit + cell[8], pend, now)
   return fits, left, retry, pend, field, cur, amount
 end
 

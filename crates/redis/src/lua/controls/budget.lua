@@ -57,6 +57,14 @@ local function period_of(arg, now)
   return id, start, stop
 end
 
+-- What a period adds to `limit` of what the one just before left unused, at most `cap`: that
+-- period's limit (its own carry included) less what it settled and reserved. As
+-- budget::carried in crates/core/src/controls/budget.rs.
+local function carried(cap, limit, carry, committed)
+  if cap <= 0 then return 0 end
+  return math.min(math.max(limit + carry - committed, 0), cap)
+end
+
 -- A reservation of `amount` in a scope that has `committed` (settled + reserved) of `limit` in
 -- the period ending at pend. Returns true and what is left after it, or false, what is left,
 -- and the wait to suggest: until the period ends, or -1 (none) for an amount over the whole
