@@ -252,10 +252,61 @@ pub struct Admitted {
 /// A request stopped by the kill switch: nothing counted, nothing held.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Killed {
-    /// What was switched off: `all`, `tenant:<id>`, `key:<id>`, `model:<name>`, `user:<id>`.
+    /// What was switched off: `all`, `tenant:<id>`, `key:<id>`, `model:<name>`, `user:<id>`,
+    /// or `provider:<model>` (the provider's own rate limit, held until it resets).
     pub target: String,
     /// The operator's reason, shown to the client.
     pub reason: String,
+    /// Until when, for a hold: the provider said its limit is reached until then, so no
+    /// request is sent before (none for an operator's switch).
+    pub until: Option<crate::clock::Millis>,
+}
+
+/// How a hold is kept in the kill switches' table: `hold <until ms> <reason>`, an instant of the
+/// store's clock (each store turns a `hold-for <ms> <reason>` it is given into one). A hold
+/// past its instant is no switch at all.
+const HOLD: &str = "hold ";
+const HOLD_FOR: &str = "hold-for ";
+
+impl Killed {
+    /// The value to set for a hold of `for_ms` from when the store receives it.
+    pub fn hold_for(for_ms: u64, reason: &str) -> String {
+        format!("{HOLD_FOR}{for_ms} {reason}")
+    }
+
+    /// A value to keep, given at the store's instant `now`: a `hold-for` made a `hold` until an
+    /// instant; anything else as it is.
+    pub fn anchored(value: &str, now: crate::clock::Millis) -> String {
+        match value.strip_prefix(HOLD_FOR).and_then(|v| v.split_once(' ')) {
+            Some((ms, reason)) => match ms.parse::<u64>() {
+                Ok(ms) => format!("{HOLD}{} {reason}", now.saturating_add(ms)),
+                Err(_) => value.to_owned(),
+            },
+            None => value.to_owned(),
+        }
+    }
+
+    /// The switch `value` kept for `target` at the store's instant `now`, if it holds then (a
+    /// store that checked the instant already passes `None`).
+    pub fn kept(target: &str, value: &str, now: Option<crate::clock::Millis>) -> Option<Self> {
+        let hold = value.strip_prefix(HOLD).and_then(|v| {
+            let (until, reason) = v.split_once(' ')?;
+            Some((until.parse::<u64>().ok()?, reason))
+        });
+        match hold {
+            Some((until, _)) if now.is_some_and(|n| n >= until) => None,
+            Some((until, reason)) => Some(Killed {
+                target: target.to_owned(),
+                reason: reason.to_owned(),
+                until: Some(until),
+            }),
+            None => Some(Killed {
+                target: target.to_owned(),
+                reason: value.to_owned(),
+                until: None,
+            }),
+        }
+    }
 }
 
 /// The outcome of one admission.

@@ -355,9 +355,11 @@ impl<C: Clock> MemoryStore<C> {
 
     /// [`Store::set_kill`], synchronously.
     pub fn set_kill_sync(&self, target: &str, reason: Option<&str>) -> Result<(), StoreError> {
-        let (mut st, _) = self.lock()?;
+        let (mut st, now) = self.lock()?;
         match reason {
-            Some(r) => st.kills.insert(target.to_owned(), r.to_owned()),
+            Some(r) => st
+                .kills
+                .insert(target.to_owned(), crate::decision::Killed::anchored(r, now)),
             None => st.kills.remove(target),
         };
         Ok(())

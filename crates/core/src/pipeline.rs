@@ -87,8 +87,8 @@ pub struct KillTargets {
 }
 
 impl KillTargets {
-    /// `all` and one per dimension a request may be stopped by.
-    const MAX: usize = 5;
+    /// `all`, one per dimension a request may be stopped by, and its model's provider hold.
+    const MAX: usize = 6;
 
     /// The targets of a request with `identity`.
     pub fn of(identity: &Identity) -> Self {
@@ -102,8 +102,9 @@ impl KillTargets {
             .iter()
             .filter_map(|d| identity.get(*d).map(|v| d.as_str().len() + 1 + v.len()))
             .sum::<usize>();
+        let model = identity.get(Dimension::Model);
         let mut t = Self {
-            text: String::with_capacity(3 + len),
+            text: String::with_capacity(3 + len + model.map_or(0, |m| 9 + m.len())),
             ..Self::default()
         };
         t.push(&["all"]);
@@ -111,6 +112,10 @@ impl KillTargets {
             if let Some(v) = identity.get(d) {
                 t.push(&[d.as_str(), ":", v]);
             }
+        }
+        // The provider's own limit for the model, held by the gateway until it resets.
+        if let Some(m) = model {
+            t.push(&["provider:", m]);
         }
         t
     }

@@ -87,18 +87,16 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
         "dup" => Err(StoreError::DuplicateRequestId(plan.request_id.clone())),
         "lost" => Err(StoreError::StateLost),
         "uninitialised" => Err(StoreError::Uninitialised),
-        "killed" => Ok(Decision::Killed(tollgate_core::decision::Killed {
-            target: reply
-                .get(KilledReply::Target.at())
-                .map(text)
-                .transpose()?
-                .unwrap_or_default(),
-            reason: reply
-                .get(KilledReply::Reason.at())
-                .map(text)
-                .transpose()?
-                .unwrap_or_default(),
-        })),
+        "killed" => {
+            let field = |f: KilledReply| reply.get(f.at()).map(text).transpose();
+            let target = field(KilledReply::Target)?.unwrap_or_default();
+            let value = field(KilledReply::Reason)?.unwrap_or_default();
+            // The script sends only a switch that holds now: a hold's instant is not checked
+            // again.
+            tollgate_core::decision::Killed::kept(&target, &value, None)
+                .map(Decision::Killed)
+                .ok_or_else(|| StoreError::Protocol("a kill switch that does not hold".into()))
+        }
         other => Err(StoreError::Protocol(format!(
             "unknown admit reply {other:?}"
         ))),

@@ -455,7 +455,13 @@ impl Store for RedisStore {
         target: &str,
         reason: Option<&str>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (target, reason) = (target.to_owned(), reason.map(str::to_owned));
+        // A hold's length becomes an instant of this instance's clock, which the scripts'
+        // (Redis TIME) follows.
+        let now = self.wall_now();
+        let (target, reason) = (
+            target.to_owned(),
+            reason.map(|r| tollgate_core::decision::Killed::anchored(r, now)),
+        );
         async move {
             // Every shard holds a copy, read inside its admissions.
             for p in self.shards.iter() {

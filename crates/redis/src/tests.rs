@@ -66,7 +66,7 @@ fn admit_sends_exactly_these_arguments() {
             // The marker has been seen.
             "1",
             "a",
-            "42",
+            "43",
             "req-1",
             "30000",
             "3600000",
@@ -78,11 +78,12 @@ fn admit_sends_exactly_these_arguments() {
             "40",
             "0",
             "0",
-            "4",
+            "5",
             "all",
             "tenant:acme",
             "model:gpt-4o",
             "user:alice",
+            "provider:gpt-4o",
             // Each check: its kind and reason, then its kind's layout.
             "r",
             "request_rate_limit",
@@ -168,7 +169,7 @@ fn a_shadowed_admission_carries_the_request_then_its_shadow() {
     let shadow = shadow
         .unwrap_or_else(|e| unreachable!("{e}"))
         .unwrap_or_else(|| unreachable!("a shadow rule applies"));
-    assert!(p.counts().any(|(_, r, _)| r == Reason::LoopDetected) && p.kill_targets.len() == 4);
+    assert!(p.counts().any(|(_, r, _)| r == Reason::LoopDetected) && p.kill_targets.len() == 5);
     let alone = admit_invocation("tg", &p, 3_600_000, 0);
     let both = admit_shadowed_invocation("tg", &p, &shadow, 3_600_000, 0);
     let n = alone.args.len();

@@ -15,6 +15,7 @@
 
 mod anthropic;
 mod billing;
+mod limits;
 mod responses;
 
 use std::collections::HashMap;
@@ -57,6 +58,8 @@ pub struct SimConfig {
     /// A usage report that says this many output tokens, whatever was billed (a report lower than
     /// the truth); the stats keep what was billed.
     pub reported_output: Option<u64>,
+    /// The provider's own rate: this many chat requests per window ([`limits`]).
+    pub requests_per_window: Option<(u64, Duration)>,
 }
 
 impl Default for SimConfig {
@@ -71,6 +74,7 @@ impl Default for SimConfig {
             function_calls: 0,
             ignore_cap: false,
             reported_output: None,
+            requests_per_window: None,
         }
     }
 }
@@ -107,6 +111,8 @@ pub struct SimStats {
     pub function_calls: u64,
     /// The service tiers requests asked for (`service_tier`), in order, where one was named.
     pub service_tiers: Vec<String>,
+    /// Requests answered 429 by the provider's own rate, unserved.
+    pub rate_limited: u64,
 }
 
 /// A running simulator.
@@ -126,6 +132,7 @@ struct SimState {
     contexts: Mutex<HashMap<String, u64>>,
     /// Anthropic: the prompts written to the prompt cache (see [`cache_usage`]).
     cached_prompts: Mutex<std::collections::HashSet<String>>,
+    window: limits::Window,
 }
 
 impl Sim {
@@ -145,6 +152,7 @@ impl Sim {
             stats: Mutex::new(SimStats::default()),
             contexts: Mutex::new(HashMap::new()),
             cached_prompts: Mutex::new(std::collections::HashSet::new()),
+            window: Mutex::new(None),
         });
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -173,7 +181,13 @@ impl Sim {
 /// The simulator's routes.
 fn router(state: Arc<SimState>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat))
+        .route(
+            "/v1/chat/completions",
+            post(chat).layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                limits::layer,
+            )),
+        )
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/messages", post(anthropic::messages))

@@ -21,6 +21,8 @@ mod carry;
 pub use carry::*;
 mod classes;
 pub use classes::*;
+mod holds;
+pub use holds::*;
 mod shadow;
 pub use shadow::*;
 pub mod slices;

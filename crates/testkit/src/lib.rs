@@ -70,7 +70,8 @@ macro_rules! conformance_tests {
             a_calendar_day_resets_at_its_local_time_across_dst,
             a_clock_stepping_back_does_not_reopen_a_calendar_period,
             unused_budget_carries_over_to_the_next_period,
-            a_carry_is_capped_and_only_from_the_period_before);
+            a_carry_is_capped_and_only_from_the_period_before,
+            a_provider_hold_refuses_its_model_until_it_ends);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(

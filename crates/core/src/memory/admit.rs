@@ -80,7 +80,7 @@ impl State {
     ) -> Result<Decision, StoreError> {
         let Fresh { id, mut quotas } = fresh;
         // The kill switch comes before everything, attempt counting included.
-        if let Some(k) = self.kill_switch(plan) {
+        if let Some(k) = self.kill_switch(plan, now) {
             return Ok(k);
         }
         // Hashed once for the duplicate check and the insertion at the end.
@@ -155,17 +155,13 @@ impl State {
     }
 
     /// The first of the plan's targets that is switched off.
-    fn kill_switch(&self, plan: &Plan) -> Option<Decision> {
+    fn kill_switch(&self, plan: &Plan, now: Millis) -> Option<Decision> {
         if self.kills.is_empty() {
             return None;
         }
         plan.kill_targets.iter().find_map(|t| {
-            self.kills.get(t).map(|r| {
-                Decision::Killed(crate::decision::Killed {
-                    target: t.to_owned(),
-                    reason: r.clone(),
-                })
-            })
+            let v = self.kills.get(t)?;
+            crate::decision::Killed::kept(t, v, Some(now)).map(Decision::Killed)
         })
     }
 

@@ -136,9 +136,15 @@ fn kill_targets_are_all_then_each_known_dimension_in_order() {
     let t = KillTargets::of(&id);
     assert_eq!(
         t.iter().collect::<Vec<_>>(),
-        ["all", "tenant:acme", "model:gpt-4o", "user:u\n1:x"]
+        [
+            "all",
+            "tenant:acme",
+            "model:gpt-4o",
+            "user:u\n1:x",
+            "provider:gpt-4o"
+        ]
     );
-    assert_eq!(t.len(), 4);
+    assert_eq!(t.len(), 5);
     let none = KillTargets::of(&Identity::default());
     assert_eq!(none.iter().collect::<Vec<_>>(), ["all"]);
     assert!(!none.is_empty() && KillTargets::default().is_empty());
@@ -217,7 +223,7 @@ fn shadow_rules_are_planned_apart_and_never_enforced() {
     assert!(rates(&enforced).is_empty() && token_verdict(&enforced).is_none());
     assert_eq!(budgets(&enforced).len(), 1);
     assert_eq!(enforced.max_output_tokens, 500, "only enforced rules grant");
-    assert_eq!(enforced.kill_targets.len(), 4);
+    assert_eq!(enforced.kill_targets.len(), 5);
     let shadow = shadow_plan(&p, &f)
         .unwrap_or_else(|e| unreachable!("{e}"))
         .unwrap_or_else(|| unreachable!("a shadow rule applies"));

@@ -228,15 +228,13 @@ impl Book {
         };
     }
 
-    fn killed(&self, plan: &Plan) -> Option<crate::decision::Killed> {
+    fn killed(&self, plan: &Plan, now: Millis) -> Option<crate::decision::Killed> {
         if self.kills.is_empty() {
             return None;
         }
         plan.kill_targets.iter().find_map(|t| {
-            self.kills.get(t).map(|r| crate::decision::Killed {
-                target: t.to_owned(),
-                reason: r.clone(),
-            })
+            let v = self.kills.get(t)?;
+            crate::decision::Killed::kept(t, v, Some(now))
         })
     }
 
@@ -343,7 +341,7 @@ impl Book {
                     ..Pending::default()
                 }));
             }
-            if let Some(k) = self.killed(plan) {
+            if let Some(k) = self.killed(plan, now) {
                 // A killed request's shadow attempts count: the store decides that one.
                 return Ok(match shadow {
                     None => Step::Done(Decision::Killed(k), None),

@@ -33,7 +33,11 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Store for Sliced<S, C> {
 
     async fn set_kill(&self, target: &str, reason: Option<&str>) -> Result<(), StoreError> {
         self.inner.set_kill(target, reason).await?;
-        self.lock()?.book.set_kill(target, reason);
+        let local = self.clock.now();
+        let mut st = self.lock()?;
+        let now = st.book.est(local);
+        let kept = reason.map(|r| crate::decision::Killed::anchored(r, now));
+        st.book.set_kill(target, kept.as_deref());
         Ok(())
     }
 

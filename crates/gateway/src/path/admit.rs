@@ -349,6 +349,7 @@ fn configured_kill(p: &Plan, kills: &[(String, String)]) -> Option<Decision> {
                 Decision::Killed(Killed {
                     target: target.clone(),
                     reason: reason.clone(),
+                    until: None,
                 })
             })
     })

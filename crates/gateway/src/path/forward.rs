@@ -151,6 +151,10 @@ pub(crate) async fn forward_and_settle(f: Forward) -> Result<Response, ApiError>
         };
     let status = up.status();
     f.ticket.upstream_status(status.as_u16());
+    // The provider's own limit, as its answer tells it: held on every instance until it resets.
+    if let Some(h) = crate::provider::hold(status, up.headers(), std::time::SystemTime::now()) {
+        crate::provider::hold_model(&f.gw.store, &f.model, h);
+    }
     if !status.is_success() {
         let content_type = up.headers().get("content-type").cloned();
         let body = Limited::new(up.into_body(), MAX_UPSTREAM_BODY)

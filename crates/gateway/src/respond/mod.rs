@@ -484,6 +484,9 @@ pub fn ledger_failed(detail: &str) -> ApiError {
 /// A request stopped by the kill switch: 503, with the operator's reason; not retryable until
 /// an operator lifts it.
 pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
+    if let Some(until) = k.until {
+        return provider_held(k, until);
+    }
     let mut e = ApiError::new(
         Class::Refused(Refusal::Killed),
         "service_unavailable",
@@ -492,6 +495,31 @@ pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
     );
     put(&mut e.headers, "x-should-retry", "false");
     put(&mut e.headers, "x-tollgate-reason", "kill_switch");
+    put(&mut e.headers, "x-tollgate-scope", &k.target);
+    e
+}
+
+/// A request for a model whose provider said its rate limit is reached until `until`: 429
+/// `upstream_rate_limited` with the wait the provider gave, sent before the provider is asked
+/// again (so that the gateway never retries into the limit, and neither do its clients).
+fn provider_held(k: &tollgate_core::decision::Killed, until: u64) -> ApiError {
+    use tollgate_core::Clock;
+    let wait = until
+        .saturating_sub(tollgate_core::SystemClock.now())
+        .max(1);
+    let model = k.target.strip_prefix("provider:").unwrap_or(&k.target);
+    let mut e = ApiError::new(
+        Class::Refused(Refusal::Limit),
+        "rate_limit_error",
+        "upstream_rate_limited",
+        format!(
+            "The provider's rate limit for model {model} is reached ({}); nothing was sent. Retry {}.",
+            k.reason,
+            refusal::in_words(wait)
+        ),
+    );
+    put_retry_after(&mut e.headers, wait);
+    put(&mut e.headers, "x-tollgate-reason", "upstream_rate_limited");
     put(&mut e.headers, "x-tollgate-scope", &k.target);
     e
 }

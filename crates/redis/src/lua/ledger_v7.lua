@@ -390,6 +390,12 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
   -- The kill switch comes before anything is counted.
   for i = 0, n_kill - 1 do
     local reason = kills[A[a + i]]
+    if reason and string.sub(reason, 1, 5) == 'hold ' then
+      -- A provider's hold, 'hold <until> <reason>' (Killed::kept in crates/core/src/
+      -- decision.rs): no switch once its instant has passed.
+      local ends = tonumber(string.match(reason, '^hold (%d+) '))
+      if ends == nil or now >= ends then reason = nil end
+    end
     if reason then
       local r = {}
       r[@killed.kind + 1], r[@killed.target + 1], r[@killed.reason + 1] = 'killed', A[a + i], reason

@@ -1,0 +1,204 @@
+//! The provider's own rate limits, learned from its answers. A provider tells its limits in
+//! every answer (OpenAI's `x-ratelimit-remaining-*` and `x-ratelimit-reset-*`, Anthropic's
+//! `anthropic-ratelimit-*-remaining` and `-reset`) and in a 429's `retry-after`. When an answer
+//! says nothing more will be admitted before an instant, the model is held until then: a hold
+//! in the store's kill switches (`provider:<model>`), read inside every instance's admissions,
+//! so no instance sends the provider a request it would refuse, and clients are told to wait
+//! (429 `upstream_rate_limited`) instead of retrying into the limit.
+//!
+//! Every number here comes from outside: a wait is read as a duration or an instant, at most
+//! [`MAX_HOLD_MS`], and anything else is ignored.
+
+use std::time::{Duration, SystemTime};
+
+use axum::http::{HeaderMap, StatusCode};
+
+use crate::store::AnyStore;
+use tollgate_core::Store;
+
+/// The longest hold: an answer that asks for more (a daily quota, or a broken header) holds
+/// the model this long, then lets one request find out again.
+pub const MAX_HOLD_MS: u64 = 600_000;
+
+/// A 429 that names no wait holds this long.
+const DEFAULT_429_MS: u64 = 1_000;
+
+/// How long the provider's answer says no request of its model would be admitted, with why;
+/// `None` when it leaves room.
+pub(crate) fn hold(status: StatusCode, h: &HeaderMap, now: SystemTime) -> Option<(u64, String)> {
+    let (ms, why) = if status == StatusCode::TOO_MANY_REQUESTS {
+        let wait = retry_after(h, now)
+            .or_else(|| exhausted(h, now).map(|(ms, _)| ms))
+            .unwrap_or(DEFAULT_429_MS);
+        (wait, "it answered 429".to_owned())
+    } else {
+        exhausted(h, now)?
+    };
+    Some((ms.clamp(1, MAX_HOLD_MS), why))
+}
+
+/// The wait of a `retry-after-ms` (ms) or `retry-after` (seconds, or an HTTP date).
+fn retry_after(h: &HeaderMap, now: SystemTime) -> Option<u64> {
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+        return finite_ms(ms);
+    }
+    let v = text("retry-after")?;
+    match v.parse::<f64>() {
+        Ok(s) => finite_ms(s * 1000.0),
+        Err(_) => until(httpdate(v)?, now),
+    }
+}
+
+/// The longest wait among the limits an answer says are used up (0 left), with the limit's
+/// name.
+fn exhausted(h: &HeaderMap, now: SystemTime) -> Option<(u64, String)> {
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let mut found: Option<(u64, String)> = None;
+    for kind in ["requests", "tokens"] {
+        if text(&format!("x-ratelimit-remaining-{kind}")) == Some("0") {
+            if let Some(ms) = text(&format!("x-ratelimit-reset-{kind}")).and_then(duration_ms) {
+                found = longer(found, ms, kind);
+            }
+        }
+    }
+    for kind in ["requests", "tokens", "input-tokens", "output-tokens"] {
+        if text(&format!("anthropic-ratelimit-{kind}-remaining")) == Some("0") {
+            let reset = text(&format!("anthropic-ratelimit-{kind}-reset"))
+                .and_then(|v| humantime::parse_rfc3339_weak(v).ok())
+                .and_then(|at| until(at, now));
+            if let Some(ms) = reset {
+                found = longer(found, ms, kind);
+            }
+        }
+    }
+    found
+}
+
+fn longer(found: Option<(u64, String)>, ms: u64, kind: &str) -> Option<(u64, String)> {
+    match found {
+        Some((m, w)) if m >= ms => Some((m, w)),
+        _ => Some((ms, format!("no {kind} left in its window"))),
+    }
+}
+
+fn finite_ms(ms: f64) -> Option<u64> {
+    (ms.is_finite() && ms >= 0.0).then(|| ms.min(MAX_HOLD_MS as f64).ceil() as u64)
+}
+
+fn until(at: SystemTime, now: SystemTime) -> Option<u64> {
+    let d = at.duration_since(now).unwrap_or(Duration::ZERO);
+    Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn httpdate(v: &str) -> Option<SystemTime> {
+    humantime::parse_rfc3339_weak(v).ok().or_else(|| {
+        // `Wed, 21 Oct 2015 07:28:00 GMT`.
+        let parts: Vec<&str> = v.split_whitespace().collect();
+        let [_, day, month, year, time, "GMT"] = parts.as_slice() else {
+            return None;
+        };
+        let months = [
+            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+        ];
+        let m = months.iter().position(|x| x == month)? + 1;
+        humantime::parse_rfc3339(&format!("{year}-{m:02}-{day:0>2}T{time}Z")).ok()
+    })
+}
+
+/// OpenAI's reset durations: `1s`, `6m0s`, `20ms`, `1h2m3.5s`.
+fn duration_ms(v: &str) -> Option<u64> {
+    let mut total = 0.0;
+    let mut rest = v;
+    while !rest.is_empty() {
+        let n = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|n| *n > 0)?;
+        let value: f64 = rest[..n].parse().ok()?;
+        rest = &rest[n..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (1.0, 2)
+        } else {
+            match rest.chars().next()? {
+                'h' => (3_600_000.0, 1),
+                'm' => (60_000.0, 1),
+                's' => (1000.0, 1),
+                _ => return None,
+            }
+        };
+        total += value * unit;
+        rest = &rest[len..];
+    }
+    finite_ms(total)
+}
+
+/// Holds `model` for `ms` on every instance, and says so once in the log.
+pub(crate) fn hold_model(store: &AnyStore, model: &str, (ms, why): (u64, String)) {
+    tracing::warn!(
+        model,
+        wait_ms = ms,
+        cause = %why,
+        "the provider's rate limit for the model is reached: its requests are refused until it resets"
+    );
+    let store = store.clone();
+    let target = format!("provider:{model}");
+    let value = tollgate_core::decision::Killed::hold_for(ms, &format!("the provider said {why}"));
+    tokio::spawn(async move {
+        if let Err(e) = store.set_kill(&target, Some(&value)).await {
+            tracing::warn!(cause = %e, "a provider's hold could not be kept in the store");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap_or_else(|_| unreachable!()));
+        }
+        h
+    }
+
+    #[test]
+    fn waits_are_read_from_every_provider_format() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_000_000);
+        let ok = StatusCode::OK;
+        let many = StatusCode::TOO_MANY_REQUESTS;
+        let at = |h: &[(&'static str, &str)], s| hold(s, &headers(h), now).map(|(ms, _)| ms);
+        assert_eq!(at(&[("retry-after", "2")], many), Some(2_000));
+        assert_eq!(at(&[("retry-after-ms", "350.5")], many), Some(351));
+        assert_eq!(at(&[], many), Some(DEFAULT_429_MS));
+        assert_eq!(at(&[("retry-after", "99999999")], many), Some(MAX_HOLD_MS));
+        assert_eq!(at(&[("retry-after", "-3")], many), Some(DEFAULT_429_MS));
+        let openai = [
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "6m0.5s"),
+            ("x-ratelimit-remaining-tokens", "1200"),
+            ("x-ratelimit-reset-tokens", "20ms"),
+        ];
+        assert_eq!(at(&openai, ok), Some(360_500));
+        assert_eq!(at(&openai[2..], ok), None);
+        let anthropic = [
+            ("anthropic-ratelimit-tokens-remaining", "0"),
+            ("anthropic-ratelimit-tokens-reset", "2025-11-24T16:00:30Z"),
+        ];
+        assert_eq!(at(&anthropic, ok), Some(30_000));
+        assert_eq!(
+            at(&[("retry-after", "Mon, 24 Nov 2025 16:00:05 GMT")], many),
+            Some(5_000)
+        );
+        assert_eq!(
+            at(
+                &[
+                    ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-reset-requests", "soon")
+                ],
+                ok
+            ),
+            None
+        );
+    }
+}
