@@ -55,7 +55,7 @@ if [ -n "${TOLLGATE_BENCH_AGAINST:-}" ]; then
   # One call per request: slices turned off, in a build that has them on by default (an
   # earlier build without the setting has them off unless [store.slices] is given).
   BEFORE_STORE=$(printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\nprefix = "before"\n' "$REDIS")
-  printf '%s[store.slices]\nenabled = false\n' "$BEFORE_STORE" > "$tmp/before-slices-off.toml"
+  printf '%s\n[store.slices]\nenabled = false\n' "$BEFORE_STORE" > "$tmp/before-slices-off.toml"
   if "$TOLLGATE_BENCH_AGAINST/tollgate" check --config "$tmp/before-slices-off.toml" >/dev/null 2>&1; then
     BEFORE_STORE=$(cat "$tmp/before-slices-off.toml")
   fi
