@@ -59,6 +59,7 @@ pub use config::{GatewayConfig, hash_key};
 pub use gateway::{Gateway, Shared};
 pub use path::fuzz_agents;
 pub use path::intake::{MAX_OPERATION_BYTES, MAX_USER_BYTES};
+pub use provider::fuzz_provider;
 pub use server::{
     Bound, open_books, prepare, router, serve, serve_bound, serve_with, start_store,
     start_store_with_warnings,

@@ -150,9 +150,54 @@ pub(crate) fn hold_model(store: &AnyStore, model: &str, (ms, why): (u64, String)
     });
 }
 
+/// The property the `provider` fuzz target checks: any status and headers (`name: value`
+/// lines) from an upstream give a hold of 1 ms to [`MAX_HOLD_MS`] or none, never a panic.
+#[doc(hidden)]
+#[allow(clippy::panic)] // a failed check must crash the fuzzer
+pub fn fuzz_provider(data: &[u8]) {
+    let Some((&first, rest)) = data.split_first() else {
+        return;
+    };
+    let status = if first % 2 == 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    let mut h = HeaderMap::new();
+    for line in String::from_utf8_lossy(rest).lines() {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        if let (Ok(n), Ok(v)) = (
+            axum::http::HeaderName::from_bytes(name.trim().as_bytes()),
+            axum::http::HeaderValue::from_str(value.trim()),
+        ) {
+            h.append(n, v);
+        }
+    }
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_000_000);
+    if let Some((ms, _)) = hold(status, &h, now) {
+        assert!((1..=MAX_HOLD_MS).contains(&ms), "a hold of {ms} ms");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hostile_headers_hold_within_bounds() {
+        for data in [
+            &b"\x01retry-after: 1e308"[..],
+            b"\x01retry-after: NaN\nretry-after-ms: inf",
+            b"\x00x-ratelimit-remaining-requests: 0\nx-ratelimit-reset-requests: 99999999999h",
+            b"\x00anthropic-ratelimit-tokens-remaining: 0\nanthropic-ratelimit-tokens-reset: 1900-01-01T00:00:00Z",
+            b"\x01retry-after: Mon, 99 Foo 2025 99:99:99 GMT",
+            b"",
+        ] {
+            fuzz_provider(data);
+        }
+    }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
