@@ -96,10 +96,10 @@ impl Reason {
         }
     }
 
-    /// The unit of this control's numbers, said after a number (a budget's are in its scope's
-    /// unit, which its refusal's edge knows; tokens here).
-    pub fn unit(self) -> &'static str {
-        match self {
+    /// `n` in this control's unit, as a person reads it, money in dollars (a budget's amounts
+    /// are in its scope's unit, which its refusal's edge knows; tokens here).
+    pub fn amount(self, n: u64) -> String {
+        let unit = match self {
             Reason::RequestRateLimit | Reason::LoopDetected => "requests",
             Reason::ConcurrencyLimit | Reason::CapacityReserved => "requests at once",
             Reason::ToolCallLimit => "tool calls",
@@ -107,7 +107,17 @@ impl Reason {
             | Reason::OutputTokenLimit
             | Reason::TotalTokenLimit
             | Reason::BudgetLimit => "tokens",
-        }
+        };
+        format!("{n} {unit}")
+    }
+
+    /// Whether the control's amount includes the request's input tokens (so that a refusal
+    /// says how much of them the body itself does not hold).
+    pub fn counts_input(self) -> bool {
+        matches!(
+            self,
+            Reason::InputTokenLimit | Reason::TotalTokenLimit | Reason::BudgetLimit
+        )
     }
 
     /// Whether waiting can help. Token-size rejections are about the request itself, and a
@@ -116,13 +126,10 @@ impl Reason {
         matches!(self.recourse(), Recourse::Wait | Recourse::Budget)
     }
 
-    /// Whether the store decides it (and so whether it may fail open): all but the three
-    /// token controls.
+    /// Whether the store decides it (and so whether it may fail open): all but the controls
+    /// decided from the request alone.
     pub fn is_stateful(self) -> bool {
-        !matches!(
-            self,
-            Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit
-        )
+        self.recourse() != Recourse::Shrink
     }
 
     /// Whether an admission reports this control's state as a quota (`RateLimit` headers):

@@ -297,6 +297,36 @@ impl Usage {
     }
 }
 
+/// Dollars as written by a person, `$12.50`, `50USD` or `0.000001 usd`, in micro-USD; `None`
+/// for anything else (a bare number is not money: its unit would be a guess).
+pub fn micro_usd(text: &str) -> Option<u64> {
+    let lower = text.trim().to_ascii_lowercase();
+    let d = lower
+        .strip_prefix('$')
+        .or_else(|| lower.strip_suffix("usd"))
+        .map(str::trim)?;
+    let (whole, frac) = d.split_once('.').unwrap_or((d, ""));
+    if whole.is_empty() || !whole.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    if frac.len() > 6 || !frac.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let whole: u64 = whole.parse().ok()?;
+    let frac: u64 = format!("{frac:0<6}").parse().ok()?;
+    whole.checked_mul(1_000_000)?.checked_add(frac)
+}
+
+/// Micro-USD as dollars: at least two decimals, up to six (`$0.0125`, `$12.50`).
+pub fn dollars(micro: u64) -> String {
+    let (whole, frac) = (micro / 1_000_000, micro % 1_000_000);
+    let mut f = format!("{frac:06}");
+    while f.len() > 2 && f.ends_with('0') {
+        f.pop();
+    }
+    format!("${whole}.{f}")
+}
+
 impl Price {
     /// Cost in micro-units, rounded up so that a budget is never under-charged.
     ///

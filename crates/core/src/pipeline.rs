@@ -280,24 +280,24 @@ impl Plan {
 /// A request the policy cannot price.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
-    /// A money budget applies but the model has no price.
-    #[error("model {model:?} has no price, and scope {scope} has a money budget")]
+    /// A money limit applies but the model has no price.
+    #[error("model {model:?} has no price, and scope {scope} has a money limit")]
     UnpricedModel {
         /// The model.
         model: String,
-        /// The scope with the money budget.
+        /// The scope with the money limit.
         scope: String,
     },
-    /// A money budget applies but the service tier asked for has no price for the model.
+    /// A money limit applies but the service tier asked for has no price for the model.
     #[error(
-        "service tier {tier:?} has no price for model {model:?}, and scope {scope} has a money budget"
+        "service tier {tier:?} has no price for model {model:?}, and scope {scope} has a money limit"
     )]
     UnpricedTier {
         /// The model.
         model: String,
         /// The tier.
         tier: String,
-        /// The scope with the money budget.
+        /// The scope with the money limit.
         scope: String,
     },
 }

@@ -342,21 +342,7 @@ fn fixed_ms(p: tollgate_core::Period) -> Option<u64> {
 
 /// `50USD`, `50 usd`, `$12.50`, or micro-USD as a whole number: micro-USD.
 fn dollars(s: &str) -> Option<u64> {
-    let lower = s.to_ascii_lowercase();
-    let d = lower
-        .strip_prefix('$')
-        .or_else(|| lower.strip_suffix("usd"))
-        .map(str::trim);
-    let Some(d) = d else {
-        return s.parse().ok();
-    };
-    let (whole, frac) = d.split_once('.').unwrap_or((d, ""));
-    if frac.len() > 6 || !frac.chars().all(|c| c.is_ascii_digit()) {
-        return None;
-    }
-    let whole: u64 = whole.parse().ok()?;
-    let frac: u64 = format!("{frac:0<6}").parse().ok()?;
-    whole.checked_mul(1_000_000)?.checked_add(frac)
+    tollgate_core::ledger::micro_usd(s).or_else(|| s.parse().ok())
 }
 
 #[cfg(test)]

@@ -48,6 +48,25 @@ pub struct Pricing<'a> {
     pub estimate: &'a Usage,
 }
 
+impl Pricing<'_> {
+    /// The estimate's price, for a money limit in scope `key`: a model (or its tier) without a
+    /// price cannot be checked against one, and the request is refused naming them.
+    pub fn cost(&self, key: &ScopeKey) -> Result<u64, PlanError> {
+        if let Some(price) = self.price {
+            return Ok(price.cost(self.estimate));
+        }
+        let (model, scope) = (self.model.to_owned(), key.to_string());
+        Err(match self.tier {
+            Some(t) => PlanError::UnpricedTier {
+                model,
+                tier: t.to_owned(),
+                scope,
+            },
+            None => PlanError::UnpricedModel { model, scope },
+        })
+    }
+}
+
 /// The budget part of rule `path` as written, checked: `budget = { tokens | micro_usd, period,
 /// alert_at }` (money needs prices).
 pub fn rule(
@@ -71,20 +90,7 @@ pub fn plan(
     let e = p.estimate;
     let amount = match b.unit {
         Unit::Tokens | Unit::ToolCalls => e.input_tokens.saturating_add(e.output_tokens),
-        Unit::MicroUsd => match p.price {
-            Some(price) => price.cost(e),
-            None => {
-                let (model, scope) = (p.model.to_owned(), key.to_string());
-                return Err(match p.tier {
-                    Some(t) => PlanError::UnpricedTier {
-                        model,
-                        tier: t.to_owned(),
-                        scope,
-                    },
-                    None => PlanError::UnpricedModel { model, scope },
-                });
-            }
-        },
+        Unit::MicroUsd => p.cost(key)?,
     };
     Ok(Some(BudgetCheck {
         scope: key.clone(),

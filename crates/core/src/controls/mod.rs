@@ -158,6 +158,12 @@ impl Rules {
         })
     }
 
+    /// Whether the rule limits money, so that every model it meets needs a price.
+    pub fn limits_money(&self) -> bool {
+        self.budget
+            .is_some_and(|b| b.unit == crate::policy::Unit::MicroUsd)
+    }
+
     /// The controls the rule sets, each with its key and the reason it refuses with, in the
     /// controls' order.
     pub fn controls(&self) -> impl Iterator<Item = (&'static str, Reason)> + use<> {

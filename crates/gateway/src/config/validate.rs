@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
-use tollgate_core::{Policy, Unit};
+use tollgate_core::Policy;
 use tollgate_tokens::{Counting, Encoding};
 
 use super::{
@@ -305,10 +305,7 @@ fn upstreams(
     raw: Vec<RawUpstream>,
     policy: &Policy,
 ) -> Result<(Vec<UpstreamSpec>, BTreeMap<String, usize>), ConfigError> {
-    let money = policy
-        .scopes
-        .iter()
-        .any(|r| r.budget.is_some_and(|b| b.unit == Unit::MicroUsd));
+    let money = policy.scopes.iter().any(|r| r.limits_money());
     let mut upstreams = Vec::new();
     let mut models = BTreeMap::new();
     for (i, u) in raw.into_iter().enumerate() {
@@ -341,7 +338,7 @@ fn upstreams(
             if money && !policy.prices.contains_key(m) {
                 return Err(err(
                     format!("{field}.models[{j}]"),
-                    format!("model {m:?} has no price, and the policy has a money budget"),
+                    format!("model {m:?} has no price, and the policy has a money limit"),
                 ));
             }
         }

@@ -271,10 +271,7 @@ impl Counted {
     /// Says, in a refusal by a control that counts input, how much of it the body does not
     /// hold: a client that sent a few tokens would not otherwise see why it passed the limit.
     pub fn explain(&self, e: &mut ApiError, reason: Reason) {
-        let counts_input = matches!(
-            reason,
-            Reason::InputTokenLimit | Reason::TotalTokenLimit | Reason::BudgetLimit
-        );
+        let counts_input = reason.counts_input();
         const WHAT: [&str; 3] = [
             "for the earlier context the upstream keeps",
             "for what the tools the upstream runs may fetch",

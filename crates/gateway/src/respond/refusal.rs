@@ -76,7 +76,7 @@ fn refusal_message(d: &Deny, unit: Option<Unit>) -> String {
     let amount = |n: u64| match (d.reason, unit) {
         (Reason::BudgetLimit, Some(Unit::MicroUsd)) => dollars(n),
         (Reason::BudgetLimit, Some(Unit::ToolCalls)) => format!("{n} tool calls"),
-        (r, _) => format!("{n} {}", r.unit()),
+        (r, _) => r.amount(n),
     };
     let what = d.asked(&amount(d.requested));
     let mut m = format!(
@@ -94,15 +94,7 @@ fn refusal_message(d: &Deny, unit: Option<Unit>) -> String {
     m
 }
 
-/// Micro-dollars as dollars: at least two decimals, up to six.
-pub fn dollars(micro: u64) -> String {
-    let (whole, frac) = (micro / 1_000_000, micro % 1_000_000);
-    let mut f = format!("{frac:06}");
-    while f.len() > 2 && f.ends_with('0') {
-        f.pop();
-    }
-    format!("${whole}.{f}")
-}
+pub use tollgate_core::ledger::dollars;
 
 /// A wait in words with its instant: `in 6h 46m 3s (at 2026-12-04T19:03:00Z)`.
 pub fn in_words(ms: u64) -> String {
