@@ -18,6 +18,8 @@ pub enum Reason {
     OutputTokenLimit,
     /// Input + max output tokens of one request.
     TotalTokenLimit,
+    /// The estimated cost of one request (input + max output at its price).
+    RequestCostLimit,
     /// Unfinished requests at once.
     ConcurrencyLimit,
     /// Unfinished requests at once, of the slots a request's priority class may hold: the
@@ -34,11 +36,12 @@ pub enum Reason {
 
 impl Reason {
     /// Every control in order.
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::RequestRateLimit,
         Reason::InputTokenLimit,
         Reason::OutputTokenLimit,
         Reason::TotalTokenLimit,
+        Reason::RequestCostLimit,
         Reason::ConcurrencyLimit,
         Reason::CapacityReserved,
         Reason::BudgetLimit,
@@ -53,6 +56,7 @@ impl Reason {
             Reason::InputTokenLimit => "input_token_limit",
             Reason::OutputTokenLimit => "output_token_limit",
             Reason::TotalTokenLimit => "total_token_limit",
+            Reason::RequestCostLimit => "request_cost_limit",
             Reason::ConcurrencyLimit => "concurrency_limit",
             Reason::CapacityReserved => "capacity_reserved",
             Reason::BudgetLimit => "budget_limit",
@@ -74,9 +78,10 @@ impl Reason {
             | Reason::CapacityReserved
             | Reason::ToolCallLimit => Recourse::Wait,
             Reason::BudgetLimit => Recourse::Budget,
-            Reason::InputTokenLimit | Reason::OutputTokenLimit | Reason::TotalTokenLimit => {
-                Recourse::Shrink
-            }
+            Reason::InputTokenLimit
+            | Reason::OutputTokenLimit
+            | Reason::TotalTokenLimit
+            | Reason::RequestCostLimit => Recourse::Shrink,
             Reason::LoopDetected => Recourse::Stop,
         }
     }
@@ -89,6 +94,7 @@ impl Reason {
             Reason::InputTokenLimit => "input-tokens",
             Reason::OutputTokenLimit => "output-tokens",
             Reason::TotalTokenLimit => "total-tokens",
+            Reason::RequestCostLimit => "request-cost",
             Reason::ConcurrencyLimit | Reason::CapacityReserved => "concurrency",
             Reason::BudgetLimit => "budget",
             Reason::ToolCallLimit => "tool-calls",
@@ -103,6 +109,7 @@ impl Reason {
             Reason::RequestRateLimit | Reason::LoopDetected => "requests",
             Reason::ConcurrencyLimit | Reason::CapacityReserved => "requests at once",
             Reason::ToolCallLimit => "tool calls",
+            Reason::RequestCostLimit => return crate::ledger::dollars(n),
             Reason::InputTokenLimit
             | Reason::OutputTokenLimit
             | Reason::TotalTokenLimit
@@ -116,7 +123,10 @@ impl Reason {
     pub fn counts_input(self) -> bool {
         matches!(
             self,
-            Reason::InputTokenLimit | Reason::TotalTokenLimit | Reason::BudgetLimit
+            Reason::InputTokenLimit
+                | Reason::TotalTokenLimit
+                | Reason::RequestCostLimit
+                | Reason::BudgetLimit
         )
     }
 
@@ -190,6 +200,9 @@ impl Deny {
             Reason::OutputTokenLimit => format!("the request asks for {n} output tokens"),
             Reason::TotalTokenLimit => {
                 format!("the request has {n} input and maximum output tokens")
+            }
+            Reason::RequestCostLimit => {
+                format!("the request's input and maximum output cost {amount}")
             }
             Reason::CapacityReserved => {
                 "the rest of the scope's requests at once are kept for higher priority classes"

@@ -20,6 +20,7 @@ pub mod budget;
 pub mod concurrency;
 pub mod loops;
 pub mod rate;
+pub mod request_cost;
 pub mod reserve;
 pub mod tokens;
 pub mod tool_calls;
@@ -54,6 +55,8 @@ pub struct RawRules {
     pub output_tokens: Option<RawOutput>,
     /// `total_tokens = N`
     pub total_tokens: Option<u64>,
+    /// `request_cost = "$0.50"`
+    pub request_cost: Option<String>,
     /// `concurrency = { limit, lease_ttl }`
     pub concurrency: Option<RawConcurrency>,
     /// `reserve = { <class> = "<n>%" }`
@@ -68,11 +71,12 @@ pub struct RawRules {
 
 impl RawRules {
     /// The keys the controls are written under, in the controls' order.
-    pub const KEYS: [&'static str; 9] = [
+    pub const KEYS: [&'static str; 10] = [
         "requests",
         "input_tokens",
         "output_tokens",
         "total_tokens",
+        "request_cost",
         "concurrency",
         "reserve",
         "budget",
@@ -92,6 +96,7 @@ impl RawRules {
             "input_tokens" => self.input_tokens = Some(map.next_value()?),
             "output_tokens" => self.output_tokens = Some(map.next_value()?),
             "total_tokens" => self.total_tokens = Some(map.next_value()?),
+            "request_cost" => self.request_cost = Some(map.next_value()?),
             "concurrency" => self.concurrency = Some(map.next_value()?),
             "reserve" => self.reserve = Some(map.next_value()?),
             "budget" => self.budget = Some(map.next_value()?),
@@ -118,6 +123,8 @@ pub struct Rules {
     pub output_tokens: Option<OutputLimit>,
     /// Total-token limit.
     pub total_tokens: Option<NonZeroU64>,
+    /// The cost cap of one request, in micro-USD.
+    pub request_cost: Option<NonZeroU64>,
     /// Concurrency limit.
     pub concurrency: Option<ConcurrencyLimit>,
     /// Shares of the concurrency kept for priority classes.
@@ -150,6 +157,7 @@ impl Rules {
             trim_input,
             output_tokens,
             total_tokens,
+            request_cost: request_cost::rule(raw.request_cost, path, prices)?,
             concurrency,
             reserve: reserve::rule(raw.reserve, concurrency.is_some(), classes, path)?,
             budget: budget::rule(raw.budget, path, prices)?,
@@ -160,8 +168,10 @@ impl Rules {
 
     /// Whether the rule limits money, so that every model it meets needs a price.
     pub fn limits_money(&self) -> bool {
-        self.budget
-            .is_some_and(|b| b.unit == crate::policy::Unit::MicroUsd)
+        self.request_cost.is_some()
+            || self
+                .budget
+                .is_some_and(|b| b.unit == crate::policy::Unit::MicroUsd)
     }
 
     /// The controls the rule sets, each with its key and the reason it refuses with, in the
@@ -172,6 +182,7 @@ impl Rules {
             (self.input_tokens.is_some(), Reason::InputTokenLimit),
             (self.output_tokens.is_some(), Reason::OutputTokenLimit),
             (self.total_tokens.is_some(), Reason::TotalTokenLimit),
+            (self.request_cost.is_some(), request_cost::REASON),
             (self.concurrency.is_some(), concurrency::REASON),
             (self.reserve.is_some(), reserve::REASON),
             (self.budget.is_some(), Reason::BudgetLimit),
@@ -186,7 +197,7 @@ impl Rules {
 
 /// The reasons of the controls, in the order a request passes them (the token controls'
 /// three in theirs): a refusal names the first control that refuses.
-pub const ORDER: [Reason; 9] = Reason::ALL;
+pub const ORDER: [Reason; 10] = Reason::ALL;
 
 /// One check of a plan: the control it is for, and what a store does for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,6 +328,8 @@ pub fn checks(x: Inputs<'_>) -> Result<Vec<Check>, PlanError> {
         }
     }
     if let Some(d) = tokens::verdict(rules.clone(), x.input, x.granted) {
+        add(d.reason, Kind::Verdict(d));
+    } else if let Some(d) = request_cost::verdict(rules.clone(), x.pricing)? {
         add(d.reason, Kind::Verdict(d));
     }
     for (r, k) in rules.clone() {

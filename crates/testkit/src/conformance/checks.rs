@@ -4,9 +4,9 @@
 //! control of a known kind needs no store of its own.
 
 use tollgate_core::pipeline::{Check, Kind};
-use tollgate_core::{Decision, Deny, Plan, Reason, Store};
+use tollgate_core::{Decision, Deny, Dimension, Plan, Reason, Store};
 
-use super::{plan_of, setup};
+use super::{DAY, plan_of, setup};
 use crate::{Harness, facts, policy};
 
 const POLICY: &str = r#"
@@ -103,4 +103,62 @@ pub async fn a_verdict_refuses_at_its_place_after_every_count<H: Harness>(h: &H)
     let next = plan_of(&policy(POLICY), &facts("v2", "v", 10, 10));
     let d = refusal(s.admit(&next).await.unwrap_or_else(|e| panic!("{e}")));
     assert_eq!(d.reason, Reason::RequestRateLimit);
+}
+
+/// A request whose estimate costs more than its cost cap is refused with what it would cost,
+/// before anything is held: its attempt is counted, its budget keeps nothing, and a cheaper
+/// request of the same caller is admitted. A model without a price cannot be checked.
+pub async fn a_request_over_its_cost_cap_is_refused_before_anything_is_held<H: Harness>(h: &H) {
+    let p = policy(
+        r#"
+        [prices."gpt-4o"]
+        input = 2500000
+        output = 10000000
+        [[scopes]]
+        key = "user"
+        requests = { limit = 2, window = "1m" }
+        request_cost = "$0.01"
+        budget = { micro_usd = 1000000, period = "day" }
+        "#,
+    );
+    let (s, _) = setup(h).await;
+    // 1000 in x 2.5 + 1000 out x 10 = 12,500 micro-USD, over the cap of 10,000.
+    let d = refusal(
+        s.admit(&plan_of(&p, &facts("big", "u", 1000, 1000)))
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    assert_eq!(
+        (
+            d.reason,
+            d.scope.key(),
+            d.limit,
+            d.requested,
+            d.retry_after_ms
+        ),
+        (
+            Reason::RequestCostLimit,
+            "tenant:acme/user:u",
+            10_000,
+            12_500,
+            None
+        )
+    );
+    assert_eq!(
+        super::budget_of(&s, "user|tenant:acme/user:u", DAY).await,
+        (0, 0)
+    );
+    // 400 x 2.5 + 400 x 10 = 5,000: admitted, and it is the second attempt of the window.
+    let ok = s.admit(&plan_of(&p, &facts("small", "u", 400, 400))).await;
+    assert!(matches!(ok, Ok(Decision::Admit(_))), "{ok:?}");
+    assert_eq!(
+        super::budget_of(&s, "user|tenant:acme/user:u", DAY).await,
+        (0, 5_000)
+    );
+    let third = s.admit(&plan_of(&p, &facts("third", "u", 1, 1))).await;
+    let d = refusal(third.unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(d.reason, Reason::RequestRateLimit);
+    let mut unpriced = facts("o1", "w", 1, 1);
+    unpriced.identity = unpriced.identity.with(Dimension::Model, "o1");
+    assert!(tollgate_core::plan(&p, &unpriced).is_err());
 }
