@@ -49,12 +49,29 @@ version = "demo-1"
 [policy.classes.critical]
 weight = 3
 
+[policy.prices."gpt-4o"]
+input = 2500000
+output = 10000000
+
+[policy.prices."gpt-4o-mini"]
+input = 150000
+output = 600000
+
+[policy.prices."text-embedding-3-small"]
+input = 20000
+output = 0
+
+[policy.prices."claude-sonnet-4"]
+input = 3000000
+output = 15000000
+
 [[policy.scopes]]
 name = "per-key"
 key = "key"
 requests = {{ limit = 5, window = "1m" }}
 input_tokens = 4000
 output_tokens = {{ max = 256, mode = "clamp", default = 64 }}
+request_cost = "$0.003"
 concurrency = {{ limit = 3, lease_ttl = "1m" }}
 
 [[policy.scopes]]
@@ -99,7 +116,8 @@ pub fn banner(addr: SocketAddr, upstream: &str, (admin, token): (SocketAddr, &st
   upstream:  {upstream}   (simulated model, 16 tokens per answer)
   API key:   {DEMO_KEY}   (class standard; {VIP_KEY} is of class critical)
   limits:    5 requests/min and 3 at once per key; 4 at once per model, 2 of them kept for
-             class critical; output clamped to 256; 300 tokens/day per tenant
+             class critical; output clamped to 256; one request at most $0.003;
+             300 tokens/day per tenant
   admin:     http://{admin}   (token: {token})
   status:    http://{admin}/admin/ui   (a browser asks: any user name, the token as password)
 
@@ -133,6 +151,13 @@ Try:
   gets 429 capacity_reserved); the VIP key may hold all 4, and in the queue it is served three
   turns for each of the demo key's one.
   curl -s 'http://{addr}/v1/limits?model=gpt-4o' -H 'authorization: Bearer {VIP_KEY}'
+
+  The cost cap: one request's input and maximum output, at its model's price, may cost at
+  most $0.003. At claude-sonnet-4's $15 per million output tokens, 256 of them cost more, and
+  the request gets 400 request_cost_limit with its cost in dollars (at gpt-4o's $10, it fits):
+  curl -s http://{addr}/v1/messages -H 'x-api-key: {VIP_KEY}' \
+    -H 'anthropic-version: 2023-06-01' -H 'content-type: application/json' \
+    -d '{{"model":"claude-sonnet-4","max_tokens":256,"messages":[{{"role":"user","content":"Hello!"}}]}}'
 
   Switch the tenant off on every instance, look, and switch it on again:
   curl -s -u admin:{token} http://{admin}/admin/kill -H 'content-type: application/json' \

@@ -31,6 +31,18 @@ fn field<'a>(banner: &'a [String], label: &str) -> &'a str {
         .unwrap()
 }
 
+/// The body of the banner's `-d '...'` line that holds `needle`.
+fn printed_body(banner: &[String], needle: &str) -> String {
+    let line = banner
+        .iter()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no command with {needle} in the banner"));
+    line.trim()
+        .trim_start_matches("-d '")
+        .trim_end_matches('\'')
+        .to_owned()
+}
+
 #[test]
 fn the_demo_does_what_its_banner_says() {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
@@ -63,14 +75,8 @@ fn the_demo_does_what_its_banner_says() {
         .trim_end_matches(')')
         .to_owned();
     // The budget command, as printed, three times: the third is refused.
-    let printed = banner
-        .iter()
-        .find(|l| l.contains("\"max_tokens\":256"))
-        .expect("the budget command");
-    let body = printed
-        .trim()
-        .trim_start_matches("-d '")
-        .trim_end_matches('\'');
+    let body = printed_body(&banner, "\"gpt-4o\",\"max_tokens\":256");
+    let body = body.as_str();
     let auth = "authorization: Bearer sk-tollgate-demo\r\n";
     // The classes, as printed: the VIP key may hold all of the model's slots.
     let printed = banner
@@ -108,6 +114,17 @@ fn the_demo_does_what_its_banner_says() {
             .to_ascii_lowercase()
             .contains("x-should-retry: false"),
         "{refused}"
+    );
+    // The cost cap, as printed (with the VIP key, whose rate is not spent): 400 in dollars.
+    let costly = printed_body(&banner, "\"claude-sonnet-4\",\"max_tokens\":256");
+    let costly = costly.as_str();
+    let headers = format!("x-api-key: {vip}\r\nanthropic-version: 2023-06-01\r\n");
+    let r = exchange(&gateway, "POST", "/v1/messages", &headers, costly);
+    assert!(
+        r.starts_with("HTTP/1.1 400")
+            && r.contains("request_cost_limit")
+            && r.contains("limit $0.003"),
+        "{r}"
     );
     // The admin listener, with the printed token: the kill switch, the status page, metrics.
     let basic = {

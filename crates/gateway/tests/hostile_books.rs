@@ -217,6 +217,53 @@ async fn service_tiers_are_priced_or_refused(redis: bool) {
     assert_eq!(r.json()["error"]["type"], "invalid_request_error");
 }
 
+/// One request may not cost more than its cap, on any model: a large `max_tokens` is refused
+/// 400 with its cost in dollars before the upstream sees it, and nothing is reserved; the same
+/// request in a tier priced higher is refused at a cap its standard price fits.
+async fn a_request_over_its_cost_cap_never_reaches_the_upstream(redis: bool) {
+    let env = env(
+        redis,
+        &format!("{MONEY}request_cost = \"$0.05\"\n"),
+        "",
+        SimConfig::default(),
+    )
+    .await;
+    let chat = |max: u64, tier: Option<&str>| {
+        let mut b = json!({"model": "gpt-4o", "max_tokens": max,
+            "messages": [{"role": "user", "content": "hello"}]});
+        if let Some(t) = tier {
+            b["service_tier"] = json!(t);
+        }
+        b
+    };
+    // 5,000 output tokens at $10 per million are $0.05, with the input over the cap.
+    let r = post(&env, "/v1/chat/completions", &chat(5_000, None)).await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "request_cost_limit"),
+        "{:?}",
+        r.json()
+    );
+    let m = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        m.contains("limit $0.05,") && m.contains("maximum output cost $0.05"),
+        "{m}"
+    );
+    assert_eq!(r.json()["error"]["param"], "max_tokens");
+    assert_eq!(served(&env), 0);
+    assert_eq!(settled_usage(&env).await.reserved, 0);
+    // 4,000 fit at the standard price, not at the priority tier's $20 per million.
+    let r = post(&env, "/v1/chat/completions", &chat(4_000, Some("priority"))).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "request_cost_limit"));
+    assert_eq!(served(&env), 0);
+    let r = post(&env, "/v1/chat/completions", &chat(4_000, None)).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(served(&env), 1);
+}
+
 /// Two cap fields: the one the gateway grants is written, the other removed; a cap set to null
 /// is replaced by the granted one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -587,6 +634,7 @@ mod books {
         prompt_lists_are_reserved_for_every_prompt,
         predictions_are_reserved_as_output,
         service_tiers_are_priced_or_refused,
+        a_request_over_its_cost_cap_never_reaches_the_upstream,
         output_is_charged_as_counted_not_as_reported,
         the_cap_holds_while_the_answer_streams,
         a_retried_stream_is_replayed_however_its_client_hung_up,
