@@ -348,11 +348,13 @@ impl Decision {
             Decision::Admit(_) | Decision::Killed(_) => None,
         }
     }
-    /// The reason code, `admit`, or `kill_switch`.
+    /// The reason code, `admit`, `kill_switch`, or `upstream_rate_limited` for a provider's
+    /// hold.
     pub fn code(&self) -> &'static str {
         match self {
             Decision::Deny(d) => d.reason.code(),
             Decision::Admit(_) => "admit",
+            Decision::Killed(k) if k.until.is_some() => "upstream_rate_limited",
             Decision::Killed(_) => "kill_switch",
         }
     }

@@ -440,7 +440,9 @@ pub fn register(policy: &tollgate_core::Policy) {
         counter!("tollgate_upstream_failures_total", "kind" => kind).increment(0);
     }
     counter!("tollgate_decisions_total", "decision" => "admit", "rule" => "").increment(0);
-    counter!("tollgate_decisions_total", "decision" => "kill_switch", "rule" => "").increment(0);
+    for code in ["kill_switch", "upstream_rate_limited"] {
+        counter!("tollgate_decisions_total", "decision" => code, "rule" => "").increment(0);
+    }
     gauge!("tollgate_oldest_unsettled_seconds").set(0.0);
     gauge!("tollgate_in_flight").set(0.0);
     for rule in &policy.scopes {

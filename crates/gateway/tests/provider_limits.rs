@@ -21,20 +21,29 @@ const KEY: &str = "sk-provider";
 /// A gateway whose tenant has a day's budget, in front of a provider that admits two chat
 /// requests a minute.
 async fn env(redis: bool) -> Env {
+    env_with(redis, Duration::from_secs(60), "").await.0
+}
+
+/// A gateway in front of a provider that admits two chat requests per `window`, with `extra`
+/// configuration, and the configuration's text (another instance may share its store).
+async fn env_with(redis: bool, window: Duration, extra: &str) -> (Env, String) {
     let sim = SimConfig {
-        requests_per_window: Some((2, Duration::from_secs(60))),
+        requests_per_window: Some((2, window)),
         ..SimConfig::default()
     };
     let (sim, redis_server, store) =
         common::upstream_and_store(redis, common::SIM_KEY, sim, "provider").await;
     let text = format!(
-        "{store}\n[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+        "{store}\n{extra}\n[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
          [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n[[policy.scopes]]\nkey = \"tenant\"\n\
          budget = {{ tokens = 100000, period = \"day\" }}\n",
         sim.base_url(),
         tollgate_gateway::hash_key(KEY),
     );
-    Env::start(&text, common::SIM_KEY, sim, redis_server).await
+    (
+        Env::start(&text, common::SIM_KEY, sim, redis_server).await,
+        text,
+    )
 }
 
 async fn chat(env: &Env) -> Reply {
@@ -77,6 +86,20 @@ async fn a_provider_with_no_requests_left_gets_none(redis: bool) {
     );
     let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((50..=60).contains(&wait), "{wait}");
+    // Counted as the provider's refusal, not as an operator's kill switch.
+    let metrics = common::get(env.metrics, "/metrics").await;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    let count = |decision: &str| {
+        let prefix = format!("tollgate_decisions_total{{decision=\"{decision}\",rule=\"\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(
+        (count("upstream_rate_limited"), count("kill_switch")),
+        (Some(1.0), Some(0.0)),
+        "{text}"
+    );
     let stats = env.sim.stats();
     assert_eq!(
         (stats.requests.values().sum::<u64>(), stats.rate_limited),
@@ -115,9 +138,68 @@ async fn a_providers_429_is_not_charged_and_holds_the_model(redis: bool) {
     assert_eq!(env.sim.stats().rate_limited, 1);
 }
 
+/// With a queue, a request the provider's hold refuses waits for the hold's end, when it comes
+/// within the queue's wait, and is then served: the provider never answers 429.
+async fn a_held_request_waits_in_the_queue_for_the_reset(redis: bool) {
+    let queue = "[queue]\nmax_wait = \"5s\"\nper_key = 4\nglobal = 4\n";
+    let (env, _) = env_with(redis, Duration::from_secs(1), queue).await;
+    for _ in 0..2 {
+        assert_eq!(chat(&env).await.status, 200);
+    }
+    held(&env).await;
+    let r = chat(&env).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let stats = env.sim.stats();
+    assert_eq!(
+        (stats.requests.values().sum::<u64>(), stats.rate_limited),
+        (3, 0)
+    );
+}
+
+/// Without a queue, or when the hold ends past the queue's wait, the request is refused at
+/// once with the provider's wait.
+async fn a_hold_past_the_queues_wait_is_refused_at_once(redis: bool) {
+    let queue = "[queue]\nmax_wait = \"2s\"\nper_key = 4\nglobal = 4\n";
+    let (env, _) = env_with(redis, Duration::from_secs(60), queue).await;
+    for _ in 0..2 {
+        assert_eq!(chat(&env).await.status, 200);
+    }
+    held(&env).await;
+    let r = chat(&env).await;
+    assert_eq!((r.status, r.code()), (429, "upstream_rate_limited".into()));
+    assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 2);
+}
+
+/// Two gateway instances on one Redis: the hold one of them learns from the provider's answer
+/// holds the other, which sends nothing.
+#[tokio::test]
+async fn instances_on_one_redis_share_a_providers_hold() {
+    let (first, text) = env_with(true, Duration::from_secs(60), "").await;
+    let second = Env::start(&text, common::SIM_KEY, first.sim.clone(), None).await;
+    assert_eq!(chat(&first).await.status, 200);
+    assert_eq!(chat(&second).await.status, 200);
+    held(&first).await;
+    let r = chat(&second).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (429, "upstream_rate_limited".into()),
+        "{:?}",
+        r.body
+    );
+    let r = chat(&first).await;
+    assert_eq!((r.status, r.code()), (429, "upstream_rate_limited".into()));
+    let stats = first.sim.stats();
+    assert_eq!(
+        (stats.requests.values().sum::<u64>(), stats.rate_limited),
+        (2, 0)
+    );
+}
+
 mod both {
     on_both_stores!(
         a_provider_with_no_requests_left_gets_none,
+        a_held_request_waits_in_the_queue_for_the_reset,
+        a_hold_past_the_queues_wait_is_refused_at_once,
         a_providers_429_is_not_charged_and_holds_the_model
     );
 }

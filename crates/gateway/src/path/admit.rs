@@ -1,7 +1,7 @@
 //! The admit step, one for the proxy and the embedded layer ([`crate::admission`]): a key's
 //! exemptions, the configuration's kill switches, one atomic admission in the store, what an
 //! unreachable store means (a token verdict still refuses, a fail-open policy admits, otherwise
-//! 503), and the bounded queue in front of a full concurrency scope.
+//! 503), and the bounded queue in front of a full concurrency scope or a provider's hold.
 
 use std::time::{Duration, Instant};
 
@@ -174,7 +174,17 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
             }
             Some(Behind::Full(d)) => return Ok((Decision::Deny(d), Shadowed::None)),
         };
-        let (first, mut shadowed) = self.once(p, shadow.as_deref()).await?;
+        let (mut first, mut shadowed) = self.once(p, shadow.as_deref()).await?;
+        // A provider's hold that ends within the wait is waited out in a place of the queue,
+        // so that held requests are as bounded as any waiters.
+        if hold_wait(&first).is_some()
+            && let Some(pl) = place.take().or_else(|| queue.enter(&self.flow, q))
+        {
+            (first, shadowed) = self
+                .wait_out_hold(p, shadow.as_deref(), first, deadline)
+                .await?;
+            place = Some(pl);
+        }
         let deny = match first {
             Decision::Deny(d) if p.refused_lease(&d) => d,
             other => {
@@ -230,6 +240,31 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         Ok((Decision::Deny(last), shadowed))
     }
 
+    /// Tries plan `p` again once each provider hold that refused it (`d`) has ended, while its
+    /// end comes before `deadline`. The kill switch comes before every count, so the attempt is
+    /// counted once, by the call that gets past the hold. Each waiter wakes at the end plus up
+    /// to a tenth of its wait (at most a second), so that the requests held together do not
+    /// reach the provider at once when its window opens.
+    async fn wait_out_hold(
+        &self,
+        p: &Plan,
+        shadow: Option<&Plan>,
+        mut d: Decision,
+        deadline: TimerInstant,
+    ) -> Result<(Decision, Shadowed), ApiError> {
+        let mut shadowed = Shadowed::None;
+        while let Some(wait) = hold_wait(&d) {
+            let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+            let wake = TimerInstant::now() + wait + Duration::from_millis(respond::jitter_ms(ms));
+            if wake > deadline {
+                break;
+            }
+            tokio::time::sleep_until(wake).await;
+            (d, shadowed) = self.once(p, shadow).await?;
+        }
+        Ok((d, shadowed))
+    }
+
     /// One call to the store, with the shadow plan when there is one, and what its failure
     /// means.
     async fn once(
@@ -272,7 +307,7 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         match &d {
             Decision::Admit(_) => crate::telemetry::decision("admit", ""),
             Decision::Deny(x) => crate::telemetry::decision(x.reason.code(), x.scope.rule()),
-            Decision::Killed(_) => crate::telemetry::decision("kill_switch", ""),
+            Decision::Killed(_) => crate::telemetry::decision(d.code(), ""),
         }
         Ok((d, shadowed))
     }
@@ -388,6 +423,21 @@ impl<S: Store + Clone + 'static> Drop for Unanswered<'_, S> {
 /// How long the release of an unanswered admission is retried: an admission still in flight in
 /// the store when the call timed out has been applied (or dropped) well within it.
 const UNANSWERED_RELEASE_WINDOW: Duration = Duration::from_secs(30);
+
+/// How long until the provider's hold that refused `d` ends, when one did.
+fn hold_wait(d: &Decision) -> Option<Duration> {
+    use tollgate_core::Clock;
+    match d {
+        Decision::Killed(Killed {
+            until: Some(until), ..
+        }) => Some(Duration::from_millis(
+            until
+                .saturating_sub(tollgate_core::SystemClock.now())
+                .max(1),
+        )),
+        _ => None,
+    }
+}
 
 /// Waits until it is `place`'s turn, or until `deadline`.
 async fn wait_turn(place: &Place<'_>, deadline: TimerInstant) {

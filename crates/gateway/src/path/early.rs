@@ -65,7 +65,7 @@ pub(crate) async fn early_rate(
         Ok(refused) => {
             match &refused {
                 Decision::Deny(d) => crate::telemetry::decision(d.reason.code(), d.scope.rule()),
-                _ => crate::telemetry::decision("kill_switch", ""),
+                _ => crate::telemetry::decision(refused.code(), ""),
             }
             if let Some(sink) = &gw.records {
                 let digest = |v: &str| crate::records::digest(cfg.records_key.as_deref(), v);

@@ -108,7 +108,7 @@ pub fn in_words(ms: u64) -> String {
 }
 
 /// Up to a tenth of `wait_ms`, at most a second, drawn anew for each refusal.
-fn jitter_ms(wait_ms: u64) -> u64 {
+pub fn jitter_ms(wait_ms: u64) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let bound = (wait_ms / 10).min(1000);
     if bound == 0 {
