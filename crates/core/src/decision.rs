@@ -284,14 +284,20 @@ pub struct Killed {
 
 /// How a hold is kept in the kill switches' table: `hold <until ms> <reason>`, an instant of the
 /// store's clock (each store turns a `hold-for <ms> <reason>` it is given into one). A hold
-/// past its instant is no switch at all.
+/// past its instant is no switch at all. A hold whose reason starts with `over <n> ` holds only
+/// requests of more than `n` tokens (input and output cap): the provider said it has `n` left.
 const HOLD: &str = "hold ";
 const HOLD_FOR: &str = "hold-for ";
+const OVER: &str = "over ";
 
 impl Killed {
-    /// The value to set for a hold of `for_ms` from when the store receives it.
-    pub fn hold_for(for_ms: u64, reason: &str) -> String {
-        format!("{HOLD_FOR}{for_ms} {reason}")
+    /// The value to set for a hold of `for_ms` from when the store receives it, of every
+    /// request, or only of those of more than `over` tokens.
+    pub fn hold_for(for_ms: u64, over: Option<u64>, reason: &str) -> String {
+        match over {
+            Some(n) => format!("{HOLD_FOR}{for_ms} {OVER}{n} {reason}"),
+            None => format!("{HOLD_FOR}{for_ms} {reason}"),
+        }
     }
 
     /// A value to keep, given at the store's instant `now`: a `hold-for` made a `hold` until an
@@ -306,18 +312,33 @@ impl Killed {
         }
     }
 
-    /// The switch `value` kept for `target` at the store's instant `now`, if it holds then (a
-    /// store that checked the instant already passes `None`).
-    pub fn kept(target: &str, value: &str, now: Option<crate::clock::Millis>) -> Option<Self> {
+    /// The switch `value` kept for `target` at the store's instant `now`, if it holds then for
+    /// a request of `size` tokens (a store that checked both already passes `None`).
+    pub fn kept(
+        target: &str,
+        value: &str,
+        at: Option<(crate::clock::Millis, u64)>,
+    ) -> Option<Self> {
         let hold = value.strip_prefix(HOLD).and_then(|v| {
             let (until, reason) = v.split_once(' ')?;
             Some((until.parse::<u64>().ok()?, reason))
         });
+        // `over <n> <reason>`: the size it holds above, and the reason.
+        let over = |reason: &str| {
+            let (n, rest) = reason.strip_prefix(OVER)?.split_once(' ')?;
+            Some((n.parse::<u64>().ok()?, rest.to_owned()))
+        };
         match hold {
-            Some((until, _)) if now.is_some_and(|n| n >= until) => None,
+            Some((until, reason))
+                if at.is_some_and(|(n, size)| {
+                    n >= until || over(reason).is_some_and(|(o, _)| size <= o)
+                }) =>
+            {
+                None
+            }
             Some((until, reason)) => Some(Killed {
                 target: target.to_owned(),
-                reason: reason.to_owned(),
+                reason: over(reason).map_or_else(|| reason.to_owned(), |(_, r)| r),
                 until: Some(until),
             }),
             None => Some(Killed {

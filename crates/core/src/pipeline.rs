@@ -76,6 +76,14 @@ pub struct Plan {
     pub kill_targets: KillTargets,
 }
 
+impl Plan {
+    /// The request's tokens as a provider counts them against its rate when it arrives: its
+    /// input and its output cap.
+    pub fn size(&self) -> u64 {
+        self.input_tokens.saturating_add(self.max_output_tokens)
+    }
+}
+
 /// The kill-switch targets of a request, held in one string: one allocation per request
 /// instead of one per target.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

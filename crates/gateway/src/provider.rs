@@ -6,6 +6,10 @@
 //! so no instance sends the provider a request it would refuse, and clients are told to wait
 //! (429 `upstream_rate_limited`) instead of retrying into the limit.
 //!
+//! When an answer says only a few tokens are left (less than a quarter of its limit), the
+//! model is held for requests larger than what is left, until the tokens reset: the provider
+//! would refuse those. Smaller ones still go, and each answer tells what is left anew.
+//!
 //! Every number here comes from outside: a wait is read as a duration or an instant, at most
 //! [`MAX_HOLD_MS`], and anything else is ignored.
 
@@ -23,18 +27,62 @@ pub const MAX_HOLD_MS: u64 = 600_000;
 /// A 429 that names no wait holds this long.
 const DEFAULT_429_MS: u64 = 1_000;
 
-/// How long the provider's answer says no request of its model would be admitted, with why;
-/// `None` when it leaves room.
-pub(crate) fn hold(status: StatusCode, h: &HeaderMap, now: SystemTime) -> Option<(u64, String)> {
-    let (ms, why) = if status == StatusCode::TOO_MANY_REQUESTS {
+/// A hold the provider's answer asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hold {
+    /// How long, in ms (1 to [`MAX_HOLD_MS`]).
+    pub ms: u64,
+    /// Of requests of more than this many tokens only; `None`: of every request.
+    pub over: Option<u64>,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// How long the provider's answer says no request of its model (or none larger than what is
+/// left) would be admitted, with why; `None` when it leaves room.
+pub(crate) fn hold(status: StatusCode, h: &HeaderMap, now: SystemTime) -> Option<Hold> {
+    let (ms, over, why) = if status == StatusCode::TOO_MANY_REQUESTS {
         let wait = retry_after(h, now)
             .or_else(|| exhausted(h, now).map(|(ms, _)| ms))
             .unwrap_or(DEFAULT_429_MS);
-        (wait, "it answered 429".to_owned())
+        (wait, None, "it answered 429".to_owned())
+    } else if let Some((ms, why)) = exhausted(h, now) {
+        (ms, None, why)
     } else {
-        exhausted(h, now)?
+        let (ms, left) = short(h, now)?;
+        (
+            ms,
+            Some(left),
+            format!("only {left} tokens are left in its window"),
+        )
     };
-    Some((ms.clamp(1, MAX_HOLD_MS), why))
+    Some(Hold {
+        ms: ms.clamp(1, MAX_HOLD_MS),
+        over,
+        why,
+    })
+}
+
+/// The tokens left, and the time to their reset, when less than a quarter of the token limit
+/// is left (OpenAI's `x-ratelimit-*-tokens`, Anthropic's `anthropic-ratelimit-tokens-*`).
+fn short(h: &HeaderMap, now: SystemTime) -> Option<(u64, u64)> {
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let int = |name: &str| text(name).and_then(|v| v.parse::<u64>().ok());
+    let (left, limit, reset) = match int("x-ratelimit-remaining-tokens") {
+        Some(left) => (
+            left,
+            int("x-ratelimit-limit-tokens")?,
+            text("x-ratelimit-reset-tokens").and_then(duration_ms)?,
+        ),
+        None => (
+            int("anthropic-ratelimit-tokens-remaining")?,
+            int("anthropic-ratelimit-tokens-limit")?,
+            text("anthropic-ratelimit-tokens-reset")
+                .and_then(|v| humantime::parse_rfc3339_weak(v).ok())
+                .and_then(|at| until(at, now))?,
+        ),
+    };
+    (left < limit / 4).then_some((reset, left))
 }
 
 /// The wait of a `retry-after-ms` (ms) or `retry-after` (seconds, or an HTTP date).
@@ -132,17 +180,27 @@ fn duration_ms(v: &str) -> Option<u64> {
     finite_ms(total)
 }
 
-/// Holds `model` for `ms` on every instance, and says so once in the log.
-pub(crate) fn hold_model(store: &AnyStore, model: &str, (ms, why): (u64, String)) {
-    tracing::warn!(
-        model,
-        wait_ms = ms,
-        cause = %why,
-        "the provider's rate limit for the model is reached: its requests are refused until it resets"
-    );
+/// Holds `model` for `ms` on every instance, and says so once in the log (a hold of large
+/// requests only, which every answer may renew while few tokens are left, at debug level).
+pub(crate) fn hold_model(store: &AnyStore, model: &str, Hold { ms, over, why }: Hold) {
+    match over {
+        None => tracing::warn!(
+            model,
+            wait_ms = ms,
+            cause = %why,
+            "the provider's rate limit for the model is reached: its requests are refused until it resets"
+        ),
+        Some(n) => tracing::debug!(
+            model,
+            wait_ms = ms,
+            tokens_left = n,
+            "few of the provider's tokens are left: larger requests are refused until they reset"
+        ),
+    }
     let store = store.clone();
     let target = format!("provider:{model}");
-    let value = tollgate_core::decision::Killed::hold_for(ms, &format!("the provider said {why}"));
+    let why = format!("the provider said {why}");
+    let value = tollgate_core::decision::Killed::hold_for(ms, over, &why);
     tokio::spawn(async move {
         if let Err(e) = store.set_kill(&target, Some(&value)).await {
             tracing::warn!(cause = %e, "a provider's hold could not be kept in the store");
@@ -176,7 +234,7 @@ pub fn fuzz_provider(data: &[u8]) {
         }
     }
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_000_000);
-    if let Some((ms, _)) = hold(status, &h, now) {
+    if let Some(Hold { ms, .. }) = hold(status, &h, now) {
         assert!((1..=MAX_HOLD_MS).contains(&ms), "a hold of {ms} ms");
     }
 }
@@ -208,11 +266,41 @@ mod tests {
     }
 
     #[test]
+    fn few_tokens_left_hold_larger_requests_only() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_000_000);
+        let ok = StatusCode::OK;
+        let of = |h: &[(&'static str, &str)]| hold(ok, &headers(h), now).map(|h| (h.ms, h.over));
+        let openai = |left: &'static str| {
+            [
+                ("x-ratelimit-limit-tokens", "30000"),
+                ("x-ratelimit-remaining-tokens", left),
+                ("x-ratelimit-reset-tokens", "12s"),
+            ]
+        };
+        assert_eq!(of(&openai("7499")), Some((12_000, Some(7_499))));
+        // A quarter or more left: nothing to hold.
+        assert_eq!(of(&openai("7500")), None);
+        assert_eq!(of(&openai("-1")), None);
+        assert_eq!(of(&openai("1e3")), None);
+        assert_eq!(of(&openai("0")), Some((12_000, None)));
+        let anthropic = [
+            ("anthropic-ratelimit-tokens-limit", "80000"),
+            ("anthropic-ratelimit-tokens-remaining", "4000"),
+            ("anthropic-ratelimit-tokens-reset", "2025-11-24T16:00:09Z"),
+        ];
+        assert_eq!(of(&anthropic), Some((9_000, Some(4_000))));
+        // Without its limit, what is left cannot be judged.
+        assert_eq!(of(&anthropic[1..]), None);
+        let h = hold(ok, &headers(&openai("20")), now);
+        assert!(h.is_some_and(|h| h.why == "only 20 tokens are left in its window"));
+    }
+
+    #[test]
     fn waits_are_read_from_every_provider_format() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_000_000);
         let ok = StatusCode::OK;
         let many = StatusCode::TOO_MANY_REQUESTS;
-        let at = |h: &[(&'static str, &str)], s| hold(s, &headers(h), now).map(|(ms, _)| ms);
+        let at = |h: &[(&'static str, &str)], s| hold(s, &headers(h), now).map(|h| h.ms);
         assert_eq!(at(&[("retry-after", "2")], many), Some(2_000));
         assert_eq!(at(&[("retry-after-ms", "350.5")], many), Some(351));
         assert_eq!(at(&[], many), Some(DEFAULT_429_MS));

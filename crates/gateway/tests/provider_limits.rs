@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::json;
 use tollgate_core::Store;
 use tollgate_testkit::sim::SimConfig;
+use tollgate_testkit::sim::limits::Rate;
 
 use common::{Env, Reply};
 
@@ -27,8 +28,18 @@ async fn env(redis: bool) -> Env {
 /// A gateway in front of a provider that admits two chat requests per `window`, with `extra`
 /// configuration, and the configuration's text (another instance may share its store).
 async fn env_with(redis: bool, window: Duration, extra: &str) -> (Env, String) {
+    let rate = Rate {
+        requests: 2,
+        tokens: None,
+        window,
+    };
+    env_rate(redis, rate, extra).await
+}
+
+/// A gateway in front of a provider of `rate`, with `extra` configuration.
+async fn env_rate(redis: bool, rate: Rate, extra: &str) -> (Env, String) {
     let sim = SimConfig {
-        requests_per_window: Some((2, window)),
+        rate: Some(rate),
         ..SimConfig::default()
     };
     let (sim, redis_server, store) =
@@ -47,7 +58,12 @@ async fn env_with(redis: bool, window: Duration, extra: &str) -> (Env, String) {
 }
 
 async fn chat(env: &Env) -> Reply {
-    let body = json!({"model": "gpt-4o", "max_tokens": 20,
+    ask(env, 20).await
+}
+
+/// A chat request with an output cap of `max`.
+async fn ask(env: &Env, max: u64) -> Reply {
+    let body = json!({"model": "gpt-4o", "max_tokens": max,
         "messages": [{"role": "user", "content": "hi"}]});
     env.post_oneshot(
         "/v1/chat/completions",
@@ -170,6 +186,42 @@ async fn a_hold_past_the_queues_wait_is_refused_at_once(redis: bool) {
     assert_eq!(env.sim.stats().requests.values().sum::<u64>(), 2);
 }
 
+/// A provider with few tokens left in its window (it says so in every answer) is sent no
+/// request larger than what is left: that one is refused 429 `upstream_rate_limited` until the
+/// tokens reset, while a smaller one is still served. The provider never answers 429.
+async fn a_request_larger_than_the_tokens_left_is_not_sent(redis: bool) {
+    let rate = Rate {
+        requests: 100,
+        tokens: Some(10_000),
+        window: Duration::from_secs(60),
+    };
+    let (env, _) = env_rate(redis, rate, "").await;
+    // About 8,000 of the 10,000 taken: under a quarter left.
+    assert_eq!(ask(&env, 8_000).await.status, 200);
+    held(&env).await;
+    let r = ask(&env, 3_000).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (429, "upstream_rate_limited".into()),
+        "{:?}",
+        r.body
+    );
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("tokens are left")
+    );
+    let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((50..=60).contains(&wait), "{wait}");
+    assert_eq!(ask(&env, 500).await.status, 200);
+    let stats = env.sim.stats();
+    assert_eq!(
+        (stats.requests.values().sum::<u64>(), stats.rate_limited),
+        (2, 0)
+    );
+}
+
 /// Two gateway instances on one Redis: the hold one of them learns from the provider's answer
 /// holds the other, which sends nothing.
 #[tokio::test]
@@ -200,6 +252,7 @@ mod both {
         a_provider_with_no_requests_left_gets_none,
         a_held_request_waits_in_the_queue_for_the_reset,
         a_hold_past_the_queues_wait_is_refused_at_once,
+        a_request_larger_than_the_tokens_left_is_not_sent,
         a_providers_429_is_not_charged_and_holds_the_model
     );
 }

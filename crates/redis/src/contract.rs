@@ -52,6 +52,7 @@ layouts! {
         ExpiredInput "expired_input",
         ExpiredCached "expired_cached",
         ExpiredOutput "expired_output",
+        Size "size",
         NKill "n_kill",
     }
     /// A shadow plan's header (`admit_shadowed`): its checks' number, nothing for a ticket.

@@ -127,6 +127,7 @@ fn admit_args(
             Admit::ExpiredInput => args.push_num(expired.input_tokens),
             Admit::ExpiredCached => args.push_num(expired.cached_input_tokens),
             Admit::ExpiredOutput => args.push_num(expired.output_tokens),
+            Admit::Size => args.push_num(plan.size()),
             Admit::NKill => args.push_num(plan.kill_targets.len()),
         }
     }

@@ -10,7 +10,7 @@ use crate::RedisStore;
 
 /// The schema of what the scripts keep under a prefix, written as its marker's value (`SCHEMA`
 /// in `common_v7.lua`): instances of another schema refuse to start on the prefix.
-pub const SCHEMA: &str = "7.5";
+pub const SCHEMA: &str = "7.6";
 use crate::conn::{evalsha, no_answer, scripts, unavailable};
 
 impl RedisStore {

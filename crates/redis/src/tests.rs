@@ -66,7 +66,7 @@ fn admit_sends_exactly_these_arguments() {
             // The marker has been seen.
             "1",
             "a",
-            "43",
+            "44",
             "req-1",
             "30000",
             "3600000",
@@ -78,6 +78,8 @@ fn admit_sends_exactly_these_arguments() {
             "40",
             "0",
             "0",
+            // Its size: 40 input and 60 output tokens.
+            "100",
             "5",
             "all",
             "tenant:acme",

@@ -15,7 +15,7 @@
 
 mod anthropic;
 mod billing;
-mod limits;
+pub mod limits;
 mod responses;
 
 use std::collections::HashMap;
@@ -58,8 +58,8 @@ pub struct SimConfig {
     /// A usage report that says this many output tokens, whatever was billed (a report lower than
     /// the truth); the stats keep what was billed.
     pub reported_output: Option<u64>,
-    /// The provider's own rate: this many chat requests per window ([`limits`]).
-    pub requests_per_window: Option<(u64, Duration)>,
+    /// The provider's own rate of chat requests, and of tokens, per window ([`limits`]).
+    pub rate: Option<limits::Rate>,
 }
 
 impl Default for SimConfig {
@@ -74,7 +74,7 @@ impl Default for SimConfig {
             function_calls: 0,
             ignore_cap: false,
             reported_output: None,
-            requests_per_window: None,
+            rate: None,
         }
     }
 }

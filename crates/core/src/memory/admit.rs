@@ -161,7 +161,7 @@ impl State {
         }
         plan.kill_targets.iter().find_map(|t| {
             let v = self.kills.get(t)?;
-            crate::decision::Killed::kept(t, v, Some(now)).map(Decision::Killed)
+            crate::decision::Killed::kept(t, v, Some((now, plan.size()))).map(Decision::Killed)
         })
     }
 

@@ -234,7 +234,7 @@ impl Book {
         }
         plan.kill_targets.iter().find_map(|t| {
             let v = self.kills.get(t)?;
-            crate::decision::Killed::kept(t, v, Some(now))
+            crate::decision::Killed::kept(t, v, Some((now, plan.size())))
         })
     }
 

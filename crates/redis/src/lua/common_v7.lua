@@ -19,7 +19,7 @@
 local PREFIX = ARGV[1]
 -- The schema of what these scripts keep, written as the marker's value (crate::SCHEMA): an
 -- instance of another schema refuses to start on the prefix.
-local SCHEMA = '7.5'
+local SCHEMA = '7.6'
 
 -- Numeric strings become numbers by arithmetic (`0 + s`, `s * 1000`), not by tonumber: Redis's
 -- Lua 5.1 tonumber runs strtod twice (lua_isnumber, then lua_tonumber), where arithmetic runs

@@ -374,7 +374,7 @@ end
 -- (in the same A) found, {start, lease places, n_lease, budget places, n_budget, its checks'
 -- table}, to take into this ticket as well when this admission passes.
 local function admit_one(A, a, now, kills, probe, shadow, known)
-  local id, ttl, retention, a0, n_check, n_kill
+  local id, ttl, retention, a0, n_check, n_kill, size
   if probe == 'shadow' then
     -- A shadow plan's header (admit_shadowed): its checks' number, nothing for a ticket.
     n_check, n_kill, a = num(A[a + @shadow.n_check]), 0, a + @shadow#
@@ -384,7 +384,7 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
     -- Price and expired usage only go into the ticket: kept as the strings they came in, and
     -- read where they are (no table of their own).
     a0 = a
-    n_kill = num(A[a + @admit.n_kill])
+    n_kill, size = num(A[a + @admit.n_kill]), num(A[a + @admit.size])
     a = a + @admit#
   end
   -- The kill switch comes before anything is counted.
@@ -392,9 +392,11 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
     local reason = kills[A[a + i]]
     if reason and string.sub(reason, 1, 5) == 'hold ' then
       -- A provider's hold, 'hold <until> <reason>' (Killed::kept in crates/core/src/
-      -- decision.rs): no switch once its instant has passed.
+      -- decision.rs): no switch once its instant has passed, nor for a request of at most
+      -- <n> tokens when its reason starts 'over <n> '.
       local ends = tonumber(string.match(reason, '^hold (%d+) '))
-      if ends == nil or now >= ends then reason = nil end
+      local over = tonumber(string.match(reason, '^hold %d+ over (%d+) '))
+      if ends == nil or now >= ends or (over and size <= over) then reason = nil end
     end
     if reason then
       local r = {}

@@ -22,7 +22,7 @@ pub async fn a_provider_hold_refuses_its_model_until_it_ends<H: Harness>(h: &H) 
     let start = tollgate_core::Clock::now(&clock);
     s.set_kill(
         "provider:gpt-4o",
-        Some(&Killed::hold_for(2_000, "no requests left")),
+        Some(&Killed::hold_for(2_000, None, "no requests left")),
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -41,6 +41,35 @@ pub async fn a_provider_hold_refuses_its_model_until_it_ends<H: Harness>(h: &H) 
     clock.advance(1);
     assert!(matches!(
         admit(&s, &p, facts("c", "u", 1, 1)).await,
+        Decision::Admit(_)
+    ));
+}
+
+/// A hold of large requests only (the provider said 500 tokens are left): a request of more
+/// than 500 tokens (input and output cap) is refused with the hold's reason and end, one of
+/// 500 is admitted, and after the end every size is.
+pub async fn a_providers_token_hold_refuses_only_larger_requests<H: Harness>(h: &H) {
+    let p = policy(POLICY);
+    let (s, clock) = setup(h).await;
+    let start = tollgate_core::Clock::now(&clock);
+    let hold = Killed::hold_for(3_000, Some(500), "only 500 tokens are left");
+    s.set_kill("provider:gpt-4o", Some(&hold))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    match admit(&s, &p, facts("big", "u", 101, 400)).await {
+        Decision::Killed(k) => assert_eq!(
+            (k.reason.as_str(), k.until),
+            ("only 500 tokens are left", Some(start + 3_000))
+        ),
+        other => panic!("expected the hold, got {other:?}"),
+    }
+    assert!(matches!(
+        admit(&s, &p, facts("fits", "u", 100, 400)).await,
+        Decision::Admit(_)
+    ));
+    clock.advance(3_000);
+    assert!(matches!(
+        admit(&s, &p, facts("after", "u", 5_000, 5_000)).await,
         Decision::Admit(_)
     ));
 }
