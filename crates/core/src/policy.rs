@@ -125,6 +125,21 @@ pub struct ScopeRule {
     pub same_key_as: Option<usize>,
 }
 
+impl ScopeRule {
+    /// The key of this rule's scope for `identity`, when the rule applies to it: its matches
+    /// met and its dimensions known.
+    pub fn key_of(&self, identity: &crate::scope::Identity) -> Option<ScopeKey> {
+        if self
+            .matches
+            .iter()
+            .any(|(d, v)| identity.get(*d) != Some(v.as_str()))
+        {
+            return None;
+        }
+        ScopeKey::derive_in(&self.name, &self.dims, identity, self.ip_prefix)
+    }
+}
+
 impl std::ops::Deref for ScopeRule {
     type Target = crate::controls::Rules;
 

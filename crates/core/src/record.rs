@@ -73,6 +73,10 @@ pub struct DecisionRecord {
     /// `trim` mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trimmed_turns: Option<u64>,
+    /// The model the request asked for, when a rule's `degrade` sent it to a cheaper one (the
+    /// facts name the model it went to).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub degraded_from: Option<String>,
     /// Counting stopped once the input passed every input limit that could apply: `input_tokens`
     /// is a lower bound (the limit plus one), not the whole count.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -278,6 +282,7 @@ impl DecisionRecord {
             reported_output_tokens: None,
             end_attempts: None,
             trimmed_turns: None,
+            degraded_from: None,
             input_lower_bound: false,
             shadow: None,
             facts: None,

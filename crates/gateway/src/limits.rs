@@ -75,7 +75,7 @@ async fn answer(
     let class = classes.of(key.class.as_deref(), Some(&key.tenant));
     let mut out = Vec::new();
     for rule in cfg.policy.scopes.iter().filter(|r| !r.shadow) {
-        let Some(scope) = applies(rule, &identity) else {
+        let Some(scope) = rule.key_of(&identity) else {
             continue;
         };
         let at = Row {
@@ -89,18 +89,6 @@ async fn answer(
         json!({"object": "limits", "key": key.key_id, "tenant": key.tenant, "class": class,
         "policy_version": &*cfg.policy.version, "limits": out}),
     )
-}
-
-/// The key of `rule`'s scope for `identity`, when the rule applies to it.
-fn applies(rule: &ScopeRule, identity: &Identity) -> Option<ScopeKey> {
-    if rule
-        .matches
-        .iter()
-        .any(|(d, v)| identity.get(*d) != Some(v.as_str()))
-    {
-        return None;
-    }
-    ScopeKey::derive_in(&rule.name, &rule.dims, identity, rule.ip_prefix)
 }
 
 /// Counts this call in the request-rate scopes (a refusal is the answer); what each then has

@@ -210,6 +210,38 @@ async fn tokenizers_are_configured_per_model_with_field_errors() {
     assert_eq!(c.counter.counting_for("other").name(), "estimate");
 }
 
+/// A rule's degrade is checked at load: the model degraded to is served, priced where money is
+/// limited, and counts tokens as the model it replaces.
+#[test]
+fn degrades_are_checked_against_the_upstreams_prices_and_tokenizers() {
+    let with = |models: &str, extra: &str, to: &str| {
+        format!(
+            "[[upstreams]]\nname = \"s\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [{models}]\n\
+             {extra}[[policy.scopes]]\nkey = \"tenant\"\n\
+             budget = {{ tokens = 1000, period = \"day\" }}\n\
+             degrade = {{ at = \"80%\", models = {{ \"gpt-4o\" = \"{to}\" }} }}\n"
+        )
+    };
+    let path = "policy.scopes[0].degrade.models.gpt-4o";
+    let e = GatewayConfig::from_toml(&with("\"gpt-4o\"", "", "gpt-4o-mini")).unwrap_err();
+    assert_eq!(e.path, path, "{e}");
+    assert!(e.to_string().contains("served by no upstream"), "{e}");
+    let both = "\"gpt-4o\", \"gpt-4o-mini\"";
+    let e = GatewayConfig::from_toml(&with(
+        both,
+        "[tokenizers]\n\"gpt-4o-mini\" = \"cl100k_base\"\n",
+        "gpt-4o-mini",
+    ))
+    .unwrap_err();
+    assert_eq!(e.path, path, "{e}");
+    assert!(
+        e.to_string().contains("counts tokens with o200k_base"),
+        "{e}"
+    );
+    let c = GatewayConfig::from_toml(&with(both, "", "gpt-4o-mini")).unwrap();
+    assert!(c.policy.scopes[0].degrade.is_some());
+}
+
 #[test]
 fn store_shards_and_retention_are_checked_and_passed_on() {
     let base = "[[upstreams]]\nname = \"s\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n";

@@ -18,6 +18,7 @@
 
 pub mod budget;
 pub mod concurrency;
+pub mod degrade;
 pub mod loops;
 pub mod rate;
 pub mod request_cost;
@@ -67,11 +68,13 @@ pub struct RawRules {
     pub tool_calls: Option<RawToolCalls>,
     /// `loops = { max_identical, window }`
     pub loops: Option<RawLoops>,
+    /// `degrade = { at, models }`
+    pub degrade: Option<degrade::RawDegrade>,
 }
 
 impl RawRules {
     /// The keys the controls are written under, in the controls' order.
-    pub const KEYS: [&'static str; 10] = [
+    pub const KEYS: [&'static str; 11] = [
         "requests",
         "input_tokens",
         "output_tokens",
@@ -82,6 +85,7 @@ impl RawRules {
         "budget",
         "tool_calls",
         "loops",
+        "degrade",
     ];
 
     /// Reads the value under `key` from `map` when a control is written under that key; false
@@ -102,6 +106,7 @@ impl RawRules {
             "budget" => self.budget = Some(map.next_value()?),
             "tool_calls" => self.tool_calls = Some(map.next_value()?),
             "loops" => self.loops = Some(map.next_value()?),
+            "degrade" => self.degrade = Some(map.next_value()?),
             _ => return Ok(false),
         }
         Ok(true)
@@ -135,6 +140,8 @@ pub struct Rules {
     pub tool_calls: Option<BudgetLimit>,
     /// Loop detection.
     pub loops: Option<LoopLimit>,
+    /// Models sent to cheaper ones past a share of the budget (the gateway's step, no check).
+    pub degrade: Option<degrade::Degrade>,
 }
 
 impl Rules {
@@ -160,6 +167,7 @@ impl Rules {
             request_cost: request_cost::rule(raw.request_cost, path, prices)?,
             concurrency,
             reserve: reserve::rule(raw.reserve, concurrency.is_some(), classes, path)?,
+            degrade: degrade::rule(raw.degrade, raw.budget.is_some(), path)?,
             budget: budget::rule(raw.budget, path, prices)?,
             tool_calls: tool_calls::rule(raw.tool_calls, path)?,
             loops: loops::rule(raw.loops, path)?,

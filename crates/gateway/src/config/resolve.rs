@@ -79,6 +79,26 @@ pub(super) fn resolve(checked: Checked) -> Result<GatewayConfig, ConfigError> {
         };
         config.counter = config.counter.with_model(model, counting);
     }
+    // A degraded request's input was counted for the model it asked for.
+    for (i, rule) in config.policy.scopes.iter().enumerate() {
+        for (from, to) in rule.degrade.iter().flat_map(|d| &d.models) {
+            let (a, b) = (
+                config.counter.counting_for(from),
+                config.counter.counting_for(to),
+            );
+            if a.name() != b.name() {
+                return Err(err(
+                    format!("policy.scopes[{i}].degrade.models.{from}"),
+                    format!(
+                        "{from:?} counts tokens with {} and {to:?} with {}: a request's input \
+                         is counted once, for the model it asks for",
+                        a.name(),
+                        b.name()
+                    ),
+                ));
+            }
+        }
+    }
     if let Some(a) = admin {
         let read = |source: &TokenSource, field: &str| match source {
             TokenSource::Env(var) => env(var, &format!("{field}.token_env")),

@@ -352,7 +352,32 @@ fn upstreams(
             free_fields: u.free_fields,
         });
     }
+    degrades(policy, &models, money)?;
     Ok((upstreams, models))
+}
+
+/// Each model a rule degrades to is served, and priced where money is limited.
+fn degrades(
+    policy: &Policy,
+    models: &BTreeMap<String, usize>,
+    money: bool,
+) -> Result<(), ConfigError> {
+    for (i, rule) in policy.scopes.iter().enumerate() {
+        let Some(d) = &rule.degrade else { continue };
+        for (from, to) in &d.models {
+            let field = format!("policy.scopes[{i}].degrade.models.{from}");
+            if !models.contains_key(to) {
+                return Err(err(field, format!("model {to:?} is served by no upstream")));
+            }
+            if money && !policy.prices.contains_key(to) {
+                return Err(err(
+                    field,
+                    format!("model {to:?} has no price, and the policy has a money limit"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn queue(q: &RawQueue) -> Result<QueueConfig, ConfigError> {

@@ -37,6 +37,8 @@ pub(crate) struct Counted {
     pub trimmed: Option<u64>,
     /// Counting stopped past every input limit that could apply: the input is a lower bound.
     pub input_bounded: bool,
+    /// The model asked for, when the degrade step sent the request to another.
+    pub degraded_from: Option<String>,
 }
 
 /// Counts the request of `intake`, whose id is `id`.
@@ -153,6 +155,7 @@ pub(crate) async fn count(
         allowances: [kept_context, tool_input, remote_input],
         input_bounded: count.over_limit && trimmed.is_none(),
         trimmed,
+        degraded_from: None,
     })
 }
 

@@ -11,6 +11,7 @@
 
 pub(crate) mod admit;
 pub(crate) mod count;
+mod degrade;
 pub(crate) mod early;
 pub(crate) mod forward;
 pub(crate) mod idempotent;
@@ -92,7 +93,8 @@ async fn steps(
     let intake = intake::intake(&cfg, &gw.keys, dialect, req).await?;
     // A large body's rates first: a refused client costs no count.
     let early = early::early_rate(gw, &cfg, &intake, id).await?;
-    let counted = count::count(gw, &cfg, dialect, &intake, id).await?;
+    let mut counted = count::count(gw, &cfg, dialect, &intake, id).await?;
+    counted.degraded_from = degrade::degrade(gw, &cfg, &intake.key, &mut counted).await;
     // Claimed before admission, so that a retry is never admitted again; let go of when the
     // request is refused or fails on its way (the claim is dropped).
     let path = dialect.path();
@@ -101,11 +103,14 @@ async fn steps(
         idempotent::Keyed::Replay(r) => return Ok(r),
     };
     let admission = admit_counted(gw, &cfg, dialect, &intake.key, &counted, &early).await?;
-    let trimmed = counted.trimmed;
+    let (trimmed, degraded) = (counted.trimmed, counted.degraded_from.clone());
     let mut f = forward::prepare(gw, &cfg, dialect, &intake, counted, admission).await?;
     f.answer.claim = claim;
     if let Some(turns) = trimmed {
         respond::trimmed(&mut f.answer.headers, turns);
+    }
+    if let Some(v) = degraded.and_then(|m| HeaderValue::from_str(&m).ok()) {
+        f.answer.headers.insert("x-tollgate-degraded-from", v);
     }
     // From here the request runs in a task of its own, so that a client who leaves does not
     // cut it off half way: a non-streamed request goes on until the upstream answers (within
@@ -194,6 +199,7 @@ async fn admit_counted(
         let mut r = DecisionRecord::new(now_ms, &p, d);
         r.decision_us = Some(decision_us);
         r.trimmed_turns = counted.trimmed;
+        r.degraded_from.clone_from(&counted.degraded_from);
         r.input_lower_bound = counted.input_bounded;
         r.shadow = shadowed.refusal();
         r.facts = facts;
