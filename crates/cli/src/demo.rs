@@ -73,6 +73,8 @@ input_tokens = 4000
 output_tokens = {{ max = 256, mode = "clamp", default = 64 }}
 request_cost = "$0.003"
 concurrency = {{ limit = 3, lease_ttl = "1m" }}
+budget = {{ micro_usd = 10000, period = "day" }}
+degrade = {{ at = "1%", models = {{ "gpt-4o" = "gpt-4o-mini" }} }}
 
 [[policy.scopes]]
 name = "per-model"
@@ -117,6 +119,7 @@ pub fn banner(addr: SocketAddr, upstream: &str, (admin, token): (SocketAddr, &st
   API key:   {DEMO_KEY}   (class standard; {VIP_KEY} is of class critical)
   limits:    5 requests/min and 3 at once per key; 4 at once per model, 2 of them kept for
              class critical; output clamped to 256; one request at most $0.003;
+             $0.01/day per key, gpt-4o going to gpt-4o-mini past 1% of it;
              300 tokens/day per tenant
   admin:     http://{admin}   (token: {token})
   status:    http://{admin}/admin/ui   (a browser asks: any user name, the token as password)
@@ -144,7 +147,9 @@ Try:
   curl -s http://{addr}/v1/chat/completions -H 'authorization: Bearer {DEMO_KEY}' \
     -H 'content-type: application/json' \
     -d '{{"model":"gpt-4o","max_tokens":256,"messages":[{{"role":"user","content":"Hello!"}}]}}'
-  Add -i to see the RateLimit and x-ratelimit-* headers.
+  Add -i to see the RateLimit and x-ratelimit-* headers. From the second, gpt-4o's answers come
+  from gpt-4o-mini, charged at its price, with x-tollgate-degraded-from: gpt-4o: past 1% of
+  its $0.01 a day, the key's gpt-4o requests are degraded to the cheaper model.
 
   Priority classes: what each key may use (a call counts in its key's rate). The demo key may
   hold 2 of gpt-4o's 4 slots (a third request in flight waits up to 5 s in the queue, then

@@ -103,10 +103,20 @@ fn the_demo_does_what_its_banner_says() {
     );
     let mine = exchange(&gateway, "GET", "/v1/limits?model=gpt-4o", auth, "");
     assert!(mine.contains(r#""kept_for_higher_classes":2"#), "{mine}");
-    let codes: Vec<String> = (0..3)
-        .map(|_| exchange(&gateway, "POST", "/v1/chat/completions", auth, body)[9..12].to_owned())
+    let answers: Vec<String> = (0..3)
+        .map(|_| exchange(&gateway, "POST", "/v1/chat/completions", auth, body))
         .collect();
+    let codes: Vec<&str> = answers.iter().map(|a| &a[9..12]).collect();
     assert_eq!(codes, ["200", "200", "429"]);
+    // The second went past 1% of the key's money: degraded, as the banner says.
+    let degraded = |a: &str| {
+        a.to_ascii_lowercase()
+            .contains("x-tollgate-degraded-from: gpt-4o")
+    };
+    assert!(
+        !degraded(&answers[0]) && degraded(&answers[1]),
+        "{answers:?}"
+    );
     let refused = exchange(&gateway, "POST", "/v1/chat/completions", auth, body);
     assert!(refused.contains("budget_limit"), "{refused}");
     assert!(
