@@ -41,6 +41,14 @@ pub(crate) struct Hold {
 /// How long the provider's answer says no request of its model (or none larger than what is
 /// left) would be admitted, with why; `None` when it leaves room.
 pub(crate) fn hold(status: StatusCode, h: &HeaderMap, now: SystemTime) -> Option<Hold> {
+    // Read on every answer: most tell no limit, which one pass over the names finds.
+    let told = h.keys().any(|k| {
+        let k = k.as_str();
+        k.starts_with("x-ratelimit-") || k.starts_with("anthropic-ratelimit-")
+    });
+    if !told && status != StatusCode::TOO_MANY_REQUESTS {
+        return None;
+    }
     let (ms, over, why) = if status == StatusCode::TOO_MANY_REQUESTS {
         let wait = retry_after(h, now)
             .or_else(|| exhausted(h, now).map(|(ms, _)| ms))
@@ -98,21 +106,60 @@ fn retry_after(h: &HeaderMap, now: SystemTime) -> Option<u64> {
     }
 }
 
+/// OpenAI's limits an answer tells: each kind's header of what is left, and of its reset.
+const OPENAI: [(&str, &str, &str); 2] = [
+    (
+        "requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    ),
+    (
+        "tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+    ),
+];
+
+/// Anthropic's, likewise.
+const ANTHROPIC: [(&str, &str, &str); 4] = [
+    (
+        "requests",
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-requests-reset",
+    ),
+    (
+        "tokens",
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-tokens-reset",
+    ),
+    (
+        "input-tokens",
+        "anthropic-ratelimit-input-tokens-remaining",
+        "anthropic-ratelimit-input-tokens-reset",
+    ),
+    (
+        "output-tokens",
+        "anthropic-ratelimit-output-tokens-remaining",
+        "anthropic-ratelimit-output-tokens-reset",
+    ),
+];
+
 /// The longest wait among the limits an answer says are used up (0 left), with the limit's
-/// name.
+/// name. Every answer is read, so the header names are constants and nothing is allocated
+/// unless a limit is used up.
 fn exhausted(h: &HeaderMap, now: SystemTime) -> Option<(u64, String)> {
     let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     let mut found: Option<(u64, String)> = None;
-    for kind in ["requests", "tokens"] {
-        if text(&format!("x-ratelimit-remaining-{kind}")) == Some("0") {
-            if let Some(ms) = text(&format!("x-ratelimit-reset-{kind}")).and_then(duration_ms) {
+    for (kind, left, reset) in OPENAI {
+        if text(left) == Some("0") {
+            if let Some(ms) = text(reset).and_then(duration_ms) {
                 found = longer(found, ms, kind);
             }
         }
     }
-    for kind in ["requests", "tokens", "input-tokens", "output-tokens"] {
-        if text(&format!("anthropic-ratelimit-{kind}-remaining")) == Some("0") {
-            let reset = text(&format!("anthropic-ratelimit-{kind}-reset"))
+    for (kind, left, reset) in ANTHROPIC {
+        if text(left) == Some("0") {
+            let reset = text(reset)
                 .and_then(|v| humantime::parse_rfc3339_weak(v).ok())
                 .and_then(|at| until(at, now));
             if let Some(ms) = reset {
