@@ -7,7 +7,7 @@
 #   TOLLGATE_BENCH_SHADOW=1 bench/load.sh ...      (adds the six controls with a shadow rule and
 #   alerts configured, on each store and on Redis with slices, each compared with the same
 #   store's run without them)
-#   TOLLGATE_BENCH_AGAINST=DIR bench/load.sh ...   (adds the memory, Redis and sliced targets
+#   TOLLGATE_BENCH_AGAINST=DIR bench/load.sh ...   (adds the pass-through, memory, Redis and sliced targets
 #   served by the `tollgate` binary in DIR, an earlier build, e.g. that of a worktree at another
 #   commit: `git worktree add /tmp/before REV && (cd /tmp/before && cargo build --release -p
 #   tollgate)`, then DIR=/tmp/before/target/release; each under its own Redis prefix, so that
@@ -51,6 +51,7 @@ if [ "${TOLLGATE_BENCH_SHADOW:-0}" = 1 ]; then
   TARGETS+=("shadow $SHM" "shadow-redis $SHR" "shadow-sliced $SHS")
 fi
 if [ -n "${TOLLGATE_BENCH_AGAINST:-}" ]; then
+  BEFORE_PASS=$(BIN="$TOLLGATE_BENCH_AGAINST" gateway before-pass "" "")
   BEFORE_MEM=$(BIN="$TOLLGATE_BENCH_AGAINST" gateway before-memory "" "$ALL_SIX")
   # One call per request: slices turned off, in a build that has them on by default (an
   # earlier build without the setting has them off unless [store.slices] is given).
@@ -61,7 +62,7 @@ if [ -n "${TOLLGATE_BENCH_AGAINST:-}" ]; then
   fi
   BEFORE_RED=$(BIN="$TOLLGATE_BENCH_AGAINST" gateway before-redis "$BEFORE_STORE" "$ALL_SIX")
   BEFORE_SLI=$(BIN="$TOLLGATE_BENCH_AGAINST" gateway before-sliced "$(sliced_store_toml "$REDIS" before-sliced)" "$ALL_SIX")
-  TARGETS+=("before-memory $BEFORE_MEM" "before-redis $BEFORE_RED" "before-sliced $BEFORE_SLI")
+  TARGETS+=("before-pass $BEFORE_PASS" "before-memory $BEFORE_MEM" "before-redis $BEFORE_RED" "before-sliced $BEFORE_SLI")
 fi
 if [ "${TOLLGATE_BENCH_LEDGER:-0}" = 1 ]; then
   start_postgres
@@ -139,6 +140,7 @@ names = [("direct", "simulator direct"), ("pass", "gateway, controls off (pass-t
          ("shadow-redis", "gateway, six controls, a shadow rule and alerts, Redis store"),
          ("shadow-sliced", "gateway, six controls, a shadow rule and alerts, Redis store with leased slices"),
          ("ledger-redis", "gateway, six controls, Redis store, spend ledger in PostgreSQL"),
+         ("before-pass", "the build compared with: controls off (pass-through)"),
          ("before-memory", "the build compared with: six controls, memory store"),
          ("before-redis", "the build compared with: six controls, Redis store"),
          ("before-sliced", "the build compared with: six controls, Redis store with leased slices")]
@@ -156,7 +158,7 @@ for t, label in names:
 # A ratio to pass-through means something only when pass-through itself had the cores busy:
 # with cores left idle, work the controls add runs on them instead of costing throughput.
 # The same targets of the build compared with, round by round: this build's req/s over its.
-pairs = [(t, "before-" + ("sliced" if t == "redis-sliced" else t)) for t in ("memory", "redis", "redis-sliced")]
+pairs = [(t, "before-" + ("sliced" if t == "redis-sliced" else t)) for t in ("pass", "memory", "redis", "redis-sliced")]
 pairs = [(t, b) for t, b in pairs if t in by and b in by]
 if pairs:
     print("\n| target | this build / the build compared with (median of rounds) | per round |")
@@ -164,6 +166,14 @@ if pairs:
     for t, b in pairs:
         q = [rps[t][r] / rps[b][r] for r in rps[t] if r in rps[b]]
         print(f"| {t} | {statistics.median(q):.3f}x | {' '.join(f'{x:.2f}' for x in q)} |")
+    # Each build's controls against its own pass-through: what the controls cost in each.
+    if "before-pass" in rps:
+        print("\n| target | this build's ratio to its pass-through | the compared build's to its own |")
+        print("|---|---|---|")
+        for t, b in pairs[1:] if pairs[0][0] == "pass" else pairs:
+            mine = statistics.median(rps[t][r] / rps["pass"][r] for r in rps[t])
+            theirs = statistics.median(rps[b][r] / rps["before-pass"][r] for r in rps[b] if r in rps["before-pass"])
+            print(f"| {t} | {mine:.3f}x | {theirs:.3f}x |")
 pass_idle = statistics.median(idle["pass"])
 print(f"\npass-through left {100 * pass_idle:.0f}% of the cores idle: " +
       ("saturated, the ratios are what the controls cost at saturation" if pass_idle < 0.05 else
