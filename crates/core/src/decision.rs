@@ -291,6 +291,12 @@ const HOLD_FOR: &str = "hold-for ";
 const OVER: &str = "over ";
 
 impl Killed {
+    /// For a hold, the ms from `now` (the gateway's clock) to its end, at least 1; `None` for
+    /// an operator's switch.
+    pub fn wait_ms(&self, now: crate::clock::Millis) -> Option<u64> {
+        self.until.map(|until| until.saturating_sub(now).max(1))
+    }
+
     /// The value to set for a hold of `for_ms` from when the store receives it, of every
     /// request, or only of those of more than `over` tokens.
     pub fn hold_for(for_ms: u64, over: Option<u64>, reason: &str) -> String {

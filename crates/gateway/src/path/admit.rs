@@ -426,15 +426,10 @@ const UNANSWERED_RELEASE_WINDOW: Duration = Duration::from_secs(30);
 
 /// How long until the provider's hold that refused `d` ends, when one did.
 fn hold_wait(d: &Decision) -> Option<Duration> {
-    use tollgate_core::Clock;
     match d {
-        Decision::Killed(Killed {
-            until: Some(until), ..
-        }) => Some(Duration::from_millis(
-            until
-                .saturating_sub(tollgate_core::SystemClock.now())
-                .max(1),
-        )),
+        Decision::Killed(k) => k
+            .wait_ms(tollgate_core::Clock::now(&tollgate_core::SystemClock))
+            .map(Duration::from_millis),
         _ => None,
     }
 }

@@ -484,8 +484,8 @@ pub fn ledger_failed(detail: &str) -> ApiError {
 /// A request stopped by the kill switch: 503, with the operator's reason; not retryable until
 /// an operator lifts it.
 pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
-    if let Some(until) = k.until {
-        return provider_held(k, until);
+    if let Some(wait) = k.wait_ms(tollgate_core::Clock::now(&tollgate_core::SystemClock)) {
+        return provider_held(k, wait);
     }
     let mut e = ApiError::new(
         Class::Refused(Refusal::Killed),
@@ -499,14 +499,10 @@ pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
     e
 }
 
-/// A request for a model whose provider said its rate limit is reached until `until`: 429
+/// A request for a model whose provider said its rate limit is reached for `wait` ms more: 429
 /// `upstream_rate_limited` with the wait the provider gave, sent before the provider is asked
 /// again (so that the gateway never retries into the limit, and neither do its clients).
-fn provider_held(k: &tollgate_core::decision::Killed, until: u64) -> ApiError {
-    use tollgate_core::Clock;
-    let wait = until
-        .saturating_sub(tollgate_core::SystemClock.now())
-        .max(1);
+fn provider_held(k: &tollgate_core::decision::Killed, wait: u64) -> ApiError {
     let model = k.target.strip_prefix("provider:").unwrap_or(&k.target);
     let mut e = ApiError::new(
         Class::Refused(Refusal::Limit),
