@@ -34,7 +34,7 @@ impl Strs {
 
     /// Appends the key `{prefix}:{kind}:{id}`.
     pub fn push_key(&mut self, prefix: &str, kind: &str, id: &str) {
-        let mut k = String::new();
+        let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 2);
         crate::encode::write_key(&mut k, prefix, kind, id);
         self.items.push(k);
     }

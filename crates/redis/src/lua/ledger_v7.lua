@@ -268,7 +268,7 @@ local function take_budgets(A, ab, n, bud, now, ttl, retention, v, nv, shadow)
     -- period starts, and again only for a reservation that outlives the period.
     if cur ~= field or ttl > pend - now then
       local keep = math.max(pend - now, ttl) + retention
-      if num(A[b + @budget.carry]) > 0 then
+      if A[b + @budget.carry] ~= '0' then
         -- Through the next period too, which finds its carry in this one.
         local _, start, stop = period_at(A[b + @budget.period_len], now)
         keep = keep + stop - start
@@ -374,7 +374,7 @@ end
 -- (in the same A) found, {start, lease places, n_lease, budget places, n_budget, its checks'
 -- table}, to take into this ticket as well when this admission passes.
 local function admit_one(A, a, now, kills, probe, shadow, known)
-  local id, ttl, retention, a0, n_check, n_kill, size
+  local id, ttl, retention, a0, n_check, n_kill
   if probe == 'shadow' then
     -- A shadow plan's header (admit_shadowed): its checks' number, nothing for a ticket.
     n_check, n_kill, a = num(A[a + @shadow.n_check]), 0, a + @shadow#
@@ -384,7 +384,7 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
     -- Price and expired usage only go into the ticket: kept as the strings they came in, and
     -- read where they are (no table of their own).
     a0 = a
-    n_kill, size = num(A[a + @admit.n_kill]), num(A[a + @admit.size])
+    n_kill = num(A[a + @admit.n_kill])
     a = a + @admit#
   end
   -- The kill switch comes before anything is counted.
@@ -396,7 +396,10 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
       -- <n> tokens when its reason starts 'over <n> '.
       local ends = tonumber(string.match(reason, '^hold (%d+) '))
       local over = tonumber(string.match(reason, '^hold %d+ over (%d+) '))
-      if ends == nil or now >= ends or (over and size <= over) then reason = nil end
+      -- The request's size is read only here: few admissions meet a hold.
+      if ends == nil or now >= ends or (over and num(A[a0 + @admit.size]) <= over) then
+        reason = nil
+      end
     end
     if reason then
       local r = {}
@@ -537,6 +540,13 @@ local function undo_one(A, a)
   return {'undone'}
 end
 
+-- A count from its ARGV string: most settlements have no cached input, cache writes or tool
+-- calls, and '0' is known without a conversion (see num).
+local function count_arg(s)
+  if s == '0' then return 0 end
+  return 0 + s
+end
+
 -- One settlement or release. Idempotent: a second call answers how the request ended.
 --
 -- A[a], ...: the `finish` layout of crates/redis/src/contract.rs (ending settled|released;
@@ -556,11 +566,9 @@ local function finish_one(A, a, now)
   local out = {}
   out[@done.kind + 1] = 'done'
   if A[a + @finish.has_usage] == '1' then
-    -- Most settlements make no tool call: '0' is known without a conversion (see num).
-    local calls = 0
-    if A[a + @finish.tool_calls] ~= '0' then calls = 0 + A[a + @finish.tool_calls] end
-    end_ticket(id, v, now, out, 0 + A[a + @finish.input], 0 + A[a + @finish.cached],
-      0 + A[a + @finish.output], 0 + A[a + @finish.write_5m], 0 + A[a + @finish.write_1h], calls)
+    end_ticket(id, v, now, out, 0 + A[a + @finish.input], count_arg(A[a + @finish.cached]),
+      0 + A[a + @finish.output], count_arg(A[a + @finish.write_5m]),
+      count_arg(A[a + @finish.write_1h]), count_arg(A[a + @finish.tool_calls]))
   else
     end_ticket(id, v, now, out)
   end
