@@ -9,6 +9,8 @@
 #   and alerts configured on each store, each compared with the same store without them)
 #   TOLLGATE_BENCH_LEDGER=1 bench/gateway-cost.sh ...   (adds Redis with the spend ledger on a
 #   PostgreSQL of its own, compared with Redis without it: the gateway's part of the ledger)
+#   TOLLGATE_BENCH_AGAINST=DIR bench/gateway-cost.sh ... (counts the pass-through, memory, Redis
+#   and sliced setups of the `tollgate` binary in DIR as well, an earlier build: see load.sh)
 #
 # Each gateway runs under callgrind; wrk sends the load bench's request (bench/post.lua) over
 # CONNECTIONS connections for DURATION seconds after a warm-up, and the count covers exactly that
@@ -82,6 +84,19 @@ if [ "${TOLLGATE_BENCH_SHADOW:-0}" = 1 ]; then
          "shadow-redis|gateway, six controls, a shadow rule and alerts, Redis store|$(count shadow-redis "$(redis_store_toml "$REDIS")" "$WITH_SHADOW")"
          "shadow-sliced|gateway, six controls, a shadow rule and alerts, Redis store with leased slices|$(count shadow-sliced "$(sliced_store_toml "$REDIS")" "$WITH_SHADOW")")
 fi
+if [ -n "${TOLLGATE_BENCH_AGAINST:-}" ]; then
+  # As in load.sh: one call per request is slices turned off, in a build that has the setting.
+  before_store=$(printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\nprefix = "before"\n' "$REDIS")
+  printf '%s\n[store.slices]\nenabled = false\n' "$before_store" > "$tmp/before-slices-off.toml"
+  if "$TOLLGATE_BENCH_AGAINST/tollgate" check --config "$tmp/before-slices-off.toml" >/dev/null 2>&1; then
+    before_store=$(cat "$tmp/before-slices-off.toml")
+  fi
+  before() { BIN="$TOLLGATE_BENCH_AGAINST" count "$@"; }
+  rows+=("before-pass|the build compared with: controls off (pass-through)|$(before before-pass "" "")"
+         "before-memory|the build compared with: six controls, memory store|$(before before-memory "" "$ALL_SIX")"
+         "before-redis|the build compared with: six controls, Redis store|$(before before-redis "$before_store" "$ALL_SIX")"
+         "before-sliced|the build compared with: six controls, Redis store with leased slices|$(before before-sliced "$(sliced_store_toml "$REDIS" before-sliced)" "$ALL_SIX")")
+fi
 if [ "${TOLLGATE_BENCH_LEDGER:-0}" = 1 ]; then
   start_postgres
   rows+=("ledger-redis|gateway, six controls, Redis store, spend ledger in PostgreSQL|$(count ledger-redis "$(redis_store_toml "$REDIS")
@@ -98,6 +113,16 @@ for row in "${rows[@]}"; do
   per[$name]=$i
   echo "| $label | $n | $i | +$((i - pi)) | $(python3 -c "print(f'{$pi / $i:.3f}')") |"
 done
+# The earlier build's setups over its own pass-through, beside this build's.
+if [ -n "${per[before-pass]:-}" ]; then
+  echo
+  echo "| setup | pass-through / setup, this build | the build compared with |"
+  echo "|---|---|---|"
+  for name in memory redis redis-sliced; do
+    b=before-$name; [ "$name" = redis-sliced ] && b=before-sliced
+    echo "| $name | $(python3 -c "print(f'{$pi / ${per[$name]}:.3f}')") | $(python3 -c "print(f'{${per[before-pass]} / ${per[$b]}:.3f}')") |"
+  done
+fi
 # What a shadow rule and alerts, or the ledger, add to the same store's request, in the gateway.
 for pair in "shadow memory" "shadow-redis redis" "shadow-sliced redis-sliced" "ledger-redis redis"; do
   set -- $pair
