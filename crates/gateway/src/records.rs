@@ -84,7 +84,7 @@ pub fn digest(key: Option<&[u8]>, value: &str) -> String {
             h.finalize().to_vec()
         }
     };
-    bytes.iter().take(16).map(|b| format!("{b:02x}")).collect()
+    crate::config::hex(bytes.get(..16).unwrap_or(&bytes))
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ impl FormToken {
     pub(crate) fn of(admin_token: &str) -> Self {
         use sha2::Digest;
         let d = sha2::Sha256::digest(format!("tollgate-admin-form\0{admin_token}").as_bytes());
-        Self(d.iter().map(|b| format!("{b:02x}")).collect())
+        Self(crate::config::hex(&d))
     }
 
     fn matches(&self, given: &str) -> bool {

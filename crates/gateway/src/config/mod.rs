@@ -349,14 +349,17 @@ pub struct QueueConfig {
 pub fn hash_key(key: &str) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(key.as_bytes());
-    // Every request's key is hashed: written digit by digit, not with a `format!` per byte.
+    format!("sha256:{}", hex(&digest))
+}
+
+/// Bytes in lowercase hex. Digests of keys and record fields are written on every request:
+/// digit by digit, not with a `format!` per byte.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(71);
-    s.push_str("sha256:");
-    for b in digest.iter() {
-        for nibble in [b >> 4, b & 15] {
-            s.push(char::from(HEX[usize::from(nibble)]));
-        }
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(HEX[usize::from(b >> 4)]));
+        s.push(char::from(HEX[usize::from(b & 0xf)]));
     }
     s
 }

@@ -13,7 +13,7 @@ pub use record::{Issued, NewKey, Rotation};
 use tollgate_ledger::Kept;
 use tollgate_redis::RecordSet;
 
-use crate::config::{KeyConfig, hash_key};
+use crate::config::{KeyConfig, hash_key, hex};
 use crate::gateway::Gateway;
 
 /// How often an instance reads the store's issued keys: the bound within which a key created,
@@ -430,15 +430,6 @@ fn secret() -> Result<String, KeyError> {
 /// The digest a secret is kept and looked up by (the configuration's hex, without `sha256:`).
 pub fn digest(secret: &str) -> String {
     hash_key(secret).trim_start_matches("sha256:").to_owned()
-}
-
-fn hex(b: &[u8]) -> String {
-    use std::fmt::Write as _;
-    b.iter()
-        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
-            let _ = write!(s, "{x:02x}");
-            s
-        })
 }
 
 pub(crate) fn now_ms() -> u64 {

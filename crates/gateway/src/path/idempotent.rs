@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use tollgate_core::{KeyClaim, KeyUse, Store};
 
 use super::intake::Intake;
-use crate::config::IdempotencyConfig;
+use crate::config::{IdempotencyConfig, hex};
 use crate::respond::{self, ApiError};
 use crate::store::AnyStore;
 
@@ -175,14 +175,4 @@ impl Drop for Claim {
 
 fn millis(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(char::from(HEX[usize::from(b >> 4)]));
-        s.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    s
 }
