@@ -46,16 +46,16 @@ pub(crate) fn num(n: impl itoa::Integer) -> String {
 /// [`Strs`]; those are pushed by [`Strs::push_key`]).
 pub(crate) fn key(prefix: &str, kind: &str, id: &str) -> String {
     let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 2);
-    write_key(&mut k, prefix, kind, id);
+    for part in key_parts(prefix, kind, id) {
+        k.push_str(part);
+    }
     k
 }
 
-/// Appends `{prefix}:{kind}:{id}` to `to`: every per-request and per-scope key
-/// (`docs/redis.md` lists the kinds) is written here.
-pub(crate) fn write_key(to: &mut String, prefix: &str, kind: &str, id: &str) {
-    for part in [prefix, ":", kind, ":", id] {
-        to.push_str(part);
-    }
+/// The parts of `{prefix}:{kind}:{id}`, in order: every per-request and per-scope key
+/// (`docs/redis.md` lists the kinds) is made of these.
+pub(crate) fn key_parts<'a>(prefix: &'a str, kind: &'a str, id: &'a str) -> [&'a str; 5] {
+    [prefix, ":", kind, ":", id]
 }
 
 fn strs(items: usize) -> Strs {

@@ -3,10 +3,12 @@
 
 use std::fmt;
 
-/// The strings, in order, one `String` each.
+use compact_str::CompactString;
+
+/// The strings, in order. Most are numbers, flags or short keys, kept inline.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Strs {
-    items: Vec<String>,
+    items: Vec<CompactString>,
 }
 
 impl Strs {
@@ -19,7 +21,7 @@ impl Strs {
 
     /// Appends `s`.
     pub fn push(&mut self, s: &str) {
-        self.items.push(s.to_owned());
+        self.items.push(CompactString::new(s));
     }
 
     /// Appends a number.
@@ -34,9 +36,10 @@ impl Strs {
 
     /// Appends the key `{prefix}:{kind}:{id}`.
     pub fn push_key(&mut self, prefix: &str, kind: &str, id: &str) {
-        let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 2);
-        crate::encode::write_key(&mut k, prefix, kind, id);
-        self.items.push(k);
+        // Made as a `String`, whose buffer a long key keeps (pushing parts into a
+        // `CompactString` on the heap costs more).
+        self.items
+            .push(CompactString::from(crate::encode::key(prefix, kind, id)));
     }
 
     /// How many strings.
@@ -51,12 +54,12 @@ impl Strs {
 
     /// The `i`-th string.
     pub fn get(&self, i: usize) -> Option<&str> {
-        self.items.get(i).map(String::as_str)
+        self.items.get(i).map(CompactString::as_str)
     }
 
     /// The strings, in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
-        self.items.iter().map(String::as_str)
+        self.items.iter().map(CompactString::as_str)
     }
 
     /// The strings, borrowed, in a vector (tests and callers that slice them).

@@ -328,7 +328,8 @@ pub struct Inputs<'a> {
 /// order. A new control adds its checks here, at its place.
 pub fn checks(x: Inputs<'_>) -> Result<Vec<Check>, PlanError> {
     let rules = x.rules.iter().copied();
-    let mut out = Vec::with_capacity(2 * x.rules.len());
+    // Room for a rule's rate, lease and reservation, and two verdicts, without growing.
+    let mut out = Vec::with_capacity(3 * x.rules.len() + 2);
     let mut add = |reason: Reason, kind: Kind| out.push(Check { reason, kind });
     for (r, k) in rules.clone() {
         if let Some(c) = rate::plan(r, k) {

@@ -69,6 +69,6 @@ flush()
 if longest > 0 then
   -- Garbage collection for abandoned prefixes only: any call on the prefix sweeps expired
   -- tickets long before this runs out.
-  redis.call('PEXPIRE', PREFIX .. ':x', math.max(longest + tonumber(ARGV[3]), 604800000))
+  redis.call('PEXPIRE', PREFIX .. ':x', math.max(longest + ARGV[3], 604800000))
 end
 return out

@@ -18,7 +18,8 @@ local function period_of(arg, now)
     if now >= b[3] then return b[3], b[3], b[4] end
     return b[2], b[2], b[3]
   end
-  local len = tonumber(arg)
+  -- By arithmetic, not tonumber (see num in common_v7.lua).
+  local len = 0 + arg
   if len > 0 then
     id = math.floor(now / len)
     start, stop = id * len, (id + 1) * len
