@@ -42,8 +42,7 @@ pub(crate) fn num(n: impl itoa::Integer) -> String {
     itoa::Buffer::new().format(n).to_owned()
 }
 
-/// `{prefix}:{kind}:{id}`, made in one allocation of the right size (keys outside a call's
-/// [`Strs`]; those are pushed by [`Strs::push_key`]).
+/// `{prefix}:{kind}:{id}`, made in one allocation of the right size.
 pub(crate) fn key(prefix: &str, kind: &str, id: &str) -> String {
     let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 2);
     for part in key_parts(prefix, kind, id) {
