@@ -42,19 +42,14 @@ pub(crate) fn num(n: impl itoa::Integer) -> String {
     itoa::Buffer::new().format(n).to_owned()
 }
 
-/// `{prefix}:{kind}:{id}`, made in one allocation of the right size.
+/// `{prefix}:{kind}:{id}`, made in one allocation of the right size: every per-request and
+/// per-scope key (`docs/redis.md` lists the kinds) is made here.
 pub(crate) fn key(prefix: &str, kind: &str, id: &str) -> String {
     let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 2);
-    for part in key_parts(prefix, kind, id) {
+    for part in [prefix, ":", kind, ":", id] {
         k.push_str(part);
     }
     k
-}
-
-/// The parts of `{prefix}:{kind}:{id}`, in order: every per-request and per-scope key
-/// (`docs/redis.md` lists the kinds) is made of these.
-pub(crate) fn key_parts<'a>(prefix: &'a str, kind: &'a str, id: &'a str) -> [&'a str; 5] {
-    [prefix, ":", kind, ":", id]
 }
 
 fn strs(items: usize) -> Strs {

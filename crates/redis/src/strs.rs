@@ -5,7 +5,7 @@ use std::fmt;
 
 use compact_str::CompactString;
 
-/// The strings, in order. Most are numbers, flags or short keys, kept inline.
+/// The strings, in order. Most are numbers, flags or names of a few bytes, kept inline.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Strs {
     items: Vec<CompactString>,
