@@ -1,7 +1,12 @@
-//! Assembles the Lua scripts: the common state, one file per stateful control, the ledger and
-//! the script's own part, with every `@layout.field` of the argument contract replaced by its
-//! offset and every `@layout#` by its length (`src/contract.rs`, the table the encoder writes
-//! by). A name the table lacks fails the build.
+//! Assembles the Lua library that Redis loads once (`FUNCTION LOAD`): the common state, one file
+//! per stateful control, the ledger, the slices and each entry point's file, with every
+//! `@layout.field` of the argument contract replaced by its offset and every `@layout#` by its
+//! length (`src/contract.rs`, the table the encoder writes by). A name the table lacks fails the
+//! build.
+//!
+//! The library's name and its functions' names end with a hash of its text, so two builds with
+//! different scripts never replace each other's functions on a shared Redis
+//! (`TOLLGATE_LUA_VERSION`, read by `src/conn.rs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -9,7 +14,7 @@ use std::path::Path;
 
 include!("src/contract.rs");
 
-/// The files every ledger script is made of, in order, before its own.
+/// The ledger's files, in order: the functions every entry point shares.
 const LEDGER: &[&str] = &[
     "common_v7.lua",
     "controls/rate.lua",
@@ -18,14 +23,15 @@ const LEDGER: &[&str] = &[
     "ledger_v7.lua",
 ];
 
-/// Each script that is written out: its name and its own files, after the ledger's.
-const SCRIPTS: &[(&str, &[&str])] = &[
-    // The ledger alone, for benchmarks that call its functions.
-    ("ledger.lua", &[]),
-    ("batch.lua", &["slices_v1.lua", "batch_v5.lua"]),
-    ("renew.lua", &["renew_v4.lua"]),
-    ("usage.lua", &["usage_v2.lua"]),
-    ("sweep.lua", &["sweep_v2.lua"]),
+/// The entry points, after the ledger and the slices: each file defines the local function
+/// `call_<name>`, which the library registers as `tollgate_<name>_<version>`.
+const ENTRIES: &[(&str, &str)] = &[
+    ("batch_v5.lua", "batch"),
+    ("renew_v4.lua", "renew"),
+    ("usage_v2.lua", "usage"),
+    ("sweep_v2.lua", "sweep"),
+    ("state_v1.lua", "state"),
+    ("keys_v1.lua", "keys"),
 ];
 
 fn main() {
@@ -33,17 +39,35 @@ fn main() {
     let out = std::env::var("OUT_DIR").expect("OUT_DIR");
     println!("cargo::rerun-if-changed=src/lua");
     println!("cargo::rerun-if-changed=src/contract.rs");
-    for (name, own) in SCRIPTS {
-        let mut text = String::new();
-        for file in LEDGER.iter().chain(own.iter()) {
-            let path = dir.join(file);
-            let src = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            text.push_str(&substitute(&src, file));
-            text.push('\n');
-        }
-        std::fs::write(Path::new(&out).join(name), text).expect("write the script");
+    let read = |file: &str| {
+        let path = dir.join(file);
+        let src =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        substitute(&src, file) + "\n"
+    };
+    let ledger: String = LEDGER.iter().map(|f| read(f)).collect();
+    // The ledger alone, for benchmarks that call its functions.
+    std::fs::write(Path::new(&out).join("ledger.lua"), &ledger).expect("write the ledger");
+    let mut body = ledger + &read("slices_v1.lua");
+    for (file, _) in ENTRIES {
+        body.push_str(&read(file));
     }
+    let version = format!("{:016x}", fnv1a(body.as_bytes()));
+    let mut library = format!("#!lua name=tollgate_{version}\n{body}");
+    for (_, name) in ENTRIES {
+        library.push_str(&format!(
+            "redis.register_function('tollgate_{name}_{version}', call_{name})\n"
+        ));
+    }
+    std::fs::write(Path::new(&out).join("library.lua"), library).expect("write the library");
+    println!("cargo::rustc-env=TOLLGATE_LUA_VERSION={version}");
+}
+
+/// FNV-1a, 64 bits: a stable name for the library's text (not a defence against anyone).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// `src` with its contract names replaced by numbers.

@@ -96,7 +96,8 @@ async fn tollgate(store: &RedisStore, policy: &Arc<Policy>, clients: u64, settle
 }
 
 /// Redis's own CPU time so far, in µs: the whole server (`INFO cpu`, its network I/O included)
-/// and inside `EVALSHA` alone (`INFO commandstats`); and the number of `EVALSHA` calls.
+/// and inside the library's functions alone (`FCALL` in `INFO commandstats`); and the number of
+/// `FCALL` calls.
 fn redis_cpu_us(port: u16) -> (f64, f64, f64) {
     let out = Command::new("redis-cli")
         .args(["-p", &port.to_string(), "INFO", "all"])
@@ -104,7 +105,7 @@ fn redis_cpu_us(port: u16) -> (f64, f64, f64) {
         .expect("redis-cli runs");
     let text = String::from_utf8_lossy(&out.stdout);
     let mut server = 0.0;
-    let mut evalsha = 0.0;
+    let mut fcall = 0.0;
     let mut calls = 0.0;
     for line in text.lines() {
         let line = line.trim_end();
@@ -113,18 +114,18 @@ fn redis_cpu_us(port: u16) -> (f64, f64, f64) {
                 server += secs * 1e6;
             }
         }
-        if let Some(stats) = line.strip_prefix("cmdstat_evalsha:") {
+        if let Some(stats) = line.strip_prefix("cmdstat_fcall:") {
             let field = |name: &str| {
                 stats
                     .split(',')
                     .find_map(|kv| kv.strip_prefix(name)?.parse().ok())
                     .unwrap_or(0.0)
             };
-            evalsha = field("usec=");
+            fcall = field("usec=");
             calls = field("calls=");
         }
     }
-    (server, evalsha, calls)
+    (server, fcall, calls)
 }
 
 /// This process's CPU time so far (all threads, user + system), in µs, from `/proc/self/stat`
@@ -194,9 +195,9 @@ fn main() {
     );
     println!(
         "Redis CPU: µs of Redis's CPU per admission (admit run) and per pair (admit + settle run),\n\
-         the whole server, then inside EVALSHA alone. Client CPU: this process's, the same way\n\
+         the whole server, then inside FCALL alone. Client CPU: this process's, the same way\n\
          (plan, the store's client, the tokio runtime). Per call: admissions (admit run) and\n\
-         admissions and settlements (pair run) per EVALSHA, as callers waiting at the same moment\n\
+         admissions and settlements (pair run) per FCALL, as callers waiting at the same moment\n\
          share one call.\n"
     );
     println!(
@@ -245,7 +246,7 @@ fn main() {
                     cfg.max_batch = n as usize;
                 }
                 let store = RedisStore::connect(cfg).await.unwrap();
-                tollgate(&store, &policy, clients, false).await; // warm up, load the script
+                tollgate(&store, &policy, clients, false).await; // warm up, load the library
                 let (before, own0) = (redis_cpu_us(port), own_cpu_us());
                 let admit = tollgate(&store, &policy, clients, false).await;
                 let (mid, own1) = (redis_cpu_us(port), own_cpu_us());
@@ -255,7 +256,7 @@ fn main() {
                 let per =
                     |a: (f64, f64, f64), b: (f64, f64, f64)| ((b.0 - a.0) / n, (b.1 - a.1) / n);
                 let client = [(own1 - own0) / n, (own2 - own1) / n];
-                // Items per EVALSHA: the pair run has two items per request.
+                // Items per FCALL: the pair run has two items per request.
                 let batch = [n / (mid.2 - before.2), 2.0 * n / (after.2 - mid.2)];
                 (
                     admit,

@@ -9,7 +9,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tollgate_core::{Clock, StoreError};
 
 use crate::config::RedisConfig;
-use crate::conn::{Conn, evalsha, no_answer, scripts, unavailable};
+use crate::conn::{Conn, Function, fcall, no_answer, unavailable};
 use crate::decode::{items, text};
 use crate::encode::{Invocation, num};
 
@@ -180,7 +180,7 @@ pub(crate) async fn call_items(
     // Callers stop waiting at their own timeout; this one only ends calls that never return.
     let replies = tokio::time::timeout(
         config.call_timeout.saturating_mul(4),
-        evalsha::<Value>(&mut conn, &scripts().batch, &keys, &args),
+        fcall::<Value>(&mut conn, Function::Batch, &keys, &args),
     )
     .await
     .map_err(|_| no_answer(config.call_timeout))

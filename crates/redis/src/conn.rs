@@ -1,39 +1,49 @@
-//! The connection (one node or a cluster), the scripts it runs by SHA, and what its failures
-//! mean to a caller.
+//! The connection (one node or a cluster), the scripts' library and its functions it calls, and
+//! what its failures mean to a caller.
 
 use std::time::Duration;
 
+use redis::Value;
 use redis::aio::ConnectionManager;
-use redis::{Script, Value};
 use tollgate_core::StoreError;
 
-pub(crate) struct Scripts {
-    pub(crate) batch: Script,
-    pub(crate) renew: Script,
-    pub(crate) usage: Script,
-    pub(crate) sweep: Script,
-    pub(crate) keys: Script,
-    pub(crate) state: Script,
+/// The scripts' library as the build script assembled it (`build.rs`): the ledger's files and
+/// every entry point's, loaded by Redis once (`FUNCTION LOAD`), so that a call runs only its
+/// own work, not the making of every function it may use.
+const LIBRARY: &str = include_str!(concat!(env!("OUT_DIR"), "/library.lua"));
+
+/// One of the library's entry points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Function {
+    /// Admissions, settlements, releases and slice orders (`batch_v5.lua`).
+    Batch,
+    Renew,
+    Usage,
+    Sweep,
+    /// The marker (`state_v1.lua`).
+    State,
+    /// Idempotency keys (`keys_v1.lua`).
+    Keys,
 }
 
-/// A script assembled by the build script (`build.rs`): the ledger's files and its own.
-macro_rules! script {
-    ($file:literal) => {
-        Script::new(include_str!(concat!(env!("OUT_DIR"), "/", $file)))
-    };
-}
-
-pub(crate) fn scripts() -> &'static Scripts {
-    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        batch: script!("batch.lua"),
-        renew: script!("renew.lua"),
-        usage: script!("usage.lua"),
-        sweep: script!("sweep.lua"),
-        // Touches one key and nothing of the ledger's.
-        keys: Script::new(include_str!("lua/keys_v1.lua")),
-        state: Script::new(include_str!("lua/state_v1.lua")),
-    })
+impl Function {
+    /// Its name in Redis, which ends with the library's version: instances of builds with other
+    /// scripts sharing a Redis call their own.
+    pub(crate) const fn name(self) -> &'static str {
+        macro_rules! named {
+            ($n:literal) => {
+                concat!("tollgate_", $n, "_", env!("TOLLGATE_LUA_VERSION"))
+            };
+        }
+        match self {
+            Function::Batch => named!("batch"),
+            Function::Renew => named!("renew"),
+            Function::Usage => named!("usage"),
+            Function::Sweep => named!("sweep"),
+            Function::State => named!("state"),
+            Function::Keys => named!("keys"),
+        }
+    }
 }
 
 /// A single-node connection (reconnecting) or a cluster connection (routing by slot).
@@ -69,31 +79,59 @@ impl redis::aio::ConnectionLike for Conn {
     }
 }
 
-/// Calls `script` by its SHA with these KEYS and ARGV, written straight into one command buffer
-/// (`ScriptInvocation` copies each argument into a vector of its own first); on `NOSCRIPT`
-/// loads the script and calls again.
-pub(crate) async fn evalsha<T: redis::FromRedisValue>(
+/// Calls `function` with these KEYS and ARGV, written straight into one command buffer (see
+/// [`query`]).
+pub(crate) async fn fcall<T: redis::FromRedisValue>(
     conn: &mut Conn,
-    script: &Script,
+    function: Function,
     keys: &[&str],
     args: &[&str],
 ) -> redis::RedisResult<T> {
     // Made at its size: a batch call's command grew by doubling, copying itself each time.
-    // The 64 bytes cover the command name, the SHA and the key count.
+    // The 64 bytes cover the command name, the function's name and the key count.
     let bytes = keys.iter().chain(args).map(|a| a.len()).sum::<usize>() + 64;
     let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
-    cmd.arg("EVALSHA")
-        .arg(script.get_hash())
+    cmd.arg("FCALL")
+        .arg(function.name())
         .arg(keys.len())
         .arg(keys)
         .arg(args);
+    query(conn, &cmd).await
+}
+
+/// Runs a call of one of the library's functions; when the server lacks the library (a restart
+/// without persistence, `FUNCTION FLUSH`, a failover to a node that never had it), loads it
+/// and runs the call again.
+pub(crate) async fn query<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    cmd: &redis::Cmd,
+) -> redis::RedisResult<T> {
     match cmd.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load_async(conn).await?;
+        Err(e) if missing_function(&e) => {
+            load_library(conn).await?;
             cmd.query_async(conn).await
         }
         other => other,
     }
+}
+
+/// Whether a call failed because the server does not have the function (Redis and Valkey
+/// answer `ERR Function not found`).
+fn missing_function(e: &redis::RedisError) -> bool {
+    e.detail()
+        .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// Loads the library on the server (on every primary of a cluster). `REPLACE`: another
+/// instance of this build may have loaded the same text a moment before.
+pub(crate) async fn load_library(conn: &mut Conn) -> redis::RedisResult<()> {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(LIBRARY)
+        .query_async::<Value>(conn)
+        .await
+        .map(|_| ())
 }
 
 /// A call that did not answer within `limit`.

@@ -6,6 +6,7 @@
 use redis::Value;
 use tollgate_core::{KeyClaim, KeyUse, StoreError};
 
+use crate::conn::{Function, query};
 use crate::decode::{items, text};
 use crate::encode::{key, num};
 use crate::{RedisStore, shard_of};
@@ -25,7 +26,7 @@ impl RedisStore {
         key(&self.shards[shard_of(k, self.shards.len())], "ik", k)
     }
 
-    /// One call of `keys_v1.lua` on `k` (the response goes as bytes: an upstream's answer
+    /// One call of the library's `keys` function (`keys_v1.lua`) on `k` (the response goes as bytes: an upstream's answer
     /// need not be UTF-8).
     async fn keys_call(
         &self,
@@ -33,21 +34,19 @@ impl RedisStore {
         args: &[&str],
         response: Option<&[u8]>,
     ) -> Result<Vec<Value>, StoreError> {
-        let script = &crate::conn::scripts().keys;
-        let mut invocation = script.prepare_invoke();
-        invocation.key(self.key_of(k));
-        for a in args {
-            invocation.arg(*a);
-        }
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(Function::Keys.name())
+            .arg(1)
+            .arg(self.key_of(k))
+            .arg(args);
         if let Some(r) = response {
-            invocation.arg(r);
+            cmd.arg(r);
         }
         let mut conn = self.conn.clone();
-        let reply: Value =
-            tokio::time::timeout(self.config.call_timeout, invocation.invoke_async(&mut conn))
-                .await
-                .map_err(|_| StoreError::Unavailable("idempotency key call timed out".into()))?
-                .map_err(crate::conn::unavailable)?;
+        let reply: Value = tokio::time::timeout(self.config.call_timeout, query(&mut conn, &cmd))
+            .await
+            .map_err(|_| StoreError::Unavailable("idempotency key call timed out".into()))?
+            .map_err(crate::conn::unavailable)?;
         items(reply)
     }
 

@@ -8,10 +8,10 @@
 //!   (`batch_v5.lua`), each applied as its own atomic transition, in order. One caller alone gets
 //!   a call of its own, made from its own task; under load the fixed cost of a call is shared,
 //!   and a call reads and writes each scope key its items share once (see `docs/redis.md`).
-//! - Scripts are assembled at build time from `src/lua/` (one file per stateful control, each
-//!   tied to its twin in `tollgate_core::controls` by tests), called by SHA, reloaded on
-//!   `NOSCRIPT`. Time is Redis `TIME`, clamped so that it never goes back (tests may pass a
-//!   manual clock). Integer arithmetic only.
+//! - The scripts are one library of Redis functions, assembled at build time from `src/lua/`
+//!   (one file per stateful control, each tied to its twin in `tollgate_core::controls` by
+//!   tests), loaded once and again whenever the server lacks it. Time is Redis `TIME`, clamped
+//!   so that it never goes back (tests may pass a manual clock). Integer arithmetic only.
 //! - Every call has a timeout; a store that cannot be reached answers
 //!   [`StoreError::Unavailable`] (the gateway fails closed on it unless told otherwise), and the
 //!   connection reconnects by itself.
@@ -47,7 +47,7 @@ mod sharded;
 mod slices;
 mod strs;
 
-use sharded::Admissions;
+use sharded::{Admissions, shard_of, shard_prefixes, tagged};
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::panic)]
 mod tests;
@@ -57,8 +57,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot};
 use tollgate_core::pipeline::Plan;
 use tollgate_core::{
@@ -76,36 +76,9 @@ pub use marker::SCHEMA;
 pub use slices::{SLICE_REPLIES, SLICE_TICKETS, slice_invocation};
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};
-use conn::{Conn, evalsha, no_answer, scripts, unavailable};
+use conn::{Conn, Function, fcall, no_answer, unavailable};
 use decode::{decision, finish_reply, int, items, shadowed};
 use encode::{admit_shadowed_invocation, finish_invocation, key, num, period_arg};
-
-/// Wraps a prefix in a hash tag (cluster mode): every key then lives in one slot.
-fn tagged(prefix: &str) -> String {
-    if prefix.starts_with('{') && prefix.ends_with('}') {
-        prefix.to_owned()
-    } else {
-        format!("{{{prefix}}}")
-    }
-}
-
-/// The key prefix of each shard: the prefix itself when there is one shard (tagged in a
-/// cluster), else `{prefix.N}` for shard N.
-fn shard_prefixes(prefix: &str, shards: u16) -> Arc<[String]> {
-    if shards <= 1 {
-        return Arc::from(vec![prefix.to_owned()]);
-    }
-    let inner = prefix.trim_start_matches('{').trim_end_matches('}');
-    (0..shards).map(|i| format!("{{{inner}.{i}}}")).collect()
-}
-
-/// The shard of a scope (or request) id: FNV-1a, stable across versions and instances.
-fn shard_of(id: &str, shards: usize) -> usize {
-    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    usize::try_from(h % shards.max(1) as u64).unwrap_or(0)
-}
 
 /// The Redis [`Store`]. Cheap to clone: clones share one multiplexed connection and the batch
 /// queues.
@@ -338,21 +311,21 @@ impl RedisStore {
         items(reply)
     }
 
-    async fn call(&self, script: &Script, inv: Invocation) -> Result<Vec<Value>, StoreError> {
-        items(self.invoke(script, inv).await?)
+    async fn call(&self, function: Function, inv: Invocation) -> Result<Vec<Value>, StoreError> {
+        items(self.invoke(function, inv).await?)
     }
 
     /// One script call with the configured timeout.
     async fn invoke<T: redis::FromRedisValue>(
         &self,
-        script: &Script,
+        function: Function,
         inv: Invocation,
     ) -> Result<T, StoreError> {
         let mut conn = self.conn.clone();
         let (keys, args) = (inv.keys.to_vec(), inv.args.to_vec());
         tokio::time::timeout(
             self.config.call_timeout,
-            evalsha::<T>(&mut conn, script, &keys, &args),
+            fcall::<T>(&mut conn, function, &keys, &args),
         )
         .await
         .map_err(|_| no_answer(self.config.call_timeout))?
@@ -373,7 +346,7 @@ impl RedisStore {
                     &num(max),
                 ],
             );
-            let n: i64 = self.invoke(&scripts().sweep, inv).await?;
+            let n: i64 = self.invoke(Function::Sweep, inv).await?;
             swept += n.max(0) as u64;
         }
         Ok(swept)
@@ -432,7 +405,7 @@ impl RedisStore {
             &[&key(p, "ts", id), &format!("{p}:x"), &format!("{p}:clock")],
             &[p, &num(self.now_arg()), id, &num(self.config.retention_ms)],
         );
-        decode::renewal(&self.call(&scripts().renew, inv).await?)
+        decode::renewal(&self.call(Function::Renew, inv).await?)
     }
 
     async fn finish(
@@ -578,7 +551,7 @@ impl Store for RedisStore {
             ],
         );
         async move {
-            let reply = self.call(&scripts().usage, inv).await?;
+            let reply = self.call(Function::Usage, inv).await?;
             let n = |i: usize| {
                 reply
                     .get(i)

@@ -11,7 +11,7 @@ use crate::RedisStore;
 /// The schema of what the scripts keep under a prefix, written as its marker's value (`SCHEMA`
 /// in `common_v7.lua`): instances of another schema refuse to start on the prefix.
 pub const SCHEMA: &str = "7.6";
-use crate::conn::{evalsha, no_answer, scripts, unavailable};
+use crate::conn::{Function, fcall, no_answer, unavailable};
 
 impl RedisStore {
     /// What the markers say, the worst over every shard. A marker this store had seen and finds
@@ -120,9 +120,9 @@ impl RedisStore {
         let mut conn = self.conn.clone();
         tokio::time::timeout(
             self.config.call_timeout,
-            evalsha::<(String, String)>(
+            fcall::<(String, String)>(
                 &mut conn,
-                &scripts().state,
+                Function::State,
                 &keys,
                 &[op, seen, crate::SCHEMA],
             ),

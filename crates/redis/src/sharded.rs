@@ -14,9 +14,36 @@ use tollgate_core::{
     Admitted, Decision, Deny, Finish, Renewal, ShadowOutcome, Store, StoreError, Usage,
 };
 
-use crate::{
-    Invocation, RedisStore, admit_invocation, decision, finish_invocation, finish_reply, shard_of,
-};
+use std::sync::Arc;
+
+use crate::{Invocation, RedisStore, admit_invocation, decision, finish_invocation, finish_reply};
+
+/// Wraps a prefix in a hash tag (cluster mode): every key then lives in one slot.
+pub(crate) fn tagged(prefix: &str) -> String {
+    if prefix.starts_with('{') && prefix.ends_with('}') {
+        prefix.to_owned()
+    } else {
+        format!("{{{prefix}}}")
+    }
+}
+
+/// The key prefix of each shard: the prefix itself when there is one shard (tagged in a
+/// cluster), else `{prefix.N}` for shard N.
+pub(crate) fn shard_prefixes(prefix: &str, shards: u16) -> Arc<[String]> {
+    if shards <= 1 {
+        return Arc::from(vec![prefix.to_owned()]);
+    }
+    let inner = prefix.trim_start_matches('{').trim_end_matches('}');
+    (0..shards).map(|i| format!("{{{inner}.{i}}}")).collect()
+}
+
+/// The shard of a scope (or request) id: FNV-1a, stable across versions and instances.
+pub(crate) fn shard_of(id: &str, shards: usize) -> usize {
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    usize::try_from(h % shards.max(1) as u64).unwrap_or(0)
+}
 
 /// One shard's share of a request's plan, and where its checks sit in the whole plan.
 pub(crate) struct Part {

@@ -41,11 +41,11 @@ impl Harness for Redis {
 
 tollgate_testkit::conformance_tests!(Redis::new());
 
-/// After `SCRIPT FLUSH` (as after a Redis restart or failover), the store's next calls get
-/// `NOSCRIPT`, load their script again and succeed: a batch call (admission, settlement) and a
-/// single one (usage).
+/// After `FUNCTION FLUSH` (as after a Redis restart without persistence, or a failover to a node
+/// that never had the library), the store's next calls find no function, load the library
+/// again and succeed: a batch call (admission, settlement) and a single one (usage).
 #[tokio::test]
-async fn scripts_are_loaded_again_after_noscript() {
+async fn the_library_is_loaded_again_after_a_function_flush() {
     use tollgate_core::{Decision, Finish, Policy, Store, Usage};
     let server = RedisServer::start();
     let mut cfg = RedisConfig::new(server.url());
@@ -63,8 +63,9 @@ async fn scripts_are_loaded_again_after_noscript() {
     )
     .unwrap();
     let flush = || {
-        let out = server.cli().args(["SCRIPT", "FLUSH"]).output().unwrap();
+        let out = server.cli().args(["FUNCTION", "FLUSH"]).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+        assert_eq!(server.cli_run(&["FUNCTION", "LIST"]).trim(), "");
     };
     let admit = |id: &str| {
         let p = plan_of(&policy, id.into());
@@ -94,9 +95,12 @@ async fn scripts_are_loaded_again_after_noscript() {
         .await
         .unwrap();
     assert_eq!((usage.settled, usage.reserved, usage.leases), (15, 20, 1));
+    // Loaded again, once: one library.
+    let list = server.cli_run(&["FUNCTION", "LIST"]);
+    assert_eq!(list.matches("library_name").count(), 1, "{list}");
+    assert!(list.contains("tollgate_batch_"), "{list}");
 }
 
-/// How many `EVALSHA` calls the server has run.
 /// A store on `server` under `prefix`, on a manual clock, with a generous call timeout.
 async fn store_on(server: &RedisServer, prefix: &str) -> (RedisStore, ManualClock) {
     let mut cfg = RedisConfig::new(server.url());
@@ -124,11 +128,12 @@ fn plan_of(policy: &tollgate_core::Policy, id: String) -> tollgate_core::Plan {
     tollgate_core::plan(policy, &facts).unwrap()
 }
 
-fn evalsha_calls(server: &RedisServer) -> u64 {
+/// How many calls of the library's functions (`FCALL`) the server has run.
+fn fcall_calls(server: &RedisServer) -> u64 {
     server
         .cli_run(&["INFO", "commandstats"])
         .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:"))
         .and_then(|s| s.split(',').find_map(|kv| kv.strip_prefix("calls=")))
         .map_or(0, |n| n.parse().unwrap())
 }
@@ -183,7 +188,7 @@ async fn batched_items_decide_as_single_ones() {
         ..Usage::default()
     };
     let day = Some(tollgate_core::Period::Fixed(86_400_000));
-    let calls0 = evalsha_calls(&server);
+    let calls0 = fcall_calls(&server);
 
     // 40 at once: 30 pass the rate, 15 take the leases, 15 find none left.
     let first = plans("a");
@@ -215,7 +220,7 @@ async fn batched_items_decide_as_single_ones() {
     assert_eq!((u.settled, u.reserved, u.leases), (225, 160, 8));
 
     // The items did share calls: 80 admissions, 15 settlements and 2 usage reads in fewer.
-    let calls = evalsha_calls(&server) - calls0;
+    let calls = fcall_calls(&server) - calls0;
     assert!(calls < 80, "{calls} script calls for 97 operations");
 }
 
@@ -270,7 +275,7 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
     // them, the other 10 are refused.
     let full: Vec<_> = (0..2).map(|i| plan(format!("x{i}"))).collect();
     let new: Vec<_> = (0..30).map(|i| plan(format!("b{i:02}"))).collect();
-    let calls0 = evalsha_calls(&server);
+    let calls0 = fcall_calls(&server);
     let (xs, fs, ds) = tokio::join!(
         join_all(full.iter().map(|p| store.admit(p))),
         join_all(old[..20].iter().map(|p| store.settle(&p.request_id, used))),
@@ -282,7 +287,7 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
     }
     assert_eq!((admitted(&ds), refused(&ds)), (20, 10));
     assert_eq!(
-        evalsha_calls(&server) - calls0,
+        fcall_calls(&server) - calls0,
         2,
         "one alone, then one call of 51"
     );
@@ -356,7 +361,7 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
     let first = plan("y".into());
     let fill: Vec<_> = (0..32).map(|i| plan(format!("z{i:02}"))).collect();
     let more: Vec<_> = (32..42).map(|i| plan(format!("z{i:02}"))).collect();
-    let calls0 = evalsha_calls(&server);
+    let calls0 = fcall_calls(&server);
     let (y, zs, fs, ms) = tokio::join!(
         store.admit(&first),
         join_all(fill.iter().map(|p| store.admit(p))),
@@ -364,7 +369,7 @@ async fn settlements_free_slots_for_admissions_in_the_same_call() {
         join_all(more.iter().map(|p| store.admit(p))),
     );
     assert_eq!(
-        evalsha_calls(&server) - calls0,
+        fcall_calls(&server) - calls0,
         2,
         "one alone, then one call of 50"
     );

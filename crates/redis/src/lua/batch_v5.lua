@@ -32,43 +32,48 @@ local function store_state(seen)
   return 'uninitialised'
 end
 
-local now, now_str = store_now(ARGV[2])
-sweep(now, now_str, '16', ARGV[3])
-local state = store_state(ARGV[4])
-local kills = nil
-local out = {}
-local a, longest = 5, 0
-while a <= #ARGV do
-  local op, n = ARGV[a], 0 + ARGV[a + 1]
-  local ok, reply
-  if (op == 'a' or op == 'p' or op == 's' or op == 'S') and state ~= 'kept' then
-    if state == 'lost' then ok, reply = true, {'lost'} else ok, reply = true, {'uninitialised'} end
-  elseif op == 'S' then
-    ok, reply = pcall(slice_orders, ARGV, a + 2, a + 2 + n, now, CLOCK_NOW, ARGV[3])
-  elseif op == 'a' or op == 'p' then
-    if kills == nil then kills = kill_table() end
-    ok, reply = pcall(admit_one, ARGV, a + 2, now, kills, op == 'p')
-    if ok and op == 'a' and reply[@admitted.kind + 1] == 'admit' then longest = math.max(longest, 0 + ARGV[a + 2 + @admit.ttl]) end
-  elseif op == 's' then
-    if kills == nil then kills = kill_table() end
-    ok, reply = pcall(admit_shadowed, ARGV, a + 2, now, kills)
-    -- The request's TTL follows the count of its arguments.
-    if ok and reply[1] == 'shadowed' and reply[2][@admitted.kind + 1] == 'admit' then
-      longest = math.max(longest, 0 + ARGV[a + 3 + @admit.ttl])
+local function call_batch(KEYS, ARGV)
+  enter(ARGV)
+  local now, now_str = store_now(ARGV[2])
+  sweep(now, now_str, '16', ARGV[3])
+  local state = store_state(ARGV[4])
+  local kills = nil
+  local out = {}
+  local a, longest = 5, 0
+  while a <= #ARGV do
+    local op, n = ARGV[a], 0 + ARGV[a + 1]
+    local ok, reply
+    if (op == 'a' or op == 'p' or op == 's' or op == 'S') and state ~= 'kept' then
+      if state == 'lost' then ok, reply = true, {'lost'} else ok, reply = true, {'uninitialised'} end
+    elseif op == 'S' then
+      ok, reply = pcall(slice_orders, ARGV, a + 2, a + 2 + n, now, CLOCK_NOW, ARGV[3])
+    elseif op == 'a' or op == 'p' then
+      if kills == nil then kills = kill_table() end
+      ok, reply = pcall(admit_one, ARGV, a + 2, now, kills, op == 'p')
+      -- The request's TTL, from its expiry: its argument is not converted again.
+      if ok and op == 'a' and reply[@admitted.kind + 1] == 'admit' then
+        longest = math.max(longest, reply[@admitted.expires_at + 1] - now)
+      end
+    elseif op == 's' then
+      if kills == nil then kills = kill_table() end
+      ok, reply = pcall(admit_shadowed, ARGV, a + 2, now, kills)
+      if ok and reply[1] == 'shadowed' and reply[2][@admitted.kind + 1] == 'admit' then
+        longest = math.max(longest, reply[2][@admitted.expires_at + 1] - now)
+      end
+    elseif op == 'u' then
+      ok, reply = pcall(undo_one, ARGV, a + 2)
+    else
+      ok, reply = pcall(finish_one, ARGV, a + 2, now)
     end
-  elseif op == 'u' then
-    ok, reply = pcall(undo_one, ARGV, a + 2)
-  else
-    ok, reply = pcall(finish_one, ARGV, a + 2, now)
+    if ok then out[#out + 1] = reply else out[#out + 1] = {'error', tostring(reply)} end
+    a = a + 2 + n
   end
-  if ok then out[#out + 1] = reply else out[#out + 1] = {'error', tostring(reply)} end
-  a = a + 2 + n
+  -- Each key the items touched is written once (see the write-back state in common_v7.lua).
+  flush()
+  if longest > 0 then
+    -- Garbage collection for abandoned prefixes only: any call on the prefix sweeps expired
+    -- tickets long before this runs out.
+    redis.call('PEXPIRE', PREFIX .. ':x', math.max(longest + ARGV[3], 604800000))
+  end
+  return out
 end
--- Each key the items touched is written once (see the write-back state in common_v7.lua).
-flush()
-if longest > 0 then
-  -- Garbage collection for abandoned prefixes only: any call on the prefix sweeps expired
-  -- tickets long before this runs out.
-  redis.call('PEXPIRE', PREFIX .. ':x', math.max(longest + ARGV[3], 604800000))
-end
-return out

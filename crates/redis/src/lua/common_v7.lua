@@ -12,11 +12,14 @@
 -- request's ticket holds with their units in capitals. v7: slices (slices_v1.lua), whose
 -- tickets the sweep expires too.
 
--- Constants are written as literals: 10000, the sliding window's fixed-point weight scale;
--- 2147483648 (2^31), the cap of a window's count; 86400000, a day in ms. A shared local is
--- captured by every function that uses it, and the script makes every function again on each
--- call. Division rounded down is math.floor(a / b) written out, for the same reason.
-local PREFIX = ARGV[1]
+-- Redis loads these files once, as one library (crates/redis/build.rs): every function is made
+-- then, and each entry point (batch, renew, usage, sweep, state, keys) starts its call with
+-- enter, which sets what belongs to the call. Constants written as literals: 10000, the sliding
+-- window's fixed-point weight scale; 2147483648 (2^31), the cap of a window's count; 86400000,
+-- a day in ms.
+--
+-- The call's key prefix, its first argument.
+local PREFIX = nil
 -- The schema of what these scripts keep, written as the marker's value (crate::SCHEMA): an
 -- instance of another schema refuses to start on the prefix.
 local SCHEMA = '7.6'
@@ -67,8 +70,7 @@ local RATE, LEASE, BUDGET, XADD, XREM = {}, {}, {}, {}, {}
 -- zset-max-listpack-value (64 bytes by default), makes Redis keep a set as a skiplist for good
 -- (O(log n)). It goes into the index with every change, and into a lease set once 16 leases are
 -- held in it. Counts leave it out (ZCOUNT -inf (+inf, O(log n) on a skiplist); a request id
--- equal to it would only cost speed. It is written out where it is used: a literal costs
--- nothing per call, while a shared local is captured by every function that uses it.
+-- equal to it would only cost speed.
 
 local function lease_flush(key, l)
   if l[4] > 0 then
@@ -191,4 +193,11 @@ local function store_now(override)
   end
   NOW_STR = now_str
   return now, now_str
+end
+
+-- The start of every entry point's call: the prefix, and nothing left of an earlier call.
+local function enter(args)
+  PREFIX = args[1]
+  RATE, LEASE, BUDGET, XADD, XREM = {}, {}, {}, {}, {}
+  NOW_STR, CLOCK_NOW = nil, nil
 end

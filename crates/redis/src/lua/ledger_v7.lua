@@ -33,12 +33,14 @@ local function cost(price, input, cached, output, w5, w1h)
   return whole
 end
 
--- A ticket is a msgpack array of strings: [1] exp, [2] ttl, [3..5] price, [6..8] expired usage,
--- [9] the number of leases n, [10..9+n] the lease keys, then per reservation: key, field, unit
--- ('t' tokens, 'm' money, 'c<n>' tool calls, n of them charged without usage; in capitals for a
--- shadow rule's), amount, period length, label. Written from strings only (see int). cmsgpack is C: packing and
--- unpacking cost less than RPUSH and LRANGE of the same fields did. The scripts read it as the
--- array cmsgpack.unpack makes, by position: a table per part cost more than the reading.
+-- A ticket is a msgpack array: [1] exp, [2] ttl, [3..5] price, [6..8] expired usage, [9] the
+-- number of leases n, [10..9+n] the lease keys, then per reservation: key, field, unit ('t'
+-- tokens, 'm' money, 'c<n>' tool calls, n of them charged without usage; in capitals for a
+-- shadow rule's), amount, period length, label. Strings, as they came in or formatted by int,
+-- except n, a number (msgpack keeps an integer as one; read as `0 + v[9]`, which takes the
+-- string an earlier build wrote as well). cmsgpack is C: packing and unpacking cost less than
+-- RPUSH and LRANGE of the same fields did. The scripts read it as the array cmsgpack.unpack
+-- makes, by position: a table per part cost more than the reading.
 
 -- How a request ended, as its ticket key holds it afterwards.
 local ENDINGS = {settled = true, released = true, expired = true}
@@ -344,8 +346,10 @@ local function budget_at(A, a, now)
   local cell = budget(key, field, true)
   local cur = cell[6]
   if cur == '' then cur = false end
-  local cap = num(A[a + @budget.carry])
-  if cap > 0 and cur ~= field then
+  -- Most budgets carry nothing over: '0' is known without a conversion.
+  local cap = A[a + @budget.carry]
+  if cap ~= '0' and cur ~= field then
+    cap = num(cap)
     -- A new period: it carries over what the period just before left unused (and nothing
     -- after an idle period). Kept with the cell once a reservation starts the period.
     local before = label .. '@' .. int(period_at(len, pstart - 1))
@@ -357,6 +361,31 @@ local function budget_at(A, a, now)
   end
   local fits, left, retry = budget_verdict(cell[2] + cell[3], amount, limit + cell[8], pend, now)
   return fits, left, retry, pend, field, cur, amount
+end
+
+-- The first of the n kill-switch targets at A[a], ... that is switched off, as a `killed`
+-- reply; nil when none is. A[a0] is the admission's header.
+local function killed(A, a, n, kills, now, a0)
+  for i = 0, n - 1 do
+    local reason = kills[A[a + i]]
+    if reason and string.sub(reason, 1, 5) == 'hold ' then
+      -- A provider's hold, 'hold <until> <reason>' (Killed::kept in crates/core/src/
+      -- decision.rs): no switch once its instant has passed, nor for a request of at most
+      -- <n> tokens when its reason starts 'over <n> '.
+      local ends = tonumber(string.match(reason, '^hold (%d+) '))
+      local over = tonumber(string.match(reason, '^hold %d+ over (%d+) '))
+      -- The request's size is read only here: few admissions meet a hold.
+      if ends == nil or now >= ends or (over and num(A[a0 + @admit.size]) <= over) then
+        reason = nil
+      end
+    end
+    if reason then
+      local r = {}
+      r[@killed.kind + 1], r[@killed.target + 1], r[@killed.reason + 1] = 'killed', A[a + i], reason
+      return r
+    end
+  end
+  return nil
 end
 
 -- One admission: count the attempt in every count, then walk the checks in the plan's order to
@@ -384,28 +413,15 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
     -- Price and expired usage only go into the ticket: kept as the strings they came in, and
     -- read where they are (no table of their own).
     a0 = a
-    n_kill = num(A[a + @admit.n_kill])
+    -- Most plans name no kill target: '0' is known without a conversion.
+    n_kill = A[a + @admit.n_kill]
+    n_kill = n_kill == '0' and 0 or num(n_kill)
     a = a + @admit#
   end
   -- The kill switch comes before anything is counted.
-  for i = 0, n_kill - 1 do
-    local reason = kills[A[a + i]]
-    if reason and string.sub(reason, 1, 5) == 'hold ' then
-      -- A provider's hold, 'hold <until> <reason>' (Killed::kept in crates/core/src/
-      -- decision.rs): no switch once its instant has passed, nor for a request of at most
-      -- <n> tokens when its reason starts 'over <n> '.
-      local ends = tonumber(string.match(reason, '^hold (%d+) '))
-      local over = tonumber(string.match(reason, '^hold %d+ over (%d+) '))
-      -- The request's size is read only here: few admissions meet a hold.
-      if ends == nil or now >= ends or (over and num(A[a0 + @admit.size]) <= over) then
-        reason = nil
-      end
-    end
-    if reason then
-      local r = {}
-      r[@killed.kind + 1], r[@killed.target + 1], r[@killed.reason + 1] = 'killed', A[a + i], reason
-      return r
-    end
+  if n_kill > 0 then
+    local r = killed(A, a, n_kill, kills, now, a0)
+    if r then return r end
   end
   a = a + n_kill
 
@@ -481,7 +497,7 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
   -- With room for a lease and a reservation (nil until set; cmsgpack packs what is set).
   local v = {expires_arg, A[a0 + @admit.ttl], A[a0 + @admit.price_input],
     A[a0 + @admit.price_cached], A[a0 + @admit.price_output], A[a0 + @admit.expired_input],
-    A[a0 + @admit.expired_cached], A[a0 + @admit.expired_output], int(n_lease),
+    A[a0 + @admit.expired_cached], A[a0 + @admit.expired_output], n_lease,
     nil, nil, nil, nil, nil, nil, nil}
   local nv = take_leases(A, al, nl, id, expires_arg, keep, v, 9)
   if shadow then

@@ -8,16 +8,19 @@
 -- down, as an admission would) or 'uninitialised'; for 'init': 'initialised' (the marker of a
 -- new store written), 'kept' (it was there) or 'lost' (a loss is acknowledged, not initialised
 -- over).
-local marker, lost = KEYS[1], KEYS[2]
-local found = redis.call('GET', marker)
-if found then return {'kept', found} end
-if redis.call('EXISTS', lost) == 1 then return {'lost', ''} end
-if ARGV[1] == 'init' then
-  redis.call('SET', marker, ARGV[3])
-  return {'initialised', ARGV[3]}
+-- Touches nothing of the ledger's: no enter.
+local function call_state(KEYS, ARGV)
+  local marker, lost = KEYS[1], KEYS[2]
+  local found = redis.call('GET', marker)
+  if found then return {'kept', found} end
+  if redis.call('EXISTS', lost) == 1 then return {'lost', ''} end
+  if ARGV[1] == 'init' then
+    redis.call('SET', marker, ARGV[3])
+    return {'initialised', ARGV[3]}
+  end
+  if ARGV[2] == '1' then
+    redis.call('SET', lost, '1')
+    return {'lost', ''}
+  end
+  return {'uninitialised', ''}
 end
-if ARGV[2] == '1' then
-  redis.call('SET', lost, '1')
-  return {'lost', ''}
-end
-return {'uninitialised', ''}

@@ -4,7 +4,10 @@
 -- KEYS: the expiry index.
 -- Returns the number of tickets expired.
 
-local now, now_str = store_now(ARGV[2])
-local before = redis.call('ZCOUNT', PREFIX .. ':x', '-inf', now)
-sweep(now, now_str, ARGV[4], ARGV[3])
-return before - redis.call('ZCOUNT', PREFIX .. ':x', '-inf', now)
+local function call_sweep(KEYS, ARGV)
+  enter(ARGV)
+  local now, now_str = store_now(ARGV[2])
+  local before = redis.call('ZCOUNT', PREFIX .. ':x', '-inf', now)
+  sweep(now, now_str, ARGV[4], ARGV[3])
+  return before - redis.call('ZCOUNT', PREFIX .. ':x', '-inf', now)
+end

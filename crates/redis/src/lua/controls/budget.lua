@@ -3,6 +3,31 @@
 -- runs both on the same cases. What a scope has committed is read by the caller (budget
 -- cells, in the ledger).
 
+-- A day number (days since 1970-01-01) as year, month, day, and back (proleptic Gregorian).
+local function civil_from_days(days)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m, d
+end
+
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = m > 2 and m - 3 or m + 9
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
 -- (id, start, end) of the period containing now, as Period::at in crates/core/src/ledger.rs.
 -- `arg` is what Period::script_arg gives: a length in ms, 0 for a calendar month (UTC), or a
 -- calendar period in a zone as the starts around the caller's instant,
@@ -24,31 +49,7 @@ local function period_of(arg, now)
     id = math.floor(now / len)
     start, stop = id * len, (id + 1) * len
   else
-    -- A calendar month (UTC). Its helpers are made here, not with the others: the script runs
-    -- from the top on every call, making every function again, and few calls need them.
-    local function civil_from_days(days)
-      local z = days + 719468
-      local era = math.floor(z / 146097)
-      local doe = z - era * 146097
-      local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
-      local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-      local mp = math.floor((5 * doy + 2) / 153)
-      local d = doy - math.floor((153 * mp + 2) / 5) + 1
-      local m = mp < 10 and mp + 3 or mp - 9
-      local y = yoe + era * 400
-      if m <= 2 then y = y + 1 end
-      return y, m, d
-    end
-
-    local function days_from_civil(y, m, d)
-      if m <= 2 then y = y - 1 end
-      local era = math.floor(y / 400)
-      local yoe = y - era * 400
-      local mp = m > 2 and m - 3 or m + 9
-      local doy = math.floor((153 * mp + 2) / 5) + d - 1
-      local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
-      return era * 146097 + doe - 719468
-    end
+    -- A calendar month (UTC).
     local y, m = civil_from_days(math.floor(now / 86400000))
     local ny, nm = y, m + 1
     if m == 12 then ny, nm = y + 1, 1 end
