@@ -8,10 +8,6 @@
 //! request ids after the retention time or, beyond [`DEFAULT_MAX_REMEMBERED`] of them, oldest
 //! first. The slots of ended tickets are kept for the next ones (with their holds' allocation),
 //! so ticket memory stays at its peak of requests in flight at once.
-//!
-//! This file is over 600 lines: the state's types and every path that reads them (admission's
-//! entry points, settlement, sweep, the `Store` impl) share their private fields; the steps of
-//! one admission are in `admit.rs`, the containers, tickets, keys and expiries in their own.
 
 use std::collections::BTreeMap;
 

@@ -2,9 +2,6 @@
 //!
 //! [`RawPolicy`] mirrors the file; [`Policy::try_from`] checks every field and reports the first
 //! problem with its path, e.g. `policy.scopes[2].budget.period: unknown period "fortnight"`.
-//!
-//! Over 600 lines because each validated type sits next to the checks that establish its
-//! invariants; every function here is one field's or one section's.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU64;

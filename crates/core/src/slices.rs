@@ -35,10 +35,6 @@
 //! [`Sliced::maintain`] must run every [`SliceConfig::tick_ms`] (the gateway does it): it
 //! reports settlements, renews slices before they expire, grows busy slices ahead of need and
 //! gives back idle ones. Without it a slice left idle would expire and be charged in full.
-//!
-//! This file is over 600 lines: the documentation above, and the paths of `Sliced` (the local
-//! admission's round trips, the store's path, endings, renewals, usage), which share its book,
-//! engine and gate; the book itself is in `slices/book.rs`.
 
 mod book;
 mod exchange;

@@ -1,7 +1,5 @@
 //! Pure validation, one function per section: no environment, no files, no clients. What needs
 //! them is left, named, for [`super::resolve`].
-//!
-//! Over 600 lines because the file has that many sections; each function is one section's.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
