@@ -13,12 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS="${1:-15}"
-cargo build --release -q -p tollgate -p tollgate-sim
-BIN=target/release
-tmp=$(mktemp -d)
-pids=()
 . bench/gateways.sh
-trap cleanup EXIT
 start_upstreams
 POLICY=$(printf '%s\n' "$ALL_SIX" | sed 's/^input_tokens = 100000$/input_tokens = 300000/; s/^total_tokens = 200000$/total_tokens = 400000/')
 GW=$(gateway context "" "$POLICY")

@@ -27,12 +27,7 @@ DUR="${1:-10}"
 CONN="${2:-64}"
 command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)"; exit 2; }
 . bench/need-valgrind.sh
-cargo build --release -q -p tollgate -p tollgate-sim
-BIN=target/release
-tmp=$(mktemp -d)
-pids=()
 . bench/gateways.sh
-trap cleanup EXIT
 
 start_upstreams
 

@@ -1,6 +1,12 @@
-# Sourced by the gateway benchmarks (load.sh, rate.sh, gateway-cost.sh): loopback ports, the upstream
-# simulator, and gateway configurations for the three setups compared. Expects $BIN (the
-# release binaries) and $tmp (a scratch directory).
+# Sourced by the gateway benchmarks (load.sh, rate.sh, gateway-cost.sh, redis-cost.sh, context.sh,
+# ledger-rows.sh) after reading their arguments: builds the release binaries, sets $BIN (where
+# they are) and $tmp (a scratch directory), and stops on exit what the benchmark started
+# (cleanup); then loopback ports, the upstream simulator, and gateway configurations for the
+# setups compared.
+cargo build --release -q -p tollgate -p tollgate-sim
+BIN=target/release
+tmp=$(mktemp -d)
+pids=()
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # Waits up to $2 tenths of a second (default 100) for a loopback port to accept connections.
@@ -155,3 +161,5 @@ redis_store_toml() {
 sliced_store_toml() {
   printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\nprefix = "%s"\n[store.slices]\n' "$1" "${2:-sliced}"
 }
+
+trap cleanup EXIT

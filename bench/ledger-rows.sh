@@ -11,12 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BATCHES="${1:-60}"
 ROWS="${2:-800}"
-cargo build --release -q -p tollgate
-BIN=target/release
-tmp=$(mktemp -d)
-pids=()
 . bench/gateways.sh
-trap cleanup EXIT
 python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/pip" install -q "psycopg[binary]"
 start_postgres

@@ -32,12 +32,7 @@ DUR="${1:-10}"
 CONN="${2:-64}"
 ROUNDS="${3:-3}"
 command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)"; exit 2; }
-cargo build --release -q -p tollgate -p tollgate-sim
-BIN=target/release
-tmp=$(mktemp -d)
-pids=()
 . bench/gateways.sh
-trap cleanup EXIT
 
 start_targets
 if [ "${TOLLGATE_BENCH_OPERATION:-0}" = 1 ]; then

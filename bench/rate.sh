@@ -22,12 +22,7 @@ if [ -z "$OHA" ]; then
   OHA=target/bench-tools/bin/oha
   [ -x "$OHA" ] || cargo install -q oha --locked --version "$OHA_VERSION" --root target/bench-tools
 fi
-cargo build --release -q -p tollgate -p tollgate-sim
-BIN=target/release
-tmp=$(mktemp -d)
-pids=()
 . bench/gateways.sh
-trap cleanup EXIT
 
 start_targets
 BODY='{"model":"gpt-4o","max_tokens":16,"messages":[{"role":"user","content":"Say hello in three words."}]}'

@@ -22,12 +22,7 @@ DUR="${1:-8}"
 CONNS="${2:-1 16}"
 command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)"; exit 2; }
 . bench/need-valgrind.sh
-cargo build --release -q -p tollgate -p tollgate-sim
-BIN=target/release
-tmp=$(mktemp -d)
-pids=()
 . bench/gateways.sh
-trap cleanup EXIT
 
 SIM=$(free_port)
 "$BIN/tollgate-sim" --listen "127.0.0.1:$SIM" --latency-ms 0 --token-delay-ms 0 --output-tokens 16 >/dev/null &
