@@ -1,5 +1,5 @@
-//! The connection (one node or a cluster), the scripts' library and its functions it calls, and
-//! what its failures mean to a caller.
+//! The connection (one node or a cluster), the library of scripts it calls, and what its
+//! failures mean to a caller.
 
 use std::time::Duration;
 

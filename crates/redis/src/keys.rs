@@ -26,8 +26,8 @@ impl RedisStore {
         key(&self.shards[shard_of(k, self.shards.len())], "ik", k)
     }
 
-    /// One call of the library's `keys` function (`keys_v1.lua`) on `k` (the response goes as bytes: an upstream's answer
-    /// need not be UTF-8).
+    /// One call of the library's `keys` function (`keys_v1.lua`) on `k` (the response goes as
+    /// bytes: an upstream's answer need not be UTF-8).
     async fn keys_call(
         &self,
         k: &str,
