@@ -60,12 +60,11 @@ layouts! {
         NCheck "n_check",
     }
     /// Each check of an admission, in the plan's order: what the store does (`r`: count,
-    /// `k`: a count already counted, `l`: lease, `b`: reserve, `v`: verdict) and the reason
-    /// it refuses with; then the kind's layout (`rate` for `r` and `k`, `lease`, `budget`;
-    /// none for a verdict).
+    /// `k`: a count already counted, `l`: lease, `b`: reserve, `v`: verdict); then the kind's
+    /// layout (`rate` for `r` and `k`, `lease`, `budget`; none for a verdict). Its reason stays
+    /// on the Rust side: a refusal names its check by its place.
     Check "check" {
         Kind "kind",
-        Reason "reason",
     }
     /// A count's scope.
     RateScope "rate" {
@@ -89,11 +88,10 @@ layouts! {
         Carry "carry",
     }
     /// An admission's refusal by one of its checks (`deny` in `ledger_v7.lua`): the reply's
-    /// kind, the check's reason, its place in the plan, what is left, the wait (-1: none) and
-    /// the time to the reset (-1: none).
+    /// kind, the check's place in the plan, what is left, the wait (-1: none) and the time to
+    /// the reset (-1: none).
     DenyReply "deny" {
         Kind "kind",
-        Reason "reason",
         Check "check",
         Remaining "remaining",
         RetryAfter "retry_after",

@@ -83,7 +83,7 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
                 fail_open: false,
             }))
         }
-        "deny" => denial(plan, &reply, num),
+        "deny" => denial(plan, num),
         "dup" => Err(StoreError::DuplicateRequestId(plan.request_id.clone())),
         "lost" => Err(StoreError::StateLost),
         "uninitialised" => Err(StoreError::Uninitialised),
@@ -104,10 +104,9 @@ pub(crate) fn decision(plan: &Plan, reply: Vec<Value>) -> Result<Decision, Store
 }
 
 /// A refusal by one of the plan's checks, read by the contract's `deny` layout: the check (by
-/// its place in the plan, whose reason the reply repeats), what is left and the waits.
+/// its place in the plan), what is left and the waits.
 fn denial(
     plan: &Plan,
-    reply: &[Value],
     num: impl Fn(usize) -> Result<i64, StoreError>,
 ) -> Result<Decision, StoreError> {
     let idx = usize::try_from(num(DenyReply::Check.at())?)
@@ -116,17 +115,6 @@ fn denial(
         .checks
         .get(idx)
         .ok_or_else(|| StoreError::Protocol(format!("check index {idx} out of range")))?;
-    let code = reply
-        .get(DenyReply::Reason.at())
-        .map(text)
-        .transpose()?
-        .unwrap_or_default();
-    if code != check.reason.code() {
-        return Err(StoreError::Protocol(format!(
-            "check {idx} is {}, the reply says {code:?}",
-            check.reason.code()
-        )));
-    }
     Ok(Decision::Deny(check.deny(
         num(DenyReply::Remaining.at())?.max(0) as u64,
         opt_ms(num(DenyReply::RetryAfter.at())?),

@@ -129,7 +129,7 @@ fn admit_args(
     check_args(prefix, plan, now, keys, args);
 }
 
-/// A plan's checks, in its order, each as its kind and reason and then its kind's layout.
+/// A plan's checks, in its order, each as its kind and then its kind's layout.
 fn check_args(prefix: &str, plan: &Plan, now: u64, keys: &mut Strs, args: &mut Strs) {
     for c in &plan.checks {
         for field in CheckLayout::ALL {
@@ -141,7 +141,6 @@ fn check_args(prefix: &str, plan: &Plan, now: u64, keys: &mut Strs, args: &mut S
                     Kind::Reserve(_) => "b",
                     Kind::Verdict(_) => "v",
                 }),
-                CheckLayout::Reason => args.push(c.reason.code()),
             }
         }
         match &c.kind {

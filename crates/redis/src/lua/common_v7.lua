@@ -4,7 +4,7 @@
 -- The ticket is one msgpack string under P:ts:<request>, which becomes the request's finished
 -- marker when it ends (one SET ... GET at settlement). The scripts know a plan's checks by
 -- their kinds (count, lease, reserve, verdict), never by their controls: a refusal names its
--- check by its place in the plan and repeats the reason it was sent with. The reply kinds are
+-- check by its place in the plan. The reply kinds are
 -- those of ADMIT_REPLIES, SHADOW_REPLIES and FINISH_REPLIES (a test reads this file and checks
 -- them).
 -- v5: reservations of tool calls (unit 'c'), a settlement's tool calls, and the request's

@@ -218,11 +218,11 @@ local function kill_table()
 end
 
 -- A refusal by one of the plan's checks, in the `deny` layout of crates/redis/src/contract.rs
--- (Lua's tables count from 1): its reason, its place in the plan (from 0), what is left and the
--- waits (-1: none).
-local function deny(reason, check, remaining, retry, reset)
+-- (Lua's tables count from 1): its place in the plan (from 0), what is left and the waits (-1:
+-- none). The Rust side knows the check's reason by its place.
+local function deny(check, remaining, retry, reset)
   local r = {}
-  r[@deny.kind + 1], r[@deny.reason + 1], r[@deny.check + 1] = 'deny', reason, check
+  r[@deny.kind + 1], r[@deny.check + 1] = 'deny', check
   r[@deny.remaining + 1], r[@deny.retry_after + 1], r[@deny.reset + 1] = remaining, retry, reset
   return r
 end
@@ -388,14 +388,14 @@ local function killed(A, a, n, kills, now, a0)
   return nil
 end
 
--- One admission: count the attempt in every count, then walk the checks in the plan's order to
+-- One admission: walk the checks in the plan's order, counting the attempt in every count, to
 -- the first refusal (a count over its limit, a verdict, a full lease set, a budget without
 -- room), then take a lease for every lease check and reserve for every reservation, all or
 -- nothing. The script knows the checks' kinds, never their controls: a refusal names its check
--- by its place and its reason as sent.
+-- by its place.
 --
 -- A[a], ...: the header (the `admit` layout of crates/redis/src/contract.rs), the kill-switch
---   targets, then per check its `check` layout (kind, reason) and its kind's (`rate`, `lease`,
+--   targets, then per check its `check` layout (kind) and its kind's (`rate`, `lease`,
 --   `budget`: unit t|m|c<n>, period length 0 for a month; none for a verdict).
 -- Returns {'admit', expires_at, a `quota` per check} | a refusal in the `deny` layout |
 --   {'dup'} | {'killed', target, reason}.
@@ -434,56 +434,51 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
   -- power of two.
   local out = {nil, nil, nil, nil, nil, nil, nil, nil}
   out[@admitted.kind + 1], out[@admitted.expires_at + 1] = 'admit', 0
-  -- Every attempt counts in every count, whatever refuses it; a count over its limit refuses
-  -- at its place.
-  local first = a
-  local over_at, over = nil, nil
+  -- One walk in the plan's order. Every attempt counts in every count, whatever refuses it, so
+  -- the walk goes on past the first refusal, counting and nothing else. What a reservation
+  -- needs beyond A goes into one flat table, four values per reservation: the period's field,
+  -- its end, the current field (false when none) and the amount.
+  local refused = nil
+  local al, nl, ab, nb, bud = {}, 0, {}, 0, {}
   for i = 1, n_check do
     local kind = A[a + @check.kind]
     local q = @admitted# + (i - 1) * @quota# + 1
     a = a + @check#
     if kind == 'r' then
       local went_over, left, reset, retry = count_at(A, a, now)
-      if went_over and over_at == nil then
-        over_at, over = i, deny(A[a - @check# + @check.reason], i - 1, 0, retry, reset)
-      end
+      if went_over and refused == nil then refused = deny(i - 1, 0, retry, reset) end
       out[q + @quota.remaining], out[q + @quota.reset] = left, reset
-    else
-      -- Filled now, so that the reply has no hole; the walk sets what it finds.
+    elseif refused ~= nil then
+      -- Past a refusal: nothing but the counts.
+    elseif kind == 'k' then
+      -- Counted already (the attempt_counted plan): the Rust side keeps its quota.
       out[q + @quota.remaining], out[q + @quota.reset] = 0, -1
-    end
-    a = a + CHECK_ARGS[kind]
-  end
-  -- The walk, in the plan's order. What a reservation needs beyond A goes into one flat table,
-  -- four values per reservation: the period's field, its end, the current field (false when
-  -- none) and the amount.
-  a = first
-  local al, nl, ab, nb, bud = {}, 0, {}, 0, {}
-  for i = 1, n_check do
-    local kind, reason = A[a + @check.kind], A[a + @check.reason]
-    local q = @admitted# + (i - 1) * @quota# + 1
-    a = a + @check#
-    if kind == 'r' then
-      if over_at == i then return over end
     elseif kind == 'v' then
-      return deny(reason, i - 1, 0, -1, -1)
+      refused = deny(i - 1, 0, -1, -1)
     elseif kind == 'l' then
       local left, wait = lease_at(A, a, now)
-      if left == nil then return deny(reason, i - 1, 0, wait, -1) end
-      nl = nl + 1
-      al[nl] = a
-      out[q + @quota.remaining] = left
+      if left == nil then
+        refused = deny(i - 1, 0, wait, -1)
+      else
+        nl = nl + 1
+        al[nl] = a
+        out[q + @quota.remaining], out[q + @quota.reset] = left, -1
+      end
     elseif kind == 'b' then
       local fits, left, retry, pend, field, cur, amount = budget_at(A, a, now)
-      if not fits then return deny(reason, i - 1, left, retry, pend - now) end
-      local k = 4 * nb
-      nb = nb + 1
-      ab[nb] = a
-      bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4] = field, pend, cur, amount
-      out[q + @quota.remaining], out[q + @quota.reset] = left, pend - now
+      if not fits then
+        refused = deny(i - 1, left, retry, pend - now)
+      else
+        local k = 4 * nb
+        nb = nb + 1
+        ab[nb] = a
+        bud[k + 1], bud[k + 2], bud[k + 3], bud[k + 4] = field, pend, cur, amount
+        out[q + @quota.remaining], out[q + @quota.reset] = left, pend - now
+      end
     end
     a = a + CHECK_ARGS[kind]
   end
+  if refused ~= nil then return refused end
   -- A probe (sharded stores, after another shard refused; a shadow plan) counts and checks,
   -- takes nothing, and says where what it would take is.
   if probe then return out, al, nl, ab, nb, bud end
