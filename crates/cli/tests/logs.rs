@@ -57,6 +57,13 @@ fn start_with(
     (instance, urls, log, dir)
 }
 
+/// The upstream simulator with its defaults.
+async fn simulator() -> tollgate_sim::Sim {
+    tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
+        .await
+        .unwrap()
+}
+
 async fn chat(url: &str) -> u16 {
     let body = r#"{"model":"gpt-4o","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
     let req = hyper::Request::post(format!("{url}/v1/chat/completions"))
@@ -122,9 +129,7 @@ async fn store_faults_are_logged_once_each() {
         "[log]\nformat = \"json\"\n[store]\nurl = \"{}\"\nprefix = \"logs\"\ncall_timeout = \"500ms\"\n",
         redis.url()
     );
-    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
-        .await
-        .unwrap();
+    let upstream = simulator().await;
     let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
     assert_eq!(chat(&url).await, 200);
     let flushed = redis.cli().args(["flushall"]).output().unwrap();
@@ -156,6 +161,43 @@ async fn store_faults_are_logged_once_each() {
     );
 }
 
+/// A Redis that lost the scripts' library but kept its data (`FUNCTION FLUSH`, or a failover
+/// to a node that never had it) is served on, the library loaded again; each loss leaves one
+/// line, however many calls meet it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_script_library_is_logged_once_each_time() {
+    let redis = RedisServer::start();
+    let sections = format!(
+        "[log]\nformat = \"json\"\n[store]\nurl = \"{}\"\nprefix = \"functions\"\ncall_timeout = \"1s\"\n",
+        redis.url()
+    );
+    let upstream = simulator().await;
+    let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
+    assert_eq!(chat(&url).await, 200);
+    const WHAT: &str = "loaded the scripts' library again";
+    for n in 1..=2 {
+        let flushed = redis.cli().args(["function", "flush"]).output().unwrap();
+        assert!(flushed.status.success());
+        for _ in 0..5 {
+            assert_eq!(chat(&url).await, 200);
+        }
+        let found = lines_with(&log, WHAT, n).await;
+        assert_eq!(found.len(), n, "once per loss: {found:?}");
+        let line: serde_json::Value = serde_json::from_str(&found[n - 1]).unwrap();
+        assert_eq!(line["level"], "WARN", "{line}");
+        assert_eq!(line["fields"]["fault"], "store_functions", "{line}");
+        assert!(
+            line["fields"]["cause"]
+                .as_str()
+                .unwrap()
+                .contains("Function not found"),
+            "{line}"
+        );
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("the store does not answer"), "{text}");
+}
+
 /// A ledger outage: logged when it begins, with its cause, and when it ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_outage_is_logged_when_it_begins_and_ends() {
@@ -164,9 +206,7 @@ async fn a_ledger_outage_is_logged_when_it_begins_and_ends() {
         "[metrics]\nlisten = \"127.0.0.1:0\"\n[ledger]\nurl = \"{}\"\nflush_every = \"50ms\"\n",
         pg.url()
     );
-    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
-        .await
-        .unwrap();
+    let upstream = simulator().await;
     let (_p, urls, log, _dir) = start_with(&sections, &upstream.base_url(), &["metrics"]);
     let url = urls[0].clone();
     assert_eq!(chat(&url).await, 200);
@@ -212,9 +252,7 @@ async fn a_shutdown_during_a_ledger_outage_keeps_its_endings() {
         pg.url(),
         spool.display().to_string()
     );
-    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
-        .await
-        .unwrap();
+    let upstream = simulator().await;
     let (mut p, url, log, _dir) = start(&sections, &upstream.base_url());
     pg.stop();
     for _ in 0..5 {
@@ -282,9 +320,7 @@ async fn a_rebuild_from_the_ledger_is_logged() {
         redis.url(),
         pg.url()
     );
-    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
-        .await
-        .unwrap();
+    let upstream = simulator().await;
     let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
     assert_eq!(chat(&url).await, 200);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -310,9 +346,7 @@ async fn a_tls_fault_with_redis_is_logged_with_its_cause() {
         "[store]\nurl = \"rediss://127.0.0.1:{}\"\nprefix = \"tls\"\ncall_timeout = \"500ms\"\n",
         redis.port()
     );
-    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
-        .await
-        .unwrap();
+    let upstream = simulator().await;
     let (_p, url, log, _dir) = start(&sections, &upstream.base_url());
     let found = lines_with(&log, "Redis cannot be reached", 1).await;
     assert!(found[0].contains("WARN"), "{found:?}");
@@ -337,9 +371,7 @@ async fn an_undelivered_alert_is_logged_with_its_cause() {
          [alerts]\nattempts = 1\n[[alerts.webhooks]]\nurl = \"{hook}\"\n",
         token_file.display().to_string()
     );
-    let upstream = tollgate_sim::Sim::start(tollgate_sim::SimConfig::default())
-        .await
-        .unwrap();
+    let upstream = simulator().await;
     let (_p, urls, log, _dir) = start_with(&sections, &upstream.base_url(), &["admin"]);
     let req = hyper::Request::post(format!("{}/admin/kill", urls[1]))
         .header("authorization", "Bearer logs-admin-token-0123456789")

@@ -1,6 +1,7 @@
 //! The connection (one node or a cluster), the library of scripts it calls, and what its
 //! failures mean to a caller.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::Value;
@@ -106,14 +107,32 @@ pub(crate) async fn query<T: redis::FromRedisValue>(
     conn: &mut Conn,
     cmd: &redis::Cmd,
 ) -> redis::RedisResult<T> {
+    let seen = RELOADS.load(Ordering::Acquire);
     match cmd.query_async(conn).await {
         Err(e) if missing_function(&e) => {
             load_library(conn).await?;
+            // Calls that met the same loss at once each load the library again; the first to
+            // finish says so, once: a call sent before that reload finds the count moved.
+            if RELOADS
+                .compare_exchange(seen, seen + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                tracing::warn!(
+                    fault = "store_functions",
+                    cause = %e,
+                    "Redis did not have the scripts' library (a restart without persistence, \
+                     FUNCTION FLUSH, or a failover to a node without it): loaded the scripts' \
+                     library again"
+                );
+            }
             cmd.query_async(conn).await
         }
         other => other,
     }
 }
+
+/// How many times this process loaded the library again after a call found it missing.
+static RELOADS: AtomicU64 = AtomicU64::new(0);
 
 /// Whether a call failed because the server does not have the function (Redis and Valkey
 /// answer `ERR Function not found`).
