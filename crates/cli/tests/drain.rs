@@ -258,13 +258,10 @@ async fn a_stream_that_outlasts_the_drain_is_released_not_left_to_expire() {
     assert!(streamed < 1000, "{streamed}");
     assert!(exits_within(&mut env, Duration::from_secs(8)));
     // Released at shutdown, not left for the 5-minute lease expiry: nothing held, and the
-    // output streamed so far is charged.
+    // reservation charged (the upstream was left mid-answer: what it bills is not known).
     let u = usage(&env).await;
     assert_eq!((u.leases, u.reserved), (0, 0), "{u:?}");
-    assert!(
-        u.settled >= PROMPT + 5 && u.settled < PROMPT + 1000,
-        "{u:?}, {streamed} streamed"
-    );
+    assert_eq!(u.settled, PROMPT + 1000, "{u:?}, {streamed} streamed");
     // The log says what the drain cut off.
     let log = std::fs::read_to_string(&env.log).unwrap();
     let line = log

@@ -266,9 +266,12 @@ async fn instances_hold_the_limits_when_clients_leave() {
         stats.cancelled.len()
     );
     assert!(left > 10, "clients left: {left}");
+    // A client that leaves does not end what the upstream bills: every answer begun is read
+    // to its usage.
     assert!(
-        !stats.cancelled.is_empty(),
-        "no stream was cancelled upstream"
+        stats.cancelled.is_empty(),
+        "{} answers were cancelled upstream",
+        stats.cancelled.len()
     );
     assert!(
         max_in_flight <= CONCURRENCY,

@@ -81,6 +81,10 @@ pub struct DecisionRecord {
     /// is a lower bound (the limit plus one), not the whole count.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub input_lower_bound: bool,
+    /// The client went away before the answer's end: the gateway read the upstream on to its
+    /// usage (or charged the reservation when none came).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub client_left: bool,
     /// The refusal a shadow rule would have made (the request was decided without it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowRefusal>,
@@ -284,6 +288,7 @@ impl DecisionRecord {
             trimmed_turns: None,
             degraded_from: None,
             input_lower_bound: false,
+            client_left: false,
             shadow: None,
             facts: None,
             usage: None,

@@ -85,8 +85,8 @@ pub struct Connections {
 
 impl Connections {
     /// Asks every connection to finish the request it is serving and close; after `timeout`,
-    /// cuts off those still open (each request's ticket is dropped with its connection, which
-    /// releases it in the store, charging the output streamed so far).
+    /// cuts off those still open (each request's ticket is dropped with its connection, or its
+    /// answer's reading is cut off, which releases it in the store, charged its reservation).
     pub async fn drain(&mut self, timeout: Duration) {
         let _ = self.drain.send(true);
         let drained = tokio::time::timeout(timeout, async {
@@ -98,7 +98,7 @@ impl Connections {
                 connections = self.set.len(),
                 drain_timeout = ?timeout,
                 "connections still serving at the end of the drain are cut off: their requests \
-                 are released, charged the output streamed so far"
+                 are released, charged their reservations"
             );
             self.set.abort_all();
             while self.set.join_next().await.is_some() {}

@@ -36,6 +36,8 @@ pub struct Gateway {
     pub(crate) records: Option<RecordSink>,
     /// Set when a shutdown begins (`/readyz` then answers 503).
     draining: std::sync::atomic::AtomicBool,
+    /// Set when the drain has ended: answers still being read are cut off.
+    cut: tokio::sync::watch::Sender<bool>,
     /// Responses API: the context of each response served, for its follow-ups.
     contexts: Contexts,
     /// Alerts and their webhooks (fixed at start-up, like the listeners).
@@ -77,6 +79,7 @@ impl Gateway {
             queue: Queue::default(),
             records: None,
             draining: std::sync::atomic::AtomicBool::new(false),
+            cut: tokio::sync::watch::Sender::new(false),
             contexts: Contexts::default(),
             keys: crate::keys::Registry::default(),
             prepared: std::sync::atomic::AtomicBool::new(false),
@@ -99,6 +102,17 @@ impl Gateway {
     /// Marks the gateway as shutting down.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends the reading of every answer still under way (the drain is over): each is released,
+    /// charged its reservation.
+    pub fn cut_off_answers(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Becomes true when [`Gateway::cut_off_answers`] is called.
+    pub(crate) fn answers_cut(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.cut.subscribe()
     }
 
     /// Writes decision records to `sink`.

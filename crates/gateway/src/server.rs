@@ -367,6 +367,7 @@ async fn serve_shared(
     let mut connections = crate::conn::accept(listener, app, limits, shutdown).await;
     gw.start_draining();
     connections.drain(cfg.drain_timeout).await;
+    gw.cut_off_answers();
     let deadline = tokio::time::Instant::now() + RELEASE_GRACE;
     while crate::store::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;

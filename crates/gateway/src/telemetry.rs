@@ -219,6 +219,11 @@ pub fn settled(input: u64, output: u64, micro_usd: Option<u64>) {
     }
 }
 
+/// A client went away before its answer's end; the answer was read on.
+pub fn client_left() {
+    counter!("tollgate_client_left_total").increment(1);
+}
+
 /// A request ended without usage from this instance (its lease expires; the policy charges).
 pub fn abandoned() {
     counter!("tollgate_abandoned_total").increment(1);
@@ -418,6 +423,7 @@ pub fn register(policy: &tollgate_core::Policy) {
     let _ = handle();
     for name in [
         "tollgate_abandoned_total",
+        "tollgate_client_left_total",
         "tollgate_alerts_dropped_total",
         "tollgate_alerts_undecided_total",
         "tollgate_settled_micro_usd_total",

@@ -161,10 +161,12 @@ async fn redis_refusals_take_anthropics_error_format() {
 /// A gateway whose `acme` tenant has a daily budget in money, with the model priced at 3 USD per
 /// million input tokens, 0.30 cached and 15 output.
 async fn money_env(redis: bool, budget: u64) -> Env {
+    // The vocabulary the simulator bills this model with, named as an operator may: the
+    // reservation is then what the upstream bills, and only the cache's price moves it.
     env_with(
         redis,
         &format!(
-            "[policy.prices.\"{MODEL}\"]\ninput = 3000000\ncached_input = 300000\noutput = 15000000\n\
+            "[tokenizers]\n\"{MODEL}\" = \"cl100k_base\"\n[policy.prices.\"{MODEL}\"]\ninput = 3000000\ncached_input = 300000\noutput = 15000000\n\
              [[policy.scopes]]\nkey = \"tenant\"\nbudget = {{ micro_usd = {budget}, period = \"day\" }}\n"
         ),
     )
@@ -239,7 +241,7 @@ async fn cache_writes_are_charged_at_their_price(redis: bool) {
     assert_eq!(r.status, 200, "{:?}", r.body);
     let u = r.json()["usage"].clone();
     let written = u["cache_creation_input_tokens"].as_u64().unwrap();
-    assert!(written > 400, "{u}");
+    assert!(written > 300, "{u}");
     let mut want = billed(&u);
     assert_eq!(want, written * 3 + (written * 3).div_ceil(4) + 8 * 15);
     assert_eq!(settled_money(&env, want).await, want);

@@ -46,50 +46,39 @@ async fn streams_pass_through_and_settle(redis: bool) {
     assert_nothing_leaks(&env).await;
 }
 
-async fn client_disconnects_cancel_the_upstream(redis: bool) {
+/// A client that leaves mid-stream does not end what the upstream bills: the gateway stops
+/// passing the stream on but reads it to its usage, and settles that, the lease held until then.
+async fn client_disconnects_leave_the_upstream_read_to_its_usage(redis: bool) {
     let sim = SimConfig {
         latency: Duration::from_millis(200),
-        token_delay: Duration::from_millis(20),
+        token_delay: Duration::from_millis(5),
         output_tokens: 200,
         ..SimConfig::default()
     };
     let env = env(redis, BASIC, "", sim).await;
     // Mid-stream: read the headers and a few events, then leave.
     let body = serde_json::to_vec(&json!({"model": "gpt-4o", "max_tokens": 200, "stream": true, "messages": [{"role": "user", "content": "hi"}]})).unwrap();
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let left = disconnect_after(&env, &body, 600).await;
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while env.sim.stats().cancelled.is_empty() {
+    disconnect_after(&env, &body, 300).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.sim.stats().completed == 0 {
         assert!(
             Instant::now() < deadline,
-            "the upstream never saw the disconnect"
+            "the upstream was not read to its end"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let seen = env.sim.stats().cancelled[0];
-    assert!(
-        seen.saturating_duration_since(left) < Duration::from_millis(100),
-        "upstream closed {:?} after the client left",
-        seen.saturating_duration_since(left)
-    );
     assert_nothing_leaks(&env).await;
     let u = tenant_usage(&env).await;
-    assert!(
-        u.settled > 0 && u.settled < 1 + 200,
-        "charged the streamed part: {}",
-        u.settled
-    );
-    // Before the first byte of a non-streamed answer: the upstream, which would go on working
-    // anyway, is let finish, and its true usage is settled.
+    assert_eq!(u.settled, 8 + 200, "settled what the upstream reported");
+    // Before the first byte of a non-streamed answer: likewise let finish, its usage settled.
     let before = u.settled;
-    let completed = env.sim.stats().completed;
     disconnect_after(&env, &chat("hi", 200), 0).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while env.sim.stats().completed == completed {
+    while env.sim.stats().completed == 1 {
         assert!(Instant::now() < deadline, "the upstream never finished");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(env.sim.stats().cancelled.len(), 1, "not cancelled upstream");
+    assert!(env.sim.stats().cancelled.is_empty(), "cancelled upstream");
     assert_nothing_leaks(&env).await;
     let s = env.sim.stats();
     let last = tenant_usage(&env).await.settled - before;
@@ -200,7 +189,7 @@ budget = { tokens = 100000, period = "day" }
 mod both {
     on_both_stores!(
         streams_pass_through_and_settle,
-        client_disconnects_cancel_the_upstream,
+        client_disconnects_leave_the_upstream_read_to_its_usage,
         upstream_errors_release_and_charge_nothing
     );
 }

@@ -296,11 +296,28 @@ async fn remote_content_is_counted_with_an_allowance(redis: bool) {
             "{path}: {text}"
         );
     }
-    // The same request holding its file inline is counted from its text and admitted.
-    let inline = json!({"model": "gpt-4o", "max_tokens": 5, "messages": [{"role": "user",
-        "content": [{"type": "file", "file": {"file_data": "data:application/pdf;base64,QUJD", "filename": "a.pdf"}}]}]});
-    let r = post_as(&env, "/v1/chat/completions", "sk-acme", &[], &inline).await;
+    // The same request holding a PDF inline is counted by its pages and admitted; one whose
+    // pages cannot be read is admitted at the allowance, like a file named by id.
+    let inline = |data: &str| {
+        json!({"model": "gpt-4o", "max_tokens": 5, "messages": [{"role": "user",
+        "content": [{"type": "file", "file": {"file_data": format!("data:application/pdf;base64,{data}"), "filename": "a.pdf"}}]}]})
+    };
+    use base64::Engine;
+    let pdf = base64::engine::general_purpose::STANDARD
+        .encode("%PDF-1.4\n1 0 obj << /Type /Page >> endobj\n2 0 obj << /Type /Page >> endobj\n");
+    let r = post_as(&env, "/v1/chat/completions", "sk-acme", &[], &inline(&pdf)).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
+    let r = post_as(
+        &env,
+        "/v1/chat/completions",
+        "sk-acme",
+        &[],
+        &inline("QUJD"),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(text.contains("32000 for the files and documents"), "{text}");
 }
 
 /// `anthropic-beta` values pass only from the configured allow-list.

@@ -207,7 +207,9 @@ async fn tokenizers_are_configured_per_model_with_field_errors() {
     let c =
         GatewayConfig::from_toml(&format!("{base}[tokenizers]\nm = \"cl100k_base\"\n")).unwrap();
     assert_eq!(c.counter.counting_for("m").name(), "cl100k_base");
-    assert_eq!(c.counter.counting_for("other").name(), "estimate");
+    assert_eq!(c.counter.counting_for("other").name(), "utf8_bytes");
+    let c = GatewayConfig::from_toml(&format!("{base}[tokenizers]\nm = \"estimate\"\n")).unwrap();
+    assert_eq!(c.counter.counting_for("m").name(), "estimate");
 }
 
 /// A rule's degrade is checked at load: the model degraded to is served, priced where money is

@@ -77,6 +77,12 @@ pub(crate) async fn messages(
         guard.done(prompt, billed);
         let text = "tok ".repeat(usize::try_from(n).unwrap_or(0));
         let mut content = vec![json!({"type": "text", "text": text.trim_end()})];
+        if out.reasoning > 0 {
+            content.insert(
+                0,
+                json!({"type": "thinking", "thinking": SUMMARY, "signature": "sig"}),
+            );
+        }
         for c in &calls {
             content.push(tool_use(
                 c,
@@ -90,12 +96,56 @@ pub(crate) async fn messages(
         )
         .into_response();
     }
-    let events = stream_events(&model, usage, n, &calls, (stop, reported));
+    let mut events = stream_events(&model, usage, n, &calls, (stop, reported));
+    if out.reasoning > 0 {
+        thinking_first(&mut events);
+    }
     let frames = events
         .iter()
         .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
         .collect();
-    event_stream(frames, state.config.token_delay, guard, (prompt, billed))
+    event_stream(
+        frames,
+        state.config.token_delay,
+        guard,
+        (prompt, billed),
+        out.reasoning,
+    )
+}
+
+/// What a Claude 4 model streams of its thinking: a summary, not the tokens it bills.
+const SUMMARY: &str = "Weighing the request.";
+
+/// Puts a thinking block, streamed as its summary, before the answer's blocks (whose indexes
+/// move up by one), right after `message_start`.
+fn thinking_first(events: &mut Vec<(&'static str, Value)>) {
+    for (_, e) in events.iter_mut() {
+        if let Some(i) = e["index"].as_u64() {
+            e["index"] = json!(i + 1);
+        }
+    }
+    let block = [
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "thinking", "thinking": ""}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": SUMMARY}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "signature_delta", "signature": "sig"}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+    ];
+    events.splice(1..1, block);
 }
 
 /// The events of a streamed answer: the message begun with its `usage`, `n` text deltas, each

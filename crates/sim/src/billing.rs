@@ -6,9 +6,20 @@
 //! ([`crate::SimConfig::reported_output`]): the stats always hold what was billed.
 
 use serde_json::Value;
-use tollgate_tokens::{Format, TokenCounter};
+use tollgate_tokens::{Counting, Encoding, Format, TokenCounter};
 
 use crate::SimConfig;
+
+/// How the simulator counts `model`'s input: OpenAI's families by their vocabularies; a model
+/// whose tokenizer is not public by `cl100k_base`, which splits non-Latin scripts far finer
+/// than `o200k_base` does, as such a model's own vocabulary may.
+pub(crate) fn counter(model: &str) -> TokenCounter {
+    let counter = TokenCounter::default();
+    match counter.counting_for(model) {
+        Counting::Exact(_) => counter,
+        _ => counter.with_model(model, Counting::Exact(Encoding::Cl100kBase)),
+    }
+}
 
 /// A request's output, as billed.
 #[derive(Debug, Clone, Copy)]
@@ -21,12 +32,15 @@ pub(crate) struct Output {
     pub rejected: u64,
     /// Function-call arguments' tokens.
     pub calls: u64,
+    /// Hidden reasoning (or thinking) tokens in each answer, produced before its text.
+    pub reasoning: u64,
 }
 
 impl Output {
     /// Everything billed as output.
     pub fn billed(&self) -> u64 {
         self.per_answer
+            .saturating_add(self.reasoning)
             .saturating_mul(self.answers)
             .saturating_add(self.rejected)
             .saturating_add(self.calls)
@@ -48,10 +62,20 @@ pub(crate) fn output(
 ) -> Output {
     let model = req["model"].as_str().unwrap_or("");
     let counter = TokenCounter::default();
+    let reasoning = reasoning(config, req, format);
     let per_answer = if config.ignore_cap {
         config.output_tokens
     } else {
-        config.output_tokens.min(cap.unwrap_or(u64::MAX))
+        // Reasoning counts against the cap (OpenAI's `max_completion_tokens`, Anthropic's
+        // `max_tokens`): the answer gets what it leaves.
+        let cap = cap.unwrap_or(u64::MAX);
+        config
+            .output_tokens
+            .min(cap.saturating_sub(reasoning.min(cap)))
+    };
+    let reasoning = match (config.ignore_cap, cap) {
+        (false, Some(c)) => reasoning.min(c),
+        _ => reasoning,
     };
     let count = |n: &str| req[n].as_u64().unwrap_or(1).max(1);
     let answers = match format {
@@ -77,6 +101,19 @@ pub(crate) fn output(
         answers,
         rejected,
         calls,
+        reasoning,
+    }
+}
+
+/// The hidden reasoning an answer to `req` produces: the configured amount, and on Anthropic's
+/// API only when the request enables thinking, within its `budget_tokens`.
+fn reasoning(config: &SimConfig, req: &Value, format: Format) -> u64 {
+    match format {
+        Format::AnthropicMessages if req["thinking"]["type"] == "enabled" => config
+            .reasoning_tokens
+            .min(req["thinking"]["budget_tokens"].as_u64().unwrap_or(0)),
+        Format::AnthropicMessages => 0,
+        _ => config.reasoning_tokens,
     }
 }
 
@@ -90,7 +127,9 @@ fn prompts(prompt: &Value) -> u64 {
     }
 }
 
-/// The usage object's output details: rejected prediction tokens, which OpenAI reports.
+/// The usage object's output details: rejected prediction tokens and reasoning tokens, which
+/// OpenAI reports.
 pub(crate) fn details(out: &Output) -> Value {
-    serde_json::json!({"rejected_prediction_tokens": out.rejected, "reasoning_tokens": 0})
+    serde_json::json!({"rejected_prediction_tokens": out.rejected,
+        "reasoning_tokens": out.reasoning.saturating_mul(out.answers)})
 }

@@ -16,7 +16,9 @@
 mod anthropic;
 mod billing;
 pub mod limits;
+mod media;
 mod responses;
+mod tools;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -30,7 +32,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tollgate_tokens::{Format, TokenCounter};
+use tollgate_tokens::Format;
+use tools::{fetched_input, function_calls};
 
 /// How the simulator behaves.
 #[derive(Debug, Clone)]
@@ -60,6 +63,10 @@ pub struct SimConfig {
     pub reported_output: Option<u64>,
     /// The provider's own rate of chat requests, and of tokens, per window ([`limits`]).
     pub rate: Option<limits::Rate>,
+    /// Hidden output a reasoning model produces before its answer, billed as output and never
+    /// streamed (OpenAI's reasoning tokens; Anthropic's thinking when a request enables it,
+    /// within its `budget_tokens`, streamed only as a short summary); it counts against the cap.
+    pub reasoning_tokens: u64,
 }
 
 impl Default for SimConfig {
@@ -75,6 +82,7 @@ impl Default for SimConfig {
             ignore_cap: false,
             reported_output: None,
             rate: None,
+            reasoning_tokens: 0,
         }
     }
 }
@@ -207,6 +215,9 @@ struct InFlight {
     state: Arc<SimState>,
     key: String,
     done: bool,
+    /// What is billed if the request is cancelled now (prompt, output produced so far): a
+    /// provider bills the tokens it produced before the client went away.
+    produced: (u64, u64),
 }
 
 impl InFlight {
@@ -230,6 +241,7 @@ impl InFlight {
             state: state.clone(),
             key,
             done: false,
+            produced: (0, 0),
         }
     }
     fn done(mut self, prompt: u64, completion: u64) {
@@ -250,6 +262,8 @@ impl Drop for InFlight {
             }
             if !self.done {
                 s.cancelled.push(Instant::now());
+                s.prompt_tokens += self.produced.0;
+                s.completion_tokens += self.produced.1;
             }
         }
     }
@@ -382,17 +396,21 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
     }
     events.push("[DONE]".to_owned());
     let frames = events.iter().map(|e| format!("data: {e}\n\n")).collect();
-    event_stream(frames, delay, guard, (prompt, billed))
+    event_stream(frames, delay, guard, (prompt, billed), out.reasoning)
 }
 
 /// Sends `frames` (whole server-sent events) one every `delay`, the request counted done with
-/// `usage` (prompt, completion) when the last one goes.
+/// `usage` (prompt, completion) when the last one goes. Cancelled before that, it is billed its
+/// prompt, the hidden output (`hidden`: reasoning, produced before the first frame) and a
+/// token for each frame sent since.
 fn event_stream(
     frames: Vec<String>,
     delay: Duration,
-    guard: InFlight,
+    mut guard: InFlight,
     usage: (u64, u64),
+    hidden: u64,
 ) -> Response {
+    guard.produced = (usage.0, hidden.min(usage.1));
     let frames = Arc::new(frames);
     let total = frames.len();
     let stream = futures_util::stream::unfold((0usize, Some(guard)), move |(i, mut guard)| {
@@ -408,6 +426,8 @@ fn event_stream(
                 if let Some(g) = guard.take() {
                     g.done(usage.0, usage.1);
                 }
+            } else if let Some(g) = guard.as_mut() {
+                g.produced.1 = (g.produced.1 + 1).min(usage.1);
             }
             let bytes = Bytes::from(frames[i].clone());
             Some((Ok::<_, std::io::Error>(bytes), (i + 1, guard)))
@@ -427,74 +447,6 @@ fn event_stream(
 }
 
 /// The request's JSON and its prompt tokens, counted with the real tokenizer; or the 400 to send.
-/// The function calls an answer makes: [`SimConfig::function_calls`] calls to the first function
-/// tool the request offers, as (call id, name, arguments), counted in the stats.
-fn function_calls(state: &SimState, req: &Value, format: Format) -> Vec<(String, String, String)> {
-    let tools = req["tools"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    let name = tools.iter().find_map(|t| match format {
-        Format::ChatCompletions => {
-            (t["type"] == "function").then(|| t["function"]["name"].as_str())?
-        }
-        Format::Responses => (t["type"] == "function").then(|| t["name"].as_str())?,
-        // A client tool has an input schema; the server tools Anthropic runs have none.
-        _ => t.get("input_schema").and_then(|_| t["name"].as_str()),
-    });
-    let Some(name) = name.filter(|_| req["tool_choice"] != "none") else {
-        return Vec::new();
-    };
-    let n = state.config.function_calls;
-    if let Ok(mut s) = state.stats.lock() {
-        s.function_calls += n;
-    }
-    (0..n)
-        .map(|k| {
-            (
-                format!("call_sim_{k}"),
-                name.to_owned(),
-                format!("{{\"step\":{k}}}"),
-            )
-        })
-        .collect()
-}
-
-/// The Responses API's built-in tools that fetch input during a call, as the upstream knows them.
-const FETCHING_TOOLS: &[&str] = &[
-    "web_search",
-    "web_search_preview",
-    "file_search",
-    "mcp",
-    "code_interpreter",
-    "image_generation",
-];
-
-/// Input billed for what the tools the upstream runs fetched: [`SimConfig::tool_calls`] calls
-/// per such tool, within the request's bound.
-fn fetched_input(req: &Value, format: Format, config: &SimConfig) -> u64 {
-    let tools = req["tools"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    let kind = |t: &Value| t["type"].as_str().unwrap_or("").to_owned();
-    let calls = match format {
-        Format::Responses => {
-            let n = tools
-                .iter()
-                .filter(|t| FETCHING_TOOLS.contains(&kind(t).as_str()))
-                .count() as u64;
-            (n * config.tool_calls).min(req["max_tool_calls"].as_u64().unwrap_or(u64::MAX))
-        }
-        Format::ChatCompletions if !req["web_search_options"].is_null() => config.tool_calls,
-        Format::AnthropicMessages => tools
-            .iter()
-            .filter(|t| kind(t).starts_with("web_search_") || kind(t).starts_with("web_fetch_"))
-            .map(|t| {
-                config
-                    .tool_calls
-                    .min(t["max_uses"].as_u64().unwrap_or(u64::MAX))
-            })
-            .sum(),
-        _ => 0,
-    };
-    calls * config.tool_call_input_tokens
-}
-
 fn read_request(
     body: &Bytes,
     format: Format,
@@ -507,10 +459,18 @@ fn read_request(
             "invalid_json",
         ))
     })?;
-    let prompt = TokenCounter::default()
-        .count(format, body, None)
-        .map(|c| c.input_tokens)
-        .unwrap_or(0);
+    let (text_only, media) = media::split(&req, format);
+    let counter = billing::counter(req["model"].as_str().unwrap_or(""));
+    let counted = if media > 0 {
+        counter.count(
+            format,
+            &serde_json::to_vec(&text_only).unwrap_or_default(),
+            None,
+        )
+    } else {
+        counter.count(format, body, None)
+    };
+    let prompt = counted.map(|c| c.input_tokens).unwrap_or(0) + media;
     let fetched = fetched_input(&req, format, config);
     Ok((req, prompt + fetched))
 }

@@ -49,6 +49,7 @@ pub(crate) async fn responses(
     let made = function_calls(&state, &req, Format::Responses);
     let out = billing::output(&state.config, &req, Format::Responses, cap, &made);
     let (n, billed, reported) = (out.per_answer, out.billed(), out.reported(&state.config));
+    let reasoning = out.reasoning;
     let incomplete = cap.is_some_and(|c| n >= c);
     let id = {
         let mut c = match state.contexts.lock() {
@@ -77,7 +78,7 @@ pub(crate) async fn responses(
             "usage": usage})
     };
     let usage = json!({"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": reported, "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens": reported, "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + reported});
     let calls: Vec<Value> = made
         .into_iter()
@@ -104,7 +105,13 @@ pub(crate) async fn responses(
     let last = json!({"type": format!("response.{status}"),
         "response": response(status, Value::Array(out), usage)});
     let frames = responses_frames(n, &text, &message, &calls, opening, last);
-    event_stream(frames, state.config.token_delay, guard, (prompt, billed))
+    event_stream(
+        frames,
+        state.config.token_delay,
+        guard,
+        (prompt, billed),
+        reasoning,
+    )
 }
 
 /// The Responses API's events of a streamed answer: the response begun (`opening`), its text

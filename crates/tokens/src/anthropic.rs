@@ -59,8 +59,6 @@ struct Source<'a> {
     media_type: Option<Cow<'a, str>>,
 }
 
-const MAX_IMAGE_TOKENS: u64 = 1600;
-
 pub(crate) fn count_messages(
     counter: &TokenCounter,
     body: &[u8],
@@ -113,19 +111,13 @@ fn blocks(t: &mut Tally, raw: &RawValue, path: &str, depth: u8) -> Result<(), Re
                                 &data[..data.len().min(8192)]
                             ))
                         });
-                        t.add(size.map_or(MAX_IMAGE_TOKENS, |(w, h)| {
-                            (w * h).div_ceil(750).min(MAX_IMAGE_TOKENS)
-                        }));
-                    }
-                    "document" => {
-                        // Its JSON text (an inline text or base64 source is in it); one held
-                        // elsewhere (by URL or file id) is also a remote item.
-                        t.text(item.get());
-                        let kind = b.source.as_ref().and_then(|s| s.kind.as_deref());
-                        if matches!(kind, Some("url" | "file")) {
-                            t.remote_item();
+                        let cost = crate::image::anthropic_image_tokens(size);
+                        t.add(cost.tokens);
+                        if !cost.exact {
+                            t.estimated();
                         }
                     }
+                    "document" => document(t, item, b.source.as_ref()),
                     "tool_result" => {
                         if let Some(c) = b.content {
                             blocks(t, c, &format!("{bpath}.content"), depth + 1)?;
@@ -140,5 +132,27 @@ fn blocks(t: &mut Tally, raw: &RawValue, path: &str, depth: u8) -> Result<(), Re
             path,
             "expected a string or an array of content blocks",
         )),
+    }
+}
+
+/// A `document` block: a base64 PDF by its pages ([`crate::media::ANTHROPIC_PAGE_TOKENS`]
+/// each); otherwise its JSON text (an inline text source is in it), and one held elsewhere (by
+/// URL or file id), or a base64 source whose pages cannot be read, is also a remote item.
+fn document(t: &mut Tally, item: &RawValue, source: Option<&Source<'_>>) {
+    use crate::media;
+    let kind = source.and_then(|s| s.kind.as_deref());
+    if kind == Some("base64") {
+        let pages = source
+            .and_then(|s| s.data.as_deref())
+            .and_then(media::decode)
+            .and_then(|b| media::pdf_pages(&b));
+        if let Some(pages) = pages {
+            t.add(pages.saturating_mul(media::ANTHROPIC_PAGE_TOKENS));
+            return;
+        }
+    }
+    t.text(item.get());
+    if matches!(kind, Some("url" | "file" | "base64")) {
+        t.remote_item();
     }
 }

@@ -33,6 +33,7 @@ mod anthropic;
 #[cfg(feature = "huggingface")]
 pub mod hf;
 mod image;
+pub mod media;
 pub mod memo;
 mod openai;
 mod responses;
@@ -40,7 +41,10 @@ mod tally;
 
 use std::collections::BTreeMap;
 
-pub use image::{ImageCost, image_tokens};
+pub use image::{
+    ImageCost, ImageRule, anthropic_image_tokens, base64_head_size, data_url_size, image_rule,
+    image_tokens,
+};
 pub use memo::Memo;
 pub use tally::Tally;
 
@@ -87,9 +91,15 @@ pub enum Counting {
     /// With the model's own `tokenizer.json`.
     #[cfg(feature = "huggingface")]
     HuggingFace(std::sync::Arc<hf::HfTokenizer>),
-    /// A conservative estimate for a model with no public tokenizer: the `o200k_base` count
-    /// plus a quarter, rounded up. Flagged `exact: false`.
+    /// An estimate for a model with no public tokenizer: the `o200k_base` count plus a quarter,
+    /// rounded up. It can come out low (a script its vocabulary splits finely), so it is only
+    /// used where configured. Flagged `exact: false`.
     Estimate,
+    /// A proven upper bound for a model with no public tokenizer, the default for such models:
+    /// one token per UTF-8 byte. Every byte-level BPE token, and every SentencePiece token with
+    /// byte fallback, covers at least one byte, so no such tokenizer can count more. Flagged
+    /// `exact: false`; settlement charges what the upstream reports.
+    Bytes,
 }
 
 impl Counting {
@@ -100,6 +110,7 @@ impl Counting {
             #[cfg(feature = "huggingface")]
             Counting::HuggingFace(_) => "tokenizer.json",
             Counting::Estimate => "estimate",
+            Counting::Bytes => "utf8_bytes",
         }
     }
 }
@@ -146,7 +157,7 @@ impl TokenCounter {
         }
     }
 
-    /// How `model` is counted: a configured name, else a known family, else an estimate.
+    /// How `model` is counted: a configured name, else a known family, else the byte bound.
     pub fn counting_for(&self, model: &str) -> Counting {
         if let Some(c) = self.overrides.get(model) {
             return c.clone();
@@ -154,7 +165,7 @@ impl TokenCounter {
         PREFIXES
             .iter()
             .find(|(p, _)| model.starts_with(p))
-            .map_or(Counting::Estimate, |(_, e)| Counting::Exact(*e))
+            .map_or(Counting::Bytes, |(_, e)| Counting::Exact(*e))
     }
 
     /// Counts the input of a request body in `format`. With `limit`, counting stops once the
@@ -190,11 +201,13 @@ impl TokenCounter {
 
     /// Counts output that passed through as (floor, count): the count is [`Self::count_text`]'s;
     /// the floor is the same where the model's tokenizer is known, and for a model counted by
-    /// estimate the `o200k_base` count without the estimate's margin, the fewest tokens an
+    /// estimate or bound the `o200k_base` count without the estimate's margin, the fewest tokens an
     /// upstream can honestly report for that text.
     pub fn count_output(&self, model: &str, text: &str) -> (u64, u64) {
         let counting = self.counting_for(model);
-        let estimated = matches!(counting, Counting::Estimate);
+        // Output is counted, not reserved: the byte bound would hold a stream at a quarter of
+        // its cap, so a model without a tokenizer is counted as by the estimate here.
+        let estimated = matches!(counting, Counting::Estimate | Counting::Bytes);
         let floor_counting = if estimated {
             Counting::Exact(Encoding::O200kBase)
         } else {
@@ -252,6 +265,11 @@ pub struct RequestCount {
     /// the caller adds an allowance per item.
     #[serde(skip_serializing_if = "is_zero")]
     pub remote_items: u32,
+    /// Earlier audio answers the body names by id (chat's assistant `audio`): the provider
+    /// bills their audio again, which is not counted here, so the caller adds an allowance
+    /// per reference or refuses the request.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub audio_references: u32,
 }
 
 fn is_zero(n: &u32) -> bool {

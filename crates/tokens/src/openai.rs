@@ -72,6 +72,9 @@ struct Message<'a> {
     tool_calls: Option<Vec<&'a RawValue>>,
     #[serde(default, borrow)]
     function_call: Option<&'a RawValue>,
+    /// An earlier audio answer, named by id: the upstream bills its audio again as input.
+    #[serde(default, borrow)]
+    audio: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -88,6 +91,9 @@ struct Part<'a> {
     /// The Responses API's `input_image` detail.
     #[serde(default, borrow)]
     detail: Option<Cow<'a, str>>,
+    /// The Responses API's `input_image` held by the upstream.
+    #[serde(default, borrow)]
+    file_id: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -144,6 +150,9 @@ pub(crate) fn count_chat(
         }
         if let Some(c) = m.content {
             content(&mut t, &req.model, c, &format!("{path}.content"))?;
+        }
+        if m.audio.is_some_and(|a| a.get() != "null") {
+            t.audio_reference();
         }
         for (j, call) in m.tool_calls.iter().flatten().enumerate() {
             let call: ToolCall<'_> = serde_json::from_str(call.get()).map_err(|e| {
@@ -241,6 +250,13 @@ pub(crate) fn content(
                     kind @ ("image_url" | "input_image") => {
                         let field = format!("{ppath}.image_url");
                         let Some(raw) = p.image_url else {
+                            if kind == "input_image" && p.file_id.is_some() {
+                                // Held by the upstream: its size is unknown, its most charged.
+                                let cost = image_tokens(model, p.detail.as_deref(), None);
+                                t.add(cost.tokens);
+                                t.estimated();
+                                continue;
+                            }
                             return Err(RequestError::invalid(field, "missing"));
                         };
                         let (url, detail) = if kind == "image_url" {
@@ -257,15 +273,8 @@ pub(crate) fn content(
                             t.estimated();
                         }
                     }
-                    "file" | "input_file" => {
-                        // Its JSON text, flagged; a file held elsewhere (by id or URL) is also
-                        // a remote item, whose content the caller allows for.
-                        t.text(raw.get());
-                        t.estimated();
-                        if !holds_file_data(raw) {
-                            t.remote_item();
-                        }
-                    }
+                    "file" | "input_file" => crate::media::file_part(t, model, raw, &ppath)?,
+                    "input_audio" => crate::media::audio_part(t, raw, &ppath)?,
                     _ => {
                         // Audio and future part types: their JSON text, flagged.
                         t.text(raw.get());
@@ -282,31 +291,6 @@ pub(crate) fn content(
         }
     }
     Ok(())
-}
-
-/// Whether a file part carries its content inline (`file_data`: chat's `file.file_data`, the
-/// Responses API's `input_file.file_data`) rather than naming it by `file_id` or `file_url`.
-fn holds_file_data(raw: &RawValue) -> bool {
-    #[derive(Deserialize)]
-    struct FilePart<'a> {
-        #[serde(default, borrow)]
-        file: Option<&'a RawValue>,
-        #[serde(default, borrow)]
-        file_data: Option<&'a RawValue>,
-    }
-    #[derive(Deserialize)]
-    struct Inner<'a> {
-        #[serde(default, borrow)]
-        file_data: Option<&'a RawValue>,
-    }
-    let Ok(p) = serde_json::from_str::<FilePart<'_>>(raw.get()) else {
-        return false;
-    };
-    let inner = p
-        .file
-        .and_then(|f| serde_json::from_str::<Inner<'_>>(f.get()).ok())
-        .and_then(|i| i.file_data);
-    p.file_data.or(inner).is_some_and(|d| d.get() != "null")
 }
 
 #[derive(Deserialize)]

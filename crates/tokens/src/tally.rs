@@ -13,19 +13,21 @@ pub struct Tally {
     used: u64,
     exact: bool,
     remote: u32,
+    audio_refs: u32,
     memo: Option<Arc<dyn Memo>>,
 }
 
 impl Tally {
     /// A tally with this rule and optional limit.
     pub fn new(counting: Counting, limit: Option<u64>) -> Self {
-        let exact = !matches!(counting, Counting::Estimate);
+        let exact = !matches!(counting, Counting::Estimate | Counting::Bytes);
         Self {
             counting,
             limit: limit.unwrap_or(u64::MAX - 1),
             used: 0,
             exact,
             remote: 0,
+            audio_refs: 0,
             memo: None,
         }
     }
@@ -54,6 +56,13 @@ impl Tally {
         self.exact = false;
     }
 
+    /// Notes an earlier audio answer named by id, which the upstream bills again as input and
+    /// the body does not hold.
+    pub fn audio_reference(&mut self) {
+        self.audio_refs = self.audio_refs.saturating_add(1);
+        self.exact = false;
+    }
+
     /// Marks the count as an estimate.
     pub fn estimated(&mut self) {
         self.exact = false;
@@ -65,6 +74,10 @@ impl Tally {
             return;
         }
         let remaining = self.limit - self.used;
+        if matches!(self.counting, Counting::Bytes) {
+            self.add(u64::try_from(s.len()).unwrap_or(u64::MAX));
+            return;
+        }
         // A text needs at least len/longest-token tokens: beyond that it is over without counting.
         let longest = match &self.counting {
             #[cfg(feature = "huggingface")]
@@ -93,6 +106,7 @@ impl Tally {
                     self.add(n);
                 }
             }
+            Counting::Bytes => {}
             Counting::Estimate => {
                 // o200k count + 25%, rounded up: stop once even the unscaled count cannot fit.
                 let o200k = crate::Encoding::O200kBase;
@@ -179,6 +193,7 @@ impl Tally {
             over_limit: self.over(),
             stream,
             remote_items: self.remote,
+            audio_references: self.audio_refs,
         }
     }
 

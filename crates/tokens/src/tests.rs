@@ -40,10 +40,29 @@ fn model_families_map_to_their_encodings() {
         ("gpt-4-turbo", "cl100k_base"),
         ("gpt-3.5-turbo", "cl100k_base"),
         ("text-embedding-3-small", "cl100k_base"),
-        ("claude-sonnet-4", "estimate"),
+        ("claude-sonnet-4", "utf8_bytes"),
     ] {
         assert_eq!(c.counting_for(m).name(), e, "{m}");
     }
+    // The byte bound is one token per UTF-8 byte: never below any byte-level vocabulary's count.
+    let hindi = "भारत एक विशाल देश है";
+    let (bound, exact) = c.count_text("house-model", hindi, None);
+    assert_eq!((bound, exact), (hindi.len() as u64, false));
+    let cl100k = c
+        .clone()
+        .with_model("house-model", Counting::Exact(Encoding::Cl100kBase))
+        .count_text("house-model", hindi, None)
+        .0;
+    let estimate = c
+        .clone()
+        .with_model("house-model", Counting::Estimate)
+        .count_text("house-model", hindi, None)
+        .0;
+    assert!(cl100k <= bound, "{cl100k} > {bound}");
+    assert!(
+        estimate < cl100k,
+        "the estimate ({estimate}) can come out low ({cl100k})"
+    );
     let c = c.with_model("my-llama", Counting::Exact(Encoding::Cl100kBase));
     assert_eq!(c.counting_for("my-llama").name(), "cl100k_base");
 }

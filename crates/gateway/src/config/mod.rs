@@ -145,6 +145,8 @@ pub struct GatewayConfig {
     pub http2_max_streams: Option<u32>,
     /// Input tokens admitted per file or document named by URL or id.
     pub remote_tokens_per_item: u64,
+    /// Input tokens admitted per earlier audio answer named by id; `None`: refused.
+    pub remote_audio_tokens: Option<u64>,
     /// `anthropic-beta` values clients may send.
     pub anthropic_betas: Vec<String>,
     /// The request header that names a request's agent operation.

@@ -101,6 +101,9 @@ pub struct RawWebhook {
 pub struct RawRemoteContent {
     /// Input tokens admitted for each such item: default 32,000, at most 10,000,000.
     pub tokens_per_item: Option<u64>,
+    /// Input tokens admitted for each earlier audio answer named by id (chat's assistant
+    /// `audio`), at most 10,000,000; unset (the default), such a request is refused.
+    pub audio_tokens_per_reference: Option<u64>,
 }
 
 /// `[anthropic]`

@@ -84,6 +84,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         max_connections_per_ip: conns.per_ip,
         http2_max_streams: conns.http2_max_streams,
         remote_tokens_per_item: remote_content(&raw.remote_content)?,
+        remote_audio_tokens: remote_audio(&raw.remote_content)?,
         anthropic_betas: raw.anthropic.betas,
         operation_header: operation_header(&raw.operations)?,
         idempotency: idempotency(&raw.idempotency)?,
@@ -391,6 +392,7 @@ fn tokenizers(raw: &BTreeMap<String, String>) -> Result<Vec<(String, TokenizerSp
     for (model, rule) in raw {
         let spec = match rule.as_str() {
             "estimate" => TokenizerSpec::Known(Counting::Estimate),
+            "utf8_bytes" => TokenizerSpec::Known(Counting::Bytes),
             name if Encoding::parse(name).is_some() => match Encoding::parse(name) {
                 Some(e) => TokenizerSpec::Known(Counting::Exact(e)),
                 None => return Err(err(format!("tokenizers.{model:?}"), "encoding")),
@@ -400,7 +402,7 @@ fn tokenizers(raw: &BTreeMap<String, String>) -> Result<Vec<(String, TokenizerSp
                 return Err(err(
                     format!("tokenizers.{model:?}"),
                     format!(
-                        "expected o200k_base, cl100k_base, estimate or a tokenizer.json path, \
+                        "expected o200k_base, cl100k_base, utf8_bytes, estimate or a tokenizer.json path, \
                          got {other:?}"
                     ),
                 ));
@@ -462,6 +464,16 @@ fn remote_content(raw: &RawRemoteContent) -> Result<u64, ConfigError> {
         ));
     }
     Ok(n)
+}
+
+fn remote_audio(raw: &RawRemoteContent) -> Result<Option<u64>, ConfigError> {
+    match raw.audio_tokens_per_reference {
+        Some(n) if n > 10_000_000 => Err(err(
+            "remote_content.audio_tokens_per_reference",
+            "must be at most 10000000",
+        )),
+        n => Ok(n),
+    }
 }
 
 fn validate_betas(raw: &RawAnthropic) -> Result<(), ConfigError> {

@@ -41,6 +41,22 @@ pub(crate) struct Counted {
     pub degraded_from: Option<String>,
 }
 
+/// The input admitted for what the body names but does not hold: files and documents by URL or
+/// id, and earlier audio answers by id (refused when no allowance is configured for them).
+fn remote_allowance(
+    cfg: &GatewayConfig,
+    count: &tollgate_tokens::RequestCount,
+) -> Result<u64, ApiError> {
+    let files = u64::from(count.remote_items).saturating_mul(cfg.remote_tokens_per_item);
+    if count.audio_references == 0 {
+        return Ok(files);
+    }
+    let Some(per) = cfg.remote_audio_tokens else {
+        return Err(respond::audio_reference_unpriced());
+    };
+    Ok(files.saturating_add(u64::from(count.audio_references).saturating_mul(per)))
+}
+
 /// Counts the request of `intake`, whose id is `id`.
 pub(crate) async fn count(
     gw: &Gateway,
@@ -89,7 +105,7 @@ pub(crate) async fn count(
     // What tools the upstream runs will fetch is input too; their calls are bounded in the body.
     let tool_input = crate::upstream_tools::bound(dialect.format(), &mut json, cfg.upstream_tools);
     // So is the content of files and documents named by URL or id.
-    let mut remote_input = u64::from(count.remote_items).saturating_mul(cfg.remote_tokens_per_item);
+    let mut remote_input = remote_allowance(cfg, &count)?;
     let mut input = count
         .input_tokens
         .saturating_add(kept_context)

@@ -5,6 +5,12 @@
 //! the way ([`SseMeter`]), within bounds (the wait for the next event, the stream's length, an
 //! event's size); past a bound, the client gets an error event in its API's format, the usage
 //! metered so far is charged, and the lease is released. Either way the end settles the ticket.
+//!
+//! A stream is read by a task of its own, which hands each piece to the client's body. When the
+//! client goes away, the task stops handing on but keeps reading, within the same bounds and
+//! the cap, until the upstream's usage arrives: the upstream bills what it produced (hidden
+//! reasoning included) whether anyone reads it. If the usage never comes, the whole reservation
+//! is charged.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -155,6 +161,7 @@ pub(crate) fn stream(mut a: Answer, body: hyper::body::Incoming) -> Body {
         ..Usage::default()
     });
     let now = Instant::now();
+    let cut = a.gw.answers_cut();
     let metered = MeteredStream {
         body,
         meter: a
@@ -171,11 +178,36 @@ pub(crate) fn stream(mut a: Answer, body: hyper::body::Incoming) -> Body {
         started: now,
         last_event: now,
         kept: a.claim.map(|c| (c, Some(Vec::new()))),
+        left: false,
+        cut,
     };
-    Body::from_stream(futures_util::stream::unfold(
-        Some(metered),
-        |s| async move { s?.next().await },
-    ))
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(read_to_the_end(metered, tx));
+    Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|piece| (piece, rx))
+    }))
+}
+
+/// Reads `first` to its end, handing each piece to the client through `tx` while it listens,
+/// and on when it has gone (see the module's notes).
+async fn read_to_the_end(
+    first: MeteredStream,
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+) {
+    let mut next = Some(first);
+    let mut listening = true;
+    while let Some(s) = next.take() {
+        let Some((piece, rest)) = s.next().await else {
+            return;
+        };
+        next = rest;
+        if listening && tx.send(piece).await.is_err() {
+            listening = false;
+            if let Some(s) = next.as_mut() {
+                s.client_left();
+            }
+        }
+    }
 }
 
 /// The output, in tokens, past which a stream is ended at its cap `granted`: the cap, plus a
@@ -208,6 +240,11 @@ pub(crate) struct MeteredStream {
     /// The request's idempotency key, and what was sent so far to keep for its replay (`None`
     /// once past the bound).
     pub kept: Option<(super::idempotent::Claim, Option<Vec<u8>>)>,
+    /// The client went away: what the upstream bills can only come from its usage, and without
+    /// it the reservation is charged.
+    pub left: bool,
+    /// Becomes true when a shutdown's drain is over: the reading is cut off.
+    pub cut: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Why a stream was cut off.
@@ -216,6 +253,8 @@ enum Breach {
     Idle,
     TooLong,
     EventTooLarge,
+    /// The gateway shuts down and its drain is over.
+    Shutdown,
 }
 
 impl Breach {
@@ -224,6 +263,7 @@ impl Breach {
             Breach::Idle => "stream_idle_timeout",
             Breach::TooLong => "stream_max_duration",
             Breach::EventTooLarge => "stream_event_too_large",
+            Breach::Shutdown => "shutting_down",
         }
     }
 
@@ -241,6 +281,7 @@ impl Breach {
                 "The upstream sent an event larger than {} bytes; the stream was ended.",
                 bounds.max_event_bytes
             ),
+            Breach::Shutdown => "The gateway is shutting down; the stream was ended.".to_owned(),
         }
     }
 }
@@ -251,7 +292,14 @@ impl MeteredStream {
         loop {
             let deadline =
                 (self.last_event + self.bounds.idle).min(self.started + self.bounds.max_duration);
-            let frame = match tokio::time::timeout_at(deadline, self.body.frame()).await {
+            let next = tokio::select! {
+                f = tokio::time::timeout_at(deadline, self.body.frame()) => Some(f),
+                _ = self.cut.wait_for(|cut| *cut) => None,
+            };
+            let Some(next) = next else {
+                return self.cut_off(Breach::Shutdown).await;
+            };
+            let frame = match next {
                 Ok(f) => f,
                 Err(_) => {
                     let breach = if Instant::now() >= self.started + self.bounds.max_duration {
@@ -272,7 +320,9 @@ impl MeteredStream {
                     if self.meter.events > seen {
                         self.last_event = Instant::now();
                     }
-                    self.ticket.partial = Some(self.usage_so_far());
+                    if !self.left {
+                        self.ticket.partial = Some(self.usage_so_far());
+                    }
                     if self.meter.pending() > self.bounds.max_event_bytes {
                         return self.cut_off(Breach::EventTooLarge).await;
                     }
@@ -293,13 +343,33 @@ impl MeteredStream {
                     return Some((Ok(out), Some(self)));
                 }
                 Some(Err(e)) => {
-                    // The upstream broke off: charge what was streamed.
-                    let partial = self.ticket.partial;
-                    let _ = self.ticket.release(partial).await;
+                    // The upstream broke off: charge what was streamed (the reservation when
+                    // the client had left).
+                    let usage = self.without_usage();
+                    let _ = self.ticket.release(Some(usage)).await;
                     return Some((Err(std::io::Error::other(e)), None));
                 }
                 None => return self.end(Bytes::new()).await,
             }
+        }
+    }
+
+    /// The client went away: reading goes on.
+    fn client_left(&mut self) {
+        self.left = true;
+        self.ticket.client_left();
+        // Dropped from here on (its task cancelled), nothing says what was produced.
+        self.ticket.partial = Some(self.reserved());
+    }
+
+    /// What is charged when no usage will come: after the client left, the reservation (the
+    /// upstream may have produced output nobody saw, reasoning included); before, what was
+    /// streamed.
+    fn without_usage(&self) -> Usage {
+        if self.left || self.meter.bad_usage {
+            self.reserved()
+        } else {
+            self.usage_so_far()
         }
     }
 
@@ -332,10 +402,10 @@ impl MeteredStream {
         breach: Breach,
     ) -> Option<(Result<Bytes, std::io::Error>, Option<Self>)> {
         crate::telemetry::stream_cut_off(breach.code());
-        let usage = if self.meter.bad_usage {
-            self.reserved()
-        } else {
-            self.usage_so_far()
+        // Cut off by a shutdown, the upstream is left mid-answer: what it bills is not known.
+        let usage = match breach {
+            Breach::Shutdown => self.reserved(),
+            _ => self.without_usage(),
         };
         let event = self
             .dialect
@@ -365,6 +435,12 @@ impl MeteredStream {
         let rest = [sent, rest].concat();
         let counted = self.meter.exact_output();
         let reported = self.meter.usage;
+        if reported.is_none() && self.left {
+            // Ended without a report after its client left: nothing says what was produced.
+            let usage = self.reserved();
+            self.settle_and_keep(usage).await;
+            return None;
+        }
         let (p, c, o) = reported.unwrap_or_else(|| self.meter.usage_so_far(self.input));
         let mut usage = Usage {
             input_tokens: p,

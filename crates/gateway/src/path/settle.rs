@@ -320,6 +320,14 @@ impl<S: Store + Clone + 'static> Ticket<S> {
         }
     }
 
+    /// Notes that the client went away before the answer's end (the answer is read on).
+    pub fn client_left(&mut self) {
+        crate::telemetry::client_left();
+        if let Some(r) = self.record.as_mut() {
+            r.record.client_left = true;
+        }
+    }
+
     /// Dropped without an ending (its client left), the ticket waits `grace` before it releases:
     /// the upstream may go on working until it notices the closed connection.
     pub fn release_after(&mut self, grace: Duration) {
@@ -485,11 +493,15 @@ impl<S: Store + Clone + 'static> Drop for Ticket<S> {
         if let (Some(r), Some(u)) = (self.record.as_mut(), self.partial) {
             r.record.usage = Some(u.bounded());
         }
-        self.write_record("abandoned", None, 1);
         self.count_usage(self.partial.as_ref());
         if self.detached {
+            self.write_record("abandoned", None, 1);
             return;
         }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            self.write_record("abandoned", None, 1);
+            return;
+        };
         let (store, id, usage, open, lifetime, grace) = (
             self.store.clone(),
             std::mem::take(&mut self.id),
@@ -500,22 +512,23 @@ impl<S: Store + Clone + 'static> Drop for Ticket<S> {
         );
         let shadow = self.shadow.take();
         let booking = self.booking.take();
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if !grace.is_zero() {
-                    tokio::time::sleep(grace).await;
-                }
-                // Retried like any ending; if it never lands, the lease expires and the policy
-                // charges the reservation.
-                let end = End::Release(usage);
-                end_shadow(&store, shadow, end, lifetime).await;
-                let first = end.call(&store, &id).await;
-                let (f, _) = end_with_retries(&store, &id, end, first, lifetime).await;
-                if let Some(b) = booking {
-                    b.book(&id, "released", &f, usage);
-                }
-                drop(open);
-            });
-        }
+        let mut record = self.record.take();
+        handle.spawn(async move {
+            if !grace.is_zero() {
+                tokio::time::sleep(grace).await;
+            }
+            // Retried like any ending; if it never lands, the lease expires and the policy
+            // charges the reservation.
+            let end = End::Release(usage);
+            end_shadow(&store, shadow, end, lifetime).await;
+            let first = end.call(&store, &id).await;
+            let (f, attempts) = end_with_retries(&store, &id, end, first, lifetime).await;
+            if let Some(b) = booking {
+                b.book(&id, "released", &f, usage);
+            }
+            // The record says what the store charged, once it has.
+            write_record(&mut record, "abandoned", Some(&f), attempts);
+            drop(open);
+        });
     }
 }

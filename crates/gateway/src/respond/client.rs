@@ -248,6 +248,18 @@ pub fn unpriced_field(field: &str) -> ApiError {
     .param(field)
 }
 
+/// An earlier audio answer named by id, with no allowance configured: its audio is billed
+/// again as input and the body does not hold it.
+pub fn audio_reference_unpriced() -> ApiError {
+    ApiError::invalid(
+        "unpriced_audio_reference",
+        "An assistant message names an earlier audio answer by id; the upstream bills that audio \
+         again as input, and this gateway cannot see its length. Send the audio's transcript \
+         instead, or ask the operator to set [remote_content] audio_tokens_per_reference.",
+    )
+    .param("messages")
+}
+
 /// A service tier with no price for the model, under a money budget.
 pub fn unpriced_tier(field: &str, tier: &str, model: &str) -> ApiError {
     ApiError::invalid(

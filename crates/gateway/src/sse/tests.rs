@@ -56,10 +56,10 @@ fn anthropic_usage_comes_from_message_start_and_message_delta() {
     out.extend_from_slice(&m.feed(b.as_bytes()));
     assert_eq!(out, events.as_bytes());
     assert_eq!(m.usage, Some((30, 20, 2)));
-    // The streamed text counted with the model's rule (an estimate for Claude models).
+    // The streamed text counted as output is counted (an estimate for Claude models).
     let hello = TokenCounter::default()
-        .count_text("claude-sonnet-4", "Hello", None)
-        .0;
+        .count_output("claude-sonnet-4", "Hello")
+        .1;
     assert!(hello > 0);
     assert_eq!(m.counted_output, hello);
     assert!(!m.done);
@@ -81,8 +81,8 @@ fn anthropic_output_counts_text_thinking_and_tool_input() {
     let mut m = SseMeter::anthropic("claude-sonnet-4");
     m.feed(b"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"Let me see.\"}}\n\n");
     let expected = TokenCounter::default()
-        .count_text("claude-sonnet-4", "Let me see.", None)
-        .0;
+        .count_output("claude-sonnet-4", "Let me see.")
+        .1;
     assert!(expected > 0);
     assert_eq!(m.counted_output, expected);
 }
