@@ -272,4 +272,11 @@ async fn a_stream_that_outlasts_the_drain_is_released_not_left_to_expire() {
         line.contains("WARN") && line.contains("connections=1"),
         "{line}"
     );
+    // And one line for the stream charged its reservation, with its cause.
+    let charged: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("charged its whole reservation"))
+        .collect();
+    assert_eq!(charged.len(), 1, "{log}");
+    assert!(charged[0].contains("shut down"), "{}", charged[0]);
 }

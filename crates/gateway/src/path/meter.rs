@@ -366,11 +366,24 @@ impl MeteredStream {
     /// upstream may have produced output nobody saw, reasoning included); before, what was
     /// streamed.
     fn without_usage(&self) -> Usage {
+        if self.left {
+            self.log_reserved("it ended without the upstream's usage");
+        }
         if self.left || self.meter.bad_usage {
             self.reserved()
         } else {
             self.usage_so_far()
         }
+    }
+
+    /// The one line for a stream charged its reservation because nothing says what the
+    /// upstream produced.
+    fn log_reserved(&self, why: &str) {
+        tracing::warn!(
+            request_id = %self.ticket.id(),
+            reserved = self.input.saturating_add(self.granted),
+            "a stream was charged its whole reservation: {why}"
+        );
     }
 
     /// Adds what was sent to what is kept for a replay, within its bound.
@@ -404,7 +417,10 @@ impl MeteredStream {
         crate::telemetry::stream_cut_off(breach.code());
         // Cut off by a shutdown, the upstream is left mid-answer: what it bills is not known.
         let usage = match breach {
-            Breach::Shutdown => self.reserved(),
+            Breach::Shutdown => {
+                self.log_reserved("the gateway shut down while it was read");
+                self.reserved()
+            }
             _ => self.without_usage(),
         };
         let event = self
@@ -437,7 +453,7 @@ impl MeteredStream {
         let reported = self.meter.usage;
         if reported.is_none() && self.left {
             // Ended without a report after its client left: nothing says what was produced.
-            let usage = self.reserved();
+            let usage = self.without_usage();
             self.settle_and_keep(usage).await;
             return None;
         }
