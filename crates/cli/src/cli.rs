@@ -105,6 +105,20 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
         format: ReportFormat,
     },
+    /// What a model costs and where each figure comes from (`prices MODEL`), or how two price
+    /// catalogs differ (`prices diff A B`).
+    #[command(args_conflicts_with_subcommands = true)]
+    Prices {
+        /// The model, as requests name it.
+        model: Option<String>,
+        /// A policy file, or a gateway configuration with `[policy]`, whose `[prices]` apply
+        /// over the catalog.
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// `diff A B`.
+        #[command(subcommand)]
+        command: Option<PricesCommand>,
+    },
     /// Validate a gateway configuration (what `serve --config` takes), a replay fixture or a
     /// policy file, without serving.
     Check {
@@ -114,6 +128,19 @@ pub enum Command {
         /// The same, as an option (`check FILE` and `check --config FILE` are one).
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+}
+
+/// `tollgate prices` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PricesCommand {
+    /// Every figure that differs between two catalogs (files in LiteLLM's
+    /// `model_prices_and_context_window.json` format, or `builtin`).
+    Diff {
+        /// The catalog before.
+        a: String,
+        /// The catalog after.
+        b: String,
     },
 }
 

@@ -49,17 +49,12 @@ version = "demo-1"
 [policy.classes.critical]
 weight = 3
 
+# gpt-4o-mini and text-embedding-3-small are priced by the pinned catalog
+# (`tollgate prices gpt-4o-mini`); these are the demo's own, over it.
 [policy.prices."gpt-4o"]
 input = 2500000
 output = 10000000
-
-[policy.prices."gpt-4o-mini"]
-input = 150000
-output = 600000
-
-[policy.prices."text-embedding-3-small"]
-input = 20000
-output = 0
+file_search = 2500
 
 [policy.prices."claude-sonnet-4"]
 input = 3000000

@@ -5,6 +5,7 @@ mod cli;
 mod count;
 mod demo;
 mod keys;
+mod prices;
 mod spend;
 mod stress;
 mod whatif;
@@ -90,6 +91,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let count = count::count(&body, model.as_deref(), format, tokenizer.as_deref())?;
             writeln!(std::io::stdout(), "{}", serde_json::to_string(&count)?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Prices {
+            model,
+            policy,
+            command,
+        } => {
+            let mut out = std::io::stdout().lock();
+            match (command, model) {
+                (Some(cli::PricesCommand::Diff { a, b }), _) => prices::diff(&a, &b, &mut out)?,
+                (None, Some(m)) => prices::show(&m, policy.as_deref(), &mut out)?,
+                (None, None) => anyhow::bail!("give a model: tollgate prices MODEL"),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { file, config } => match file.or(config) {

@@ -25,7 +25,7 @@ fn bar(len: u64, what: &'static str) -> indicatif::ProgressBar {
 }
 
 /// The policy of `path`: a bare policy file, or a gateway configuration's `[policy]`.
-fn load_policy(path: &Path) -> anyhow::Result<Policy> {
+pub(crate) fn load_policy(path: &Path) -> anyhow::Result<Policy> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let context = || format!("in {}", path.display());

@@ -264,6 +264,31 @@ pub struct Usage {
     /// the gateway from the answer, never taken from a number the upstream reports.
     #[serde(default)]
     pub tool_calls: u64,
+    /// Micro-dollars a money budget is charged besides the token prices: the per-call fees of
+    /// the tools the upstream runs, and what audio tokens and a long context cost above the
+    /// text price ([`crate::policy::Charges::fees`]). Computed by the gateway from the price
+    /// table; budgets in tokens or tool calls ignore it.
+    #[serde(default)]
+    pub fees: u64,
+}
+
+/// The most fees one request is charged: a hundred thousand dollars, far above any call a
+/// provider prices, and below 2^53 with any token cost beside it.
+pub const MAX_FEES: u64 = 100_000_000_000;
+
+/// What a request uses that token prices do not cover: the calls of tools the upstream runs,
+/// and audio input. At admission, the most the request allows; at settlement, what the answer
+/// shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Metered {
+    /// Web searches.
+    pub web_searches: u64,
+    /// File searches.
+    pub file_searches: u64,
+    /// Code-interpreter sessions.
+    pub code_sessions: u64,
+    /// Audio input tokens.
+    pub audio_input_tokens: u64,
 }
 
 impl Usage {
@@ -293,6 +318,7 @@ impl Usage {
             cache_write_tokens,
             cache_write_1h_tokens,
             tool_calls: self.tool_calls.min(max),
+            fees: self.fees.min(MAX_FEES),
         }
     }
 }
@@ -334,7 +360,7 @@ impl Price {
     /// rule (also Bedrock's and Vertex's for Claude): 1.25 times for five minutes, twice for one
     /// hour. They are charged as input, plus a surcharge of a quarter or one whole input price,
     /// rounded up on its own (at most one micro-unit above the exact sum). The Redis ledger's
-    /// `cost` computes the same.
+    /// `cost` computes the same. The usage's fees are added as they are.
     pub fn cost(&self, u: &Usage) -> u64 {
         let cached = u.cached_input_tokens.min(u.input_tokens);
         let fresh = u.input_tokens - cached;
@@ -345,7 +371,9 @@ impl Price {
         let w5 = u.cache_write_tokens.min(fresh);
         let w1h = u.cache_write_1h_tokens.min(fresh - w5);
         let quarters = (u128::from(w5) + 4 * u128::from(w1h)) * u128::from(self.input);
-        let cost = micro_per_mtok.div_ceil(1_000_000) + quarters.div_ceil(4_000_000);
+        let cost = micro_per_mtok.div_ceil(1_000_000)
+            + quarters.div_ceil(4_000_000)
+            + u128::from(u.fees.min(MAX_FEES));
         u64::try_from(cost).unwrap_or(u64::MAX)
     }
 }

@@ -56,7 +56,7 @@ pub mod whatif;
 
 pub use clock::{Clock, ManualClock, Millis, SharedClock, SystemClock};
 pub use decision::{Admitted, Decision, Deny, Quota, Reason};
-pub use ledger::{Period, Usage};
+pub use ledger::{Metered, Period, Usage};
 pub use memory::MemoryStore;
 pub use pipeline::{
     KillTargets, Plan, PlanError, RequestFacts, plan, plans, rate_plan, shadow_plan,

@@ -42,6 +42,9 @@ pub struct RequestFacts {
     pub price_tier: Option<String>,
     /// The priority class its key names, if any (else its tenant's, else `standard`).
     pub class: Option<String>,
+    /// The most it may use that token prices do not cover (tools the upstream runs, audio
+    /// input): reserved at its model's charges under a money budget.
+    pub metered: crate::ledger::Metered,
 }
 
 pub use crate::controls::{BudgetCheck, Check, ConcurrencyCheck, Kind, RateCheck};
@@ -67,6 +70,8 @@ pub struct Plan {
     pub ttl_ms: u64,
     /// The model's price, when any budget is in money.
     pub price: Option<Price>,
+    /// How the request's fees are reckoned at settlement, when its model has a price.
+    pub fees: Option<crate::policy::FeeRule>,
     /// What expiry or an abandoned request costs, as usage to charge.
     pub expired_usage: Usage,
     /// Whether every stateful control this request is subject to may fail open.
@@ -296,6 +301,16 @@ pub enum PlanError {
         /// The scope with the money limit.
         scope: String,
     },
+    /// A money limit applies but the model has no price for something the request may use.
+    #[error("model {model:?} has no price for {what}, and scope {scope} has a money limit")]
+    UnpricedUse {
+        /// The model.
+        model: String,
+        /// What it has no price for (`web search`, `audio input`...).
+        what: &'static str,
+        /// The scope with the money limit.
+        scope: String,
+    },
     /// A money limit applies but the service tier asked for has no price for the model.
     #[error(
         "service tier {tier:?} has no price for model {model:?}, and scope {scope} has a money limit"
@@ -341,6 +356,7 @@ pub fn rate_plan(policy: &Policy, facts: &RequestFacts) -> Plan {
         attempt_counted: false,
         ttl_ms: policy.reservation_ttl.get(),
         price: None,
+        fees: None,
         expired_usage: Usage::default(),
     }
 }
@@ -428,22 +444,17 @@ fn build(
         .unwrap_or(policy.reservation_ttl.get());
     let model = facts.identity.model.as_deref().unwrap_or("");
     let tier = facts.price_tier.as_deref();
-    let price = match tier {
-        None => policy.prices.get(model).copied(),
-        Some(t) => policy
-            .tier_prices
-            .get(model)
-            .and_then(|m| m.get(t))
-            .copied(),
-    };
-    let estimate = Usage {
+    let price = policy.prices.price(model, tier);
+    let mut estimate = Usage {
         input_tokens: input,
         cached_input_tokens: 0,
         output_tokens: granted,
         cache_write_tokens: 0,
         cache_write_1h_tokens: facts.cache_write_tokens.min(input),
         tool_calls: 0,
+        fees: 0,
     };
+    let (fees, unpriced) = checks::fee_rule(policy, model, facts.metered, &mut estimate);
     let checks = crate::controls::checks(crate::controls::Inputs {
         rules: &rules,
         input,
@@ -453,6 +464,7 @@ fn build(
             tier,
             price,
             estimate: &estimate,
+            unpriced,
         },
         fingerprint: facts.fingerprint,
         tool_call_repeats: facts.tool_call_repeats,
@@ -479,6 +491,7 @@ fn build(
         attempt_counted: false,
         ttl_ms,
         price,
+        fees,
         expired_usage: expired_usage(policy, estimate),
     })
 }

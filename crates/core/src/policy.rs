@@ -3,12 +3,12 @@
 //! [`RawPolicy`] mirrors the file; [`Policy::try_from`] checks every field and reports the first
 //! problem with its path, e.g. `policy.scopes[2].budget.period: unknown period "fortnight"`.
 
-use std::collections::BTreeMap;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
 mod prices;
+pub use prices::{Charges, FeeRule, Prices, Source as PriceSource};
 mod raw;
 pub(crate) mod validate;
 pub use raw::*;
@@ -54,11 +54,9 @@ pub struct PolicyInner {
     pub expired_charge: ExpiredCharge,
     /// Controls allowed to fail open when the store is unreachable.
     pub fail_open: Vec<crate::decision::Reason>,
-    /// Prices by model name.
-    pub prices: BTreeMap<String, Price>,
-    /// Prices of a model's service tiers (priority processing, a region of its own), by model
-    /// and tier name: a request for a tier is reserved and settled at its tier's price.
-    pub tier_prices: BTreeMap<String, BTreeMap<String, Price>>,
+    /// Prices by model name, and of a model's service tiers (priority processing, a region of
+    /// its own): a request for a tier is reserved and settled at its tier's price.
+    pub prices: Prices,
     /// The priority classes.
     pub classes: crate::controls::reserve::Classes,
     /// The rules, in order.
@@ -350,7 +348,7 @@ impl Policy {
             }
             fail_open.push(r);
         }
-        let (prices, tier_prices) = prices::validate(raw.prices, root)?;
+        let prices = prices::validate(raw.prices, raw.price_catalog.as_deref(), root)?;
         let classes = crate::controls::reserve::Classes::check(raw.classes, root)?;
         let mut scopes: Vec<ScopeRule> = Vec::with_capacity(raw.scopes.len());
         for (i, s) in raw.scopes.into_iter().enumerate() {
@@ -379,7 +377,6 @@ impl Policy {
             expired_charge,
             fail_open,
             prices,
-            tier_prices,
             has_shadow: scopes.iter().any(|r| r.shadow),
             classes,
             scopes,
@@ -401,8 +398,7 @@ impl Policy {
                 reservation_ttl: NonZeroU64::MAX,
                 expired_charge: ExpiredCharge::Full,
                 fail_open: Vec::new(),
-                prices: BTreeMap::new(),
-                tier_prices: BTreeMap::new(),
+                prices: Prices::default(),
                 classes: crate::controls::reserve::Classes::default(),
                 scopes: Vec::new(),
                 has_shadow: false,

@@ -194,6 +194,8 @@ impl RecordedFacts {
             input_tokens,
             max_output_tokens: self.max_output_tokens,
             cache_write_tokens: self.cache_write_tokens,
+            // A record keeps no tool or audio counts: a replay reserves tokens' prices only.
+            metered: crate::ledger::Metered::default(),
             fingerprint: self
                 .fingerprint
                 .as_deref()

@@ -209,7 +209,10 @@ pub async fn whatif<S: Store>(
             }
             Decision::Deny(d) if then => {
                 let usage = rec.usage.map(Usage::bounded).unwrap_or_default();
-                let price = facts.model.as_ref().and_then(|m| policy.prices.get(m));
+                let price = facts
+                    .model
+                    .as_ref()
+                    .and_then(|m| policy.prices.price(m, None));
                 r.report.tokens_not_spent += usage.total();
                 r.report.micro_usd_not_spent += price.map_or(0, |p| p.cost(&usage));
                 let key = (

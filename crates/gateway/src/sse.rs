@@ -41,6 +41,8 @@ pub struct SseMeter {
     /// Tool calls the stream began (counted at their first event, so a stream cut short still
     /// counts the calls it started).
     pub tool_calls: u64,
+    /// The fee-carrying calls of tools the upstream ran, as their items began.
+    used: tollgate_core::Metered,
     /// Whether `[DONE]` was seen.
     pub done: bool,
     /// Anthropic's events rather than OpenAI's chunks.
@@ -206,6 +208,7 @@ impl SseMeter {
             choices: 0,
             open_block: None,
             tool_calls: 0,
+            used: tollgate_core::Metered::default(),
             done: false,
             anthropic: false,
             responses: false,
@@ -382,6 +385,13 @@ impl SseMeter {
         false
     }
 
+    /// The fee-carrying calls the stream showed, where its format shows them all (the
+    /// Responses API's items, Anthropic's blocks); `None` for chat, whose web search is not
+    /// shown.
+    pub fn tools_seen(&self) -> Option<tollgate_core::Metered> {
+        (self.anthropic || self.responses).then_some(self.used)
+    }
+
     /// The events that end a stream the gateway cut off at its output cap, in the stream's own
     /// format, as the upstream would have ended it there (finish reason `length`, Anthropic's
     /// `max_tokens`, a Responses API response `incomplete` for `max_output_tokens`), with the
@@ -400,6 +410,7 @@ impl SseMeter {
             }
             "response.output_item.added" if is_responses_tool_call(&v["item"]) => {
                 self.tool_calls = self.tool_calls.saturating_add(1);
+                crate::upstream_tools::used_by(&v["item"], &mut self.used);
             }
             // The last event of a response, whatever its end, carries its usage.
             "response.completed" | "response.incomplete" | "response.failed" => {
@@ -435,6 +446,7 @@ impl SseMeter {
                 self.open_block = v["index"].as_u64();
                 if is_anthropic_tool_call(&v["content_block"]) {
                     self.tool_calls = self.tool_calls.saturating_add(1);
+                    crate::upstream_tools::used_by(&v["content_block"], &mut self.used);
                 }
             }
             Some("content_block_stop") => self.open_block = None,

@@ -12,8 +12,16 @@
 //! `web_search_options` counts as one call (chat has no bound to write). Settlement still
 //! charges what the upstream reports, so an allowance set too low shows as settled input above
 //! the estimate, never as a lost charge.
+//!
+//! File search pulls in up to `max_num_results` chunks per call (20 when the request does not
+//! say, OpenAI's default for the models that run it), each at most the vector store's chunk
+//! size (`[upstream_tools] file_search_chunk_tokens`, 800 by default, OpenAI's default
+//! chunking): a call is admitted with the larger of that and `tokens_per_call`. The calls that
+//! carry a fee (web search and file search per call, a code-interpreter session per request)
+//! are counted too, for the money budgets ([`tollgate_core::Metered`]).
 
 use serde_json::Value;
+use tollgate_core::Metered;
 use tollgate_tokens::Format;
 
 /// `[upstream_tools]`, validated.
@@ -23,6 +31,8 @@ pub struct UpstreamTools {
     pub tokens_per_call: u64,
     /// The most calls a request may make (written into its body).
     pub max_calls: u64,
+    /// The most tokens one file-search result holds (the vector store's chunk size).
+    pub file_search_chunk_tokens: u64,
 }
 
 impl Default for UpstreamTools {
@@ -30,7 +40,62 @@ impl Default for UpstreamTools {
         Self {
             tokens_per_call: 8_000,
             max_calls: 4,
+            file_search_chunk_tokens: 800,
         }
+    }
+}
+
+/// File search's results per call when the request does not bound them.
+const FILE_SEARCH_DEFAULT_RESULTS: u64 = 20;
+
+/// What the tools the upstream runs may add to a request: input tokens, and the calls that
+/// carry a fee.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Allowance {
+    /// Input tokens.
+    pub tokens: u64,
+    /// The calls and sessions that carry a fee.
+    pub metered: Metered,
+}
+
+/// The kind of a Responses API built-in tool, as it is priced.
+fn responses_kind(t: &str) -> Option<Kind> {
+    if t.starts_with("web_search") {
+        Some(Kind::WebSearch)
+    } else if t == "file_search" {
+        Some(Kind::FileSearch)
+    } else if t == "code_interpreter" {
+        Some(Kind::Code)
+    } else {
+        None
+    }
+}
+
+/// A tool that carries a fee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Web search, per call.
+    WebSearch,
+    /// File search, per call.
+    FileSearch,
+    /// Code interpreter, per session.
+    Code,
+}
+
+/// The fee-carrying calls an answer shows: Responses output items (`web_search_call`,
+/// `file_search_call`, `code_interpreter_call`: one session however many calls) or Anthropic
+/// `server_tool_use` blocks named `web_search`.
+pub fn used_by(item: &Value, m: &mut Metered) {
+    let t = item["type"].as_str().unwrap_or("");
+    let kind = match t {
+        "server_tool_use" if item["name"] == "web_search" => Some(Kind::WebSearch),
+        _ => t.strip_suffix("_call").and_then(responses_kind),
+    };
+    match kind {
+        Some(Kind::WebSearch) => m.web_searches = m.web_searches.saturating_add(1),
+        Some(Kind::FileSearch) => m.file_searches = m.file_searches.saturating_add(1),
+        Some(Kind::Code) => m.code_sessions = 1,
+        None => {}
     }
 }
 
@@ -68,47 +133,79 @@ fn bounded(asked: Option<&Value>, max: u64) -> u64 {
 }
 
 /// Bounds the calls of upstream-run tools in `json` (a request body of `format`) and returns
-/// the input tokens to admit for them.
-pub fn bound(format: Format, json: &mut Value, cfg: UpstreamTools) -> u64 {
-    match format {
+/// what to admit for them.
+pub fn bound(format: Format, json: &mut Value, cfg: UpstreamTools) -> Allowance {
+    let mut metered = Metered::default();
+    let tokens = match format {
         Format::Responses => {
-            let runs = tools(json)
-                .filter_map(tool_type)
-                .any(|t| !CLIENT_RUN.contains(&t));
-            if !runs {
-                return 0;
+            let runs: Vec<(&str, u64)> = tools(json)
+                .filter_map(|t| Some((tool_type(t)?, t)))
+                .filter(|(ty, _)| !CLIENT_RUN.contains(ty))
+                .map(|(ty, t)| (ty, per_call(ty, t, cfg)))
+                .collect();
+            if runs.is_empty() {
+                return Allowance::default();
             }
             let calls = bounded(json.get("max_tool_calls"), cfg.max_calls);
+            let most = runs.iter().map(|(_, n)| *n).max().unwrap_or(0);
+            for (ty, _) in &runs {
+                match responses_kind(ty) {
+                    Some(Kind::WebSearch) => metered.web_searches = calls,
+                    Some(Kind::FileSearch) => metered.file_searches = calls,
+                    Some(Kind::Code) => metered.code_sessions = 1,
+                    None => {}
+                }
+            }
             if let Some(obj) = json.as_object_mut() {
                 obj.insert("max_tool_calls".into(), calls.into());
             }
-            calls.saturating_mul(cfg.tokens_per_call)
+            calls.saturating_mul(most)
         }
         Format::ChatCompletions => {
             let searches = json.get("web_search_options").is_some_and(|o| !o.is_null());
+            metered.web_searches = u64::from(searches);
             u64::from(searches).saturating_mul(cfg.tokens_per_call)
         }
         Format::AnthropicMessages => {
             let Some(list) = json.get_mut("tools").and_then(Value::as_array_mut) else {
-                return 0;
+                return Allowance::default();
             };
             let mut calls: u64 = 0;
             for tool in list {
-                let fetching = tool_type(tool)
-                    .is_some_and(|t| ANTHROPIC_FETCHING.iter().any(|p| t.starts_with(p)));
-                if !fetching {
+                let ty = tool_type(tool).unwrap_or("");
+                if !ANTHROPIC_FETCHING.iter().any(|p| ty.starts_with(p)) {
                     continue;
                 }
+                let searches = ty.starts_with("web_search_");
                 let uses = bounded(tool.get("max_uses"), cfg.max_calls);
                 if let Some(obj) = tool.as_object_mut() {
                     obj.insert("max_uses".into(), uses.into());
+                }
+                if searches {
+                    metered.web_searches = metered.web_searches.saturating_add(uses);
                 }
                 calls = calls.saturating_add(uses);
             }
             calls.saturating_mul(cfg.tokens_per_call)
         }
         Format::Completions | Format::Embeddings => 0,
+    };
+    Allowance { tokens, metered }
+}
+
+/// Input tokens one call of a Responses tool of type `ty` may add: file search its results
+/// times the chunk size (at least `tokens_per_call`), any other `tokens_per_call`.
+fn per_call(ty: &str, tool: &Value, cfg: UpstreamTools) -> u64 {
+    if ty != "file_search" {
+        return cfg.tokens_per_call;
     }
+    let results = tool
+        .get("max_num_results")
+        .and_then(Value::as_u64)
+        .unwrap_or(FILE_SEARCH_DEFAULT_RESULTS);
+    results
+        .saturating_mul(cfg.file_search_chunk_tokens)
+        .max(cfg.tokens_per_call)
 }
 
 #[cfg(test)]
@@ -119,23 +216,29 @@ mod tests {
     const CFG: UpstreamTools = UpstreamTools {
         tokens_per_call: 1_000,
         max_calls: 3,
+        file_search_chunk_tokens: 100,
     };
+
+    fn tokens(format: Format, j: &mut Value) -> u64 {
+        bound(format, j, CFG).tokens
+    }
 
     #[test]
     fn responses_built_in_tools_are_bounded_and_allowed_for() {
         let mut j = json!({"tools": [{"type": "function", "name": "f"}, {"type": "web_search"}]});
-        assert_eq!(bound(Format::Responses, &mut j, CFG), 3_000);
+        assert_eq!(tokens(Format::Responses, &mut j), 3_000);
         assert_eq!(j["max_tool_calls"], 3);
         // A lower bound of the client's stays; a higher one is lowered.
+        // (File search: 20 results of 100 tokens a call.)
         let mut j = json!({"tools": [{"type": "file_search"}], "max_tool_calls": 1});
-        assert_eq!(bound(Format::Responses, &mut j, CFG), 1_000);
+        assert_eq!(tokens(Format::Responses, &mut j), 2_000);
         assert_eq!(j["max_tool_calls"], 1);
         let mut j = json!({"tools": [{"type": "mcp"}], "max_tool_calls": 50});
-        assert_eq!(bound(Format::Responses, &mut j, CFG), 3_000);
+        assert_eq!(tokens(Format::Responses, &mut j), 3_000);
         assert_eq!(j["max_tool_calls"], 3);
         // A type this list does not know is taken as the upstream's.
         let mut j = json!({"tools": [{"type": "some_future_tool"}]});
-        assert_eq!(bound(Format::Responses, &mut j, CFG), 3_000);
+        assert_eq!(tokens(Format::Responses, &mut j), 3_000);
         // Client-run tools only, or none: nothing added, nothing written.
         for tools in [
             json!([{"type": "function", "name": "f"}]),
@@ -143,7 +246,7 @@ mod tests {
             json!(null),
         ] {
             let mut j = json!({"tools": tools});
-            assert_eq!(bound(Format::Responses, &mut j, CFG), 0);
+            assert_eq!(tokens(Format::Responses, &mut j), 0);
             assert!(j.get("max_tool_calls").is_none());
         }
     }
@@ -151,9 +254,9 @@ mod tests {
     #[test]
     fn chat_web_search_is_one_call() {
         let mut j = json!({"web_search_options": {}});
-        assert_eq!(bound(Format::ChatCompletions, &mut j, CFG), 1_000);
+        assert_eq!(tokens(Format::ChatCompletions, &mut j), 1_000);
         let mut j = json!({"web_search_options": null, "tools": [{"type": "function"}]});
-        assert_eq!(bound(Format::ChatCompletions, &mut j, CFG), 0);
+        assert_eq!(tokens(Format::ChatCompletions, &mut j), 0);
     }
 
     #[test]
@@ -164,7 +267,7 @@ mod tests {
             {"name": "get_weather", "input_schema": {}},
             {"type": "bash_20250124", "name": "bash"}
         ]});
-        assert_eq!(bound(Format::AnthropicMessages, &mut j, CFG), 5_000);
+        assert_eq!(tokens(Format::AnthropicMessages, &mut j), 5_000);
         assert_eq!(j["tools"][0]["max_uses"], 3);
         assert_eq!(j["tools"][1]["max_uses"], 2);
         assert!(j["tools"][2].get("max_uses").is_none());
@@ -172,9 +275,51 @@ mod tests {
     }
 
     #[test]
+    fn file_search_is_allowed_its_results_times_the_chunk_size() {
+        // 50 results of 100 tokens: 5,000 a call, three calls.
+        let mut j = json!({"tools": [{"type": "file_search", "max_num_results": 50},
+                                     {"type": "web_search"}]});
+        let a = bound(Format::Responses, &mut j, CFG);
+        assert_eq!(a.tokens, 15_000);
+        assert_eq!((a.metered.file_searches, a.metered.web_searches), (3, 3));
+        // Unbounded: 20 results, 2,000 a call.
+        let mut j = json!({"tools": [{"type": "file_search"}], "max_tool_calls": 2});
+        assert_eq!(tokens(Format::Responses, &mut j), 4_000);
+        // Few small results: never below the allowance per call.
+        let mut j = json!({"tools": [{"type": "file_search", "max_num_results": 1}]});
+        assert_eq!(tokens(Format::Responses, &mut j), 3_000);
+        let mut j = json!({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]});
+        assert_eq!(
+            bound(Format::Responses, &mut j, CFG).metered.code_sessions,
+            1
+        );
+    }
+
+    #[test]
+    fn an_answers_fee_carrying_calls_are_counted_by_kind() {
+        let mut m = Metered::default();
+        for item in [
+            json!({"type": "web_search_call"}),
+            json!({"type": "web_search_call"}),
+            json!({"type": "file_search_call"}),
+            json!({"type": "code_interpreter_call"}),
+            json!({"type": "code_interpreter_call"}),
+            json!({"type": "function_call"}),
+            json!({"type": "server_tool_use", "name": "web_search"}),
+            json!({"type": "server_tool_use", "name": "web_fetch"}),
+        ] {
+            used_by(&item, &mut m);
+        }
+        assert_eq!(
+            (m.web_searches, m.file_searches, m.code_sessions),
+            (3, 1, 1)
+        );
+    }
+
+    #[test]
     fn other_formats_add_nothing() {
         let mut j = json!({"tools": [{"type": "web_search"}]});
-        assert_eq!(bound(Format::Completions, &mut j, CFG), 0);
-        assert_eq!(bound(Format::Embeddings, &mut j, CFG), 0);
+        assert_eq!(tokens(Format::Completions, &mut j), 0);
+        assert_eq!(tokens(Format::Embeddings, &mut j), 0);
     }
 }

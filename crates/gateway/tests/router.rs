@@ -310,18 +310,20 @@ fn upstream_tools_settings_have_defaults_and_bounds() {
         c.upstream_tools,
         UpstreamTools {
             tokens_per_call: 8_000,
-            max_calls: 4
+            max_calls: 4,
+            file_search_chunk_tokens: 800,
         }
     );
     let c = GatewayConfig::from_toml(&format!(
-        "{base}[upstream_tools]\ntokens_per_call = 0\nmax_calls = 100\n"
+        "{base}[upstream_tools]\ntokens_per_call = 0\nmax_calls = 100\nfile_search_chunk_tokens = 4096\n"
     ))
     .unwrap();
     assert_eq!(
         c.upstream_tools,
         UpstreamTools {
             tokens_per_call: 0,
-            max_calls: 100
+            max_calls: 100,
+            file_search_chunk_tokens: 4096,
         }
     );
     for (bad, path) in [
@@ -331,6 +333,14 @@ fn upstream_tools_settings_have_defaults_and_bounds() {
         ),
         ("max_calls = 0", "upstream_tools.max_calls"),
         ("max_calls = 101", "upstream_tools.max_calls"),
+        (
+            "file_search_chunk_tokens = 99",
+            "upstream_tools.file_search_chunk_tokens",
+        ),
+        (
+            "file_search_chunk_tokens = 4097",
+            "upstream_tools.file_search_chunk_tokens",
+        ),
     ] {
         let e = GatewayConfig::from_toml(&format!("{base}[upstream_tools]\n{bad}\n")).unwrap_err();
         assert_eq!(e.path, path, "{e}");

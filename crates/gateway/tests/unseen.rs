@@ -287,23 +287,6 @@ fn blank_pdf(n: u64) -> Vec<u8> {
     s.into_bytes()
 }
 
-/// A WAV clip of `seconds` of 8 kHz 8-bit mono silence.
-fn wav(seconds: u32) -> Vec<u8> {
-    let data = 8_000 * seconds;
-    let mut b = b"RIFF".to_vec();
-    b.extend((36 + data).to_le_bytes());
-    b.extend(b"WAVEfmt ");
-    b.extend(16u32.to_le_bytes());
-    b.extend([1, 0, 1, 0]);
-    b.extend(8_000u32.to_le_bytes());
-    b.extend(8_000u32.to_le_bytes());
-    b.extend([1, 0, 8, 0]);
-    b.extend(b"data");
-    b.extend(data.to_le_bytes());
-    b.extend(vec![128u8; data as usize]);
-    b
-}
-
 /// Twelve images by URL on gpt-4.1-nano, `detail: high`: its patch rule (×2.46), not the tile
 /// rule of gpt-4.1, prices each at up to 3,779 tokens.
 async fn images_are_priced_by_their_models_rule(redis: bool) {
@@ -421,7 +404,15 @@ async fn input_audio_is_priced_by_its_duration(redis: bool) {
             .unwrap()
             .contains("input_audio")
     );
-    assert!(books_hold(&env, &records, "/v1/chat/completions", &clip(b64(&wav(30)))).await);
+    assert!(
+        books_hold(
+            &env,
+            &records,
+            "/v1/chat/completions",
+            &clip(b64(&common::wav(30)))
+        )
+        .await
+    );
     assert!(
         billed(&env) >= 300,
         "the upstream billed the audio: {}",

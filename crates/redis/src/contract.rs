@@ -201,5 +201,6 @@ layouts! {
         Write5m "write_5m",
         Write1h "write_1h",
         ToolCalls "tool_calls",
+        Fees "fees",
     }
 }

@@ -188,7 +188,11 @@ fn budget_args(
             BudgetScope::Limit => args.push_num(b.limit),
             BudgetScope::Unit => match b.unit {
                 Unit::Tokens => args.push("t"),
-                Unit::MicroUsd => args.push("m"),
+                // With the fees an abandoned request is charged (none: plain `m`).
+                Unit::MicroUsd => match plan.expired_usage.fees {
+                    0 => args.push("m"),
+                    fees => args.push(&format!("m{fees}")),
+                },
                 // With what the round is charged when it ends without an answer.
                 Unit::ToolCalls => {
                     args.push(&format!("c{}", plan.expired_usage.tool_calls));
@@ -226,6 +230,7 @@ pub(crate) fn finish_invocation(
             Finish::Write5m => args.push_num(u.cache_write_tokens),
             Finish::Write1h => args.push_num(u.cache_write_1h_tokens),
             Finish::ToolCalls => args.push_num(u.tool_calls),
+            Finish::Fees => args.push_num(u.fees),
         }
     }
     let mut keys = strs(1);

@@ -123,18 +123,19 @@ fn admit_sends_exactly_these_arguments() {
         cache_write_tokens: 7,
         cache_write_1h_tokens: 3,
         tool_calls: 2,
+        fees: 0,
     };
     let settle = finish_invocation("tg", "req-0", 3_600_000, Some(usage), "settled");
     let both = batch_invocation("tg", 0, 3_600_000, true, [("f", &settle), ("a", &item)]);
     assert_eq!(both.keys.to_vec()[5..6], ["tg:ts:req-0"]);
     assert_eq!(both.keys.to_vec()[6..], inv.keys.to_vec()[5..]);
     assert_eq!(
-        both.args.to_vec()[4..16],
+        both.args.to_vec()[4..17],
         [
-            "f", "10", "req-0", "3600000", "settled", "1", "40", "0", "25", "7", "3", "2"
+            "f", "11", "req-0", "3600000", "settled", "1", "40", "0", "25", "7", "3", "2", "0"
         ]
     );
-    assert_eq!(both.args.to_vec()[16..], inv.args.to_vec()[4..]);
+    assert_eq!(both.args.to_vec()[17..], inv.args.to_vec()[4..]);
 }
 
 /// An admission with its shadow plan: the request's argument count, its arguments exactly as

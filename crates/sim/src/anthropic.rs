@@ -52,6 +52,12 @@ pub(crate) async fn messages(
         );
     };
     let model = req["model"].as_str().unwrap_or("").to_owned();
+    let server = crate::count_server_calls(&state, &req, Format::AnthropicMessages);
+    let searches: u64 = server
+        .iter()
+        .filter(|(k, _, _)| k == "web_search")
+        .map(|(_, n, _)| n)
+        .sum();
     let calls = function_calls(&state, &req, Format::AnthropicMessages);
     let out = billing::output(
         &state.config,
@@ -69,7 +75,10 @@ pub(crate) async fn messages(
         "end_turn"
     };
     let tool_use = |(id, name, _): &(String, String, String), input: Value| json!({"type": "tool_use", "id": id, "name": name, "input": input});
-    let usage = cache_usage(&state, &req, prompt);
+    let mut usage = cache_usage(&state, &req, prompt);
+    if searches > 0 {
+        usage["server_tool_use"] = json!({"web_search_requests": searches});
+    }
     let guard = InFlight::new(&state, &headers);
     pause(state.config.latency).await;
     if req["stream"].as_bool() != Some(true) {
@@ -82,6 +91,15 @@ pub(crate) async fn messages(
                 0,
                 json!({"type": "thinking", "thinking": SUMMARY, "signature": "sig"}),
             );
+        }
+        // Each call of a tool it ran is a block of its own, before the answer.
+        for (k, n, _) in &server {
+            for _ in 0..*n {
+                content.insert(
+                    0,
+                    json!({"type": "server_tool_use", "id": "srvtoolu_sim", "name": k, "input": {}}),
+                );
+            }
         }
         for c in &calls {
             content.push(tool_use(

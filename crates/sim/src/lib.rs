@@ -50,8 +50,11 @@ pub struct SimConfig {
     /// enables, within the request's own bound (`max_tool_calls`, Anthropic's `max_uses`): a
     /// model that searches until it is stopped.
     pub tool_calls: u64,
-    /// Input tokens billed for what each such call fetches.
+    /// Input tokens billed for what each such call fetches (a file search: its results, each
+    /// a whole chunk of `file_search_chunk_tokens`).
     pub tool_call_input_tokens: u64,
+    /// The tokens of one file-search result (the vector store's chunk size).
+    pub file_search_chunk_tokens: u64,
     /// Calls to the first function tool a request offers (unless its `tool_choice` is `none`)
     /// that each answer makes: an agent's model that keeps asking for tools.
     pub function_calls: u64,
@@ -78,6 +81,7 @@ impl Default for SimConfig {
             api_key: None,
             tool_calls: 10,
             tool_call_input_tokens: 500,
+            file_search_chunk_tokens: 800,
             function_calls: 0,
             ignore_cap: false,
             reported_output: None,
@@ -121,6 +125,9 @@ pub struct SimStats {
     pub service_tiers: Vec<String>,
     /// Requests answered 429 by the provider's own rate, unserved.
     pub rate_limited: u64,
+    /// Calls of the tools the upstream runs, by kind (`web_search`, `file_search`,
+    /// `code_interpreter`...), each billed its fee by a provider.
+    pub server_tool_calls: HashMap<String, u64>,
 }
 
 /// A running simulator.
@@ -294,6 +301,7 @@ async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Byte
     if let Ok(mut s) = state.stats.lock() {
         s.last_body = Some(req.clone());
     }
+    count_server_calls(&state, &req, Format::ChatCompletions);
     let model = req["model"].as_str().unwrap_or("").to_owned();
     if model.contains("fail") {
         return error(
@@ -473,6 +481,21 @@ fn read_request(
     let prompt = counted.map(|c| c.input_tokens).unwrap_or(0) + media;
     let fetched = fetched_input(&req, format, config);
     Ok((req, prompt + fetched))
+}
+
+/// Counts a request's calls of tools the upstream runs in the stats, by kind.
+pub(crate) fn count_server_calls(
+    state: &SimState,
+    req: &Value,
+    format: Format,
+) -> Vec<(String, u64, u64)> {
+    let calls = tools::server_calls(req, format, &state.config);
+    if let Ok(mut s) = state.stats.lock() {
+        for (kind, n, _) in &calls {
+            *s.server_tool_calls.entry(kind.clone()).or_default() += n;
+        }
+    }
+    calls
 }
 
 async fn completions(

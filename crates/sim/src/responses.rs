@@ -47,6 +47,8 @@ pub(crate) async fn responses(
     let model = req["model"].as_str().unwrap_or("").to_owned();
     let cap = req["max_output_tokens"].as_u64();
     let made = function_calls(&state, &req, Format::Responses);
+    let server =
+        crate::tools::responses_items(&crate::count_server_calls(&state, &req, Format::Responses));
     let out = billing::output(&state.config, &req, Format::Responses, cap, &made);
     let (n, billed, reported) = (out.per_answer, out.billed(), out.reported(&state.config));
     let reasoning = out.reasoning;
@@ -87,6 +89,8 @@ pub(crate) async fn responses(
             "call_id": call, "name": name, "arguments": args, "status": "completed"})
         })
         .collect();
+    // The calls of tools it ran come first, then the answer and its function calls.
+    let with_server = |rest: Vec<Value>| Value::Array(server.iter().cloned().chain(rest).collect());
     let status = if incomplete {
         "incomplete"
     } else {
@@ -97,14 +101,23 @@ pub(crate) async fn responses(
         guard.done(prompt, billed);
         let mut out = vec![message(text.trim_start(), "completed")];
         out.extend(calls);
-        return Json(response(status, Value::Array(out), usage)).into_response();
+        return Json(response(status, with_server(out), usage)).into_response();
     }
     let opening = response("in_progress", json!([]), Value::Null);
     let mut out = vec![message(&text, "completed")];
     out.extend(calls.iter().cloned());
     let last = json!({"type": format!("response.{status}"),
-        "response": response(status, Value::Array(out), usage)});
-    let frames = responses_frames(n, &text, &message, &calls, opening, last);
+        "response": response(status, with_server(out), usage)});
+    let mut frames = responses_frames(n, &text, &message, &calls, opening, last);
+    // Each call of a tool it ran is an item added and done, after the response began.
+    let items = server.iter().flat_map(|item| {
+        ["added", "done"].map(|e| {
+            let event = json!({"type": format!("response.output_item.{e}"), "item": item});
+            format!("event: response.output_item.{e}\ndata: {event}\n\n")
+        })
+    });
+    let at = frames.len().min(2);
+    frames.splice(at..at, items);
     event_stream(
         frames,
         state.config.token_delay,

@@ -21,6 +21,8 @@ mod carry;
 pub use carry::*;
 mod classes;
 pub use classes::*;
+mod fees;
+pub use fees::*;
 mod holds;
 pub use holds::*;
 mod shadow;
@@ -55,7 +57,9 @@ macro_rules! conformance_tests {
             unused_budget_carries_over_to_the_next_period,
             a_carry_is_capped_and_only_from_the_period_before,
             a_provider_hold_refuses_its_model_until_it_ends,
-            a_providers_token_hold_refuses_only_larger_requests);
+            a_providers_token_hold_refuses_only_larger_requests,
+            fees_are_reserved_settled_and_charged_on_expiry,
+            an_unpriced_fee_is_refused_under_a_money_budget);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
@@ -585,6 +589,7 @@ pub async fn money_budget<H: Harness>(h: &H) {
         cache_write_tokens: 301,
         cache_write_1h_tokens: 201,
         tool_calls: 0,
+        fees: 0,
     };
     // 900 x 2.5 + 100 x 1.25 + 10 x 10 = 2475, plus 301 x 0.625 + 201 x 2.5 = 690.625, rounded
     // up to 691: 3166.

@@ -270,6 +270,13 @@ pub struct RequestCount {
     /// per reference or refuses the request.
     #[serde(skip_serializing_if = "is_zero")]
     pub audio_references: u32,
+    /// Of the input, the tokens of audio clips the body holds (by their duration).
+    #[serde(skip_serializing_if = "is_nil")]
+    pub audio_tokens: u64,
+}
+
+fn is_nil(n: &u64) -> bool {
+    *n == 0
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -97,7 +97,7 @@ pub(crate) fn audio_part(t: &mut Tally, raw: &RawValue, path: &str) -> Result<()
                 ),
             )
         })?;
-    t.add(seconds.saturating_mul(AUDIO_TOKENS_PER_SECOND));
+    t.add_audio(seconds.saturating_mul(AUDIO_TOKENS_PER_SECOND));
     t.estimated();
     Ok(())
 }

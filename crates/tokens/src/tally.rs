@@ -14,6 +14,7 @@ pub struct Tally {
     exact: bool,
     remote: u32,
     audio_refs: u32,
+    audio: u64,
     memo: Option<Arc<dyn Memo>>,
 }
 
@@ -28,6 +29,7 @@ impl Tally {
             exact,
             remote: 0,
             audio_refs: 0,
+            audio: 0,
             memo: None,
         }
     }
@@ -61,6 +63,12 @@ impl Tally {
     pub fn audio_reference(&mut self) {
         self.audio_refs = self.audio_refs.saturating_add(1);
         self.exact = false;
+    }
+
+    /// Adds `n` audio input tokens (priced apart from text where the model's audio costs more).
+    pub fn add_audio(&mut self, n: u64) {
+        self.audio = self.audio.saturating_add(n);
+        self.add(n);
     }
 
     /// Marks the count as an estimate.
@@ -194,6 +202,7 @@ impl Tally {
             stream,
             remote_items: self.remote,
             audio_references: self.audio_refs,
+            audio_tokens: self.audio,
         }
     }
 

@@ -19,6 +19,7 @@ pub const USAGE: Usage = Usage {
     cache_write_tokens: 0,
     cache_write_1h_tokens: 0,
     tool_calls: 0,
+    fees: 0,
 };
 
 pub const FIVE_SCOPES: &str = r#"

@@ -9,7 +9,6 @@ use crate::clock::Millis;
 use crate::decision::{Deny, Quota, Reason};
 use crate::ledger::{Period, Usage};
 use crate::pipeline::PlanError;
-use std::collections::BTreeMap;
 
 use crate::policy::validate::validate_budget;
 use crate::policy::{AlertAt, BudgetLimit, PolicyError, Price, RawBudget, ScopeRule, Unit};
@@ -44,18 +43,23 @@ pub struct Pricing<'a> {
     pub tier: Option<&'a str>,
     /// The price, when the policy has one.
     pub price: Option<Price>,
-    /// The estimate.
+    /// The estimate, its fees included.
     pub estimate: &'a Usage,
+    /// What the model has no price for that the request may use: refused under a money limit.
+    pub unpriced: Option<&'static str>,
 }
 
 impl Pricing<'_> {
     /// The estimate's price, for a money limit in scope `key`: a model (or its tier) without a
     /// price cannot be checked against one, and the request is refused naming them.
     pub fn cost(&self, key: &ScopeKey) -> Result<u64, PlanError> {
+        let (model, scope) = (self.model.to_owned(), key.to_string());
+        if let Some(what) = self.unpriced {
+            return Err(PlanError::UnpricedUse { model, what, scope });
+        }
         if let Some(price) = self.price {
             return Ok(price.cost(self.estimate));
         }
-        let (model, scope) = (self.model.to_owned(), key.to_string());
         Err(match self.tier {
             Some(t) => PlanError::UnpricedTier {
                 model,
@@ -72,7 +76,7 @@ impl Pricing<'_> {
 pub fn rule(
     raw: Option<RawBudget>,
     path: &str,
-    prices: &BTreeMap<String, Price>,
+    prices: &crate::policy::Prices,
 ) -> Result<Option<BudgetLimit>, PolicyError> {
     raw.map(|b| validate_budget(b, path, prices)).transpose()
 }

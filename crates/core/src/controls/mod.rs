@@ -40,8 +40,8 @@ use crate::decision::{Deny, Quota, Reason};
 use crate::ledger::Period;
 use crate::pipeline::PlanError;
 use crate::policy::{
-    BudgetLimit, ConcurrencyLimit, LoopLimit, OutputLimit, PolicyError, Price, RateLimit,
-    RawBudget, RawConcurrency, RawInput, RawLoops, RawOutput, RawRequests, RawToolCalls, ScopeRule,
+    BudgetLimit, ConcurrencyLimit, LoopLimit, OutputLimit, PolicyError, RateLimit, RawBudget,
+    RawConcurrency, RawInput, RawLoops, RawOutput, RawRequests, RawToolCalls, ScopeRule,
 };
 use crate::scope::ScopeKey;
 
@@ -150,7 +150,7 @@ impl Rules {
     pub fn check(
         raw: RawRules,
         path: &str,
-        prices: &BTreeMap<String, Price>,
+        prices: &crate::policy::Prices,
         classes: &reserve::Classes,
     ) -> Result<Self, PolicyError> {
         let requests = rate::rule(raw.requests, path)?;

@@ -8,14 +8,13 @@
 //! token limits, and a request over it is refused whatever its budget holds. A model without a
 //! price cannot be checked, so it is refused as a money budget refuses it.
 
-use std::collections::BTreeMap;
 use std::num::NonZeroU64;
 
 use super::budget::Pricing;
 use crate::decision::{Deny, Reason};
 use crate::ledger::micro_usd;
 use crate::pipeline::PlanError;
-use crate::policy::{PolicyError, Price, ScopeRule};
+use crate::policy::{PolicyError, ScopeRule};
 use crate::scope::ScopeKey;
 
 /// The reason a request over its cost cap is refused with.
@@ -26,7 +25,7 @@ pub const REASON: Reason = Reason::RequestCostLimit;
 pub fn rule(
     raw: Option<String>,
     path: &str,
-    prices: &BTreeMap<String, Price>,
+    prices: &crate::policy::Prices,
 ) -> Result<Option<NonZeroU64>, PolicyError> {
     let Some(text) = raw else { return Ok(None) };
     let path = format!("{path}.request_cost");
@@ -68,13 +67,12 @@ pub fn verdict<'a>(
 mod tests {
     use super::*;
 
-    fn prices() -> BTreeMap<String, Price> {
-        let p = Price {
-            input: 2_500_000,
-            cached_input: 2_500_000,
-            output: 10_000_000,
-        };
-        [("gpt-4o".to_owned(), p)].into()
+    fn prices() -> crate::policy::Prices {
+        let text =
+            "price_catalog = \"none\"\n[prices.\"gpt-4o\"]\ninput = 2500000\noutput = 10000000\n";
+        crate::Policy::from_toml(text)
+            .map(|p| p.prices.clone())
+            .unwrap_or_default()
     }
 
     #[test]
@@ -95,7 +93,7 @@ mod tests {
                 "{bad}: {e}"
             );
         }
-        let unpriced = rule(Some("$1".into()), "policy.scopes[0]", &BTreeMap::new());
+        let unpriced = rule(Some("$1".into()), "policy.scopes[0]", &Default::default());
         assert!(
             unpriced
                 .err()

@@ -132,6 +132,7 @@ proptest! {
             cache_write_tokens: w5,
             cache_write_1h_tokens: w1h,
             tool_calls: 0,
+            fees: 0,
         };
         let c = cached.min(input);
         let fresh = input - c;

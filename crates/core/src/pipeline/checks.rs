@@ -23,3 +23,28 @@ pub(super) fn expired_usage(policy: &Policy, estimate: Usage) -> Usage {
         crate::policy::ExpiredCharge::None => Usage::default(),
     }
 }
+
+/// How `model`'s fees are reckoned, with the estimate's fees for using `most` set; and what the
+/// model has no price for, if anything.
+pub(super) fn fee_rule(
+    policy: &Policy,
+    model: &str,
+    most: crate::ledger::Metered,
+    estimate: &mut Usage,
+) -> (Option<crate::policy::FeeRule>, Option<&'static str>) {
+    let Some(price) = policy.prices.price(model, None) else {
+        return (None, None);
+    };
+    let rule = crate::policy::FeeRule {
+        price,
+        charges: policy.prices.charges(model),
+        most,
+    };
+    match rule.charges.fees(&price, estimate, &most) {
+        Ok(f) => {
+            estimate.fees = f;
+            (Some(rule), None)
+        }
+        Err(what) => (Some(rule), Some(what)),
+    }
+}

@@ -99,6 +99,7 @@ fn match_filters_and_missing_dimensions_skip_a_scope() {
 fn money_budgets_reserve_the_estimated_cost() {
     let p = policy(
         r#"
+        price_catalog = "none"
         [prices."gpt-4o"]
         input = 2500000
         output = 10000000
@@ -272,6 +273,7 @@ fn both_plans_at_once_are_the_two_plans() {
     assert_eq!(plans(&plain, &f), Ok((alone, Ok(None))));
     let unpriced = policy(
         r#"
+        price_catalog = "none"
         [prices."another-model"]
         input = 1
         output = 1

@@ -25,9 +25,13 @@ pub struct RawPolicy {
     /// (`request_rate_limit`, `concurrency_limit`, `budget_limit`); default: none (fail closed).
     #[serde(default)]
     pub fail_open: Vec<String>,
-    /// Prices per model, in micro-units per million tokens.
+    /// Prices per model, in micro-units per million tokens: each overrides the catalog's
+    /// figures for its model.
     #[serde(default)]
     pub prices: BTreeMap<String, RawPrice>,
+    /// The price catalog under `prices`: `builtin` (default, the pinned public catalog) or
+    /// `none` (only `prices`).
+    pub price_catalog: Option<String>,
     /// Priority classes by name: their weights and the tenants in each.
     #[serde(default)]
     pub classes: BTreeMap<String, crate::controls::reserve::RawClass>,
@@ -51,6 +55,31 @@ pub struct RawPrice {
     /// that has no price here is refused under a money budget.
     #[serde(default)]
     pub tiers: BTreeMap<String, RawPrice>,
+    /// Audio input tokens, per million (the model's audio price, above its text price).
+    pub audio_input: Option<u64>,
+    /// One web search the upstream runs, in micro-units.
+    pub web_search: Option<u64>,
+    /// One file search the upstream runs, in micro-units.
+    pub file_search: Option<u64>,
+    /// One code-interpreter session (container) the upstream starts, in micro-units.
+    pub code_session: Option<u64>,
+    /// The price of a request whose input is above a number of tokens (the whole request is
+    /// billed at it): `{ above = 200000, input = .., output = .. }`.
+    pub long_context: Option<RawLongContext>,
+}
+
+/// A long-context price as written.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLongContext {
+    /// Input tokens above which it applies.
+    pub above: u64,
+    /// Input tokens.
+    pub input: u64,
+    /// Cached input tokens (defaults to the input price).
+    pub cached_input: Option<u64>,
+    /// Output tokens.
+    pub output: u64,
 }
 
 /// One scope rule as written: its own fields, and each control's under its key

@@ -61,10 +61,19 @@ budget = { tokens = 10, micro_usd = 5, period = "day" }"#,
             "policy.scopes[0].budget",
         ),
         (
-            r#"[[scopes]]
+            r#"price_catalog = "none"
+[[scopes]]
 key = "user"
 budget = { micro_usd = 5, period = "day" }"#,
             "policy.scopes[0].budget.micro_usd",
+        ),
+        (r#"price_catalog = "somewhere""#, "policy.price_catalog"),
+        (
+            r#"[prices.m]
+input = 1
+output = 1
+tiers.priority = { input = 2, output = 2, web_search = 5 }"#,
+            "policy.prices.\"m\".tiers.\"priority\"",
         ),
         (
             r#"[[scopes]]
@@ -150,7 +159,7 @@ fn a_full_policy_validates() {
     assert_eq!(s.requests.map(|r| r.window_ms.get()), Some(60_000));
     assert_eq!(s.budget.map(|b| b.period), Some(Period::CalendarMonth));
     assert_eq!(
-        p.prices.get("gpt-4o").map(|p| p.cached_input),
+        p.prices.price("gpt-4o", None).map(|p| p.cached_input),
         Some(2_500_000)
     );
 }

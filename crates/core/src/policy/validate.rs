@@ -61,7 +61,7 @@ pub(super) fn validate_ip_prefix(
 pub(super) fn validate_scope(
     s: RawScope,
     path: &str,
-    prices: &BTreeMap<String, Price>,
+    prices: &crate::policy::Prices,
     classes: &crate::controls::reserve::Classes,
 ) -> Result<ScopeRule, PolicyError> {
     let dims = validate_dims(&s.key, path)?;
@@ -181,7 +181,7 @@ pub(crate) fn validate_output(o: RawOutput, path: &str) -> Result<OutputLimit, P
 pub(crate) fn validate_budget(
     b: RawBudget,
     path: &str,
-    prices: &BTreeMap<String, Price>,
+    prices: &crate::policy::Prices,
 ) -> Result<BudgetLimit, PolicyError> {
     let bpath = format!("{path}.budget");
     let (limit, unit) = match (b.tokens, b.micro_usd) {

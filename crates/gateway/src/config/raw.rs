@@ -203,6 +203,9 @@ pub struct RawUpstreamTools {
     /// The most calls a request may make, written into its body (`max_tool_calls`, Anthropic's
     /// `max_uses`): default 4, from 1 to 100.
     pub max_calls: Option<u64>,
+    /// The most tokens one file-search result holds: your vector stores' largest
+    /// `max_chunk_size_tokens` (default 800, OpenAI's default chunking; from 100 to 4096).
+    pub file_search_chunk_tokens: Option<u64>,
 }
 
 /// `[records]`

@@ -334,7 +334,7 @@ fn upstreams(
                     format!("model {m:?} is served twice"),
                 ));
             }
-            if money && !policy.prices.contains_key(m) {
+            if money && policy.prices.price(m, None).is_none() {
                 return Err(err(
                     format!("{field}.models[{j}]"),
                     format!("model {m:?} has no price, and the policy has a money limit"),
@@ -368,7 +368,7 @@ fn degrades(
             if !models.contains_key(to) {
                 return Err(err(field, format!("model {to:?} is served by no upstream")));
             }
-            if money && !policy.prices.contains_key(to) {
+            if money && policy.prices.price(to, None).is_none() {
                 return Err(err(
                     field,
                     format!("model {to:?} has no price, and the policy has a money limit"),
@@ -437,21 +437,30 @@ fn responses(raw: &RawResponses) -> Result<(u64, Duration), ConfigError> {
 }
 
 fn upstream_tools(raw: &RawUpstreamTools) -> Result<UpstreamTools, ConfigError> {
-    let defaults = UpstreamTools::default();
-    let tokens_per_call = raw.tokens_per_call.unwrap_or(defaults.tokens_per_call);
-    if tokens_per_call > 1_000_000 {
-        return Err(err(
-            "upstream_tools.tokens_per_call",
-            "must be at most 1000000",
-        ));
-    }
-    let max_calls = raw.max_calls.unwrap_or(defaults.max_calls);
-    if !(1..=100).contains(&max_calls) {
-        return Err(err("upstream_tools.max_calls", "must be from 1 to 100"));
-    }
+    let d = UpstreamTools::default();
+    let within = |v: Option<u64>, default: u64, (lo, hi): (u64, u64), field: &str| {
+        let v = v.unwrap_or(default);
+        let path = format!("upstream_tools.{field}");
+        (lo..=hi)
+            .contains(&v)
+            .then_some(v)
+            .ok_or_else(|| err(path, format!("must be from {lo} to {hi}")))
+    };
     Ok(UpstreamTools {
-        tokens_per_call,
-        max_calls,
+        tokens_per_call: within(
+            raw.tokens_per_call,
+            d.tokens_per_call,
+            (0, 1_000_000),
+            "tokens_per_call",
+        )?,
+        max_calls: within(raw.max_calls, d.max_calls, (1, 100), "max_calls")?,
+        // OpenAI's static chunking takes 100 to 4,096 tokens a chunk.
+        file_search_chunk_tokens: within(
+            raw.file_search_chunk_tokens,
+            d.file_search_chunk_tokens,
+            (100, 4096),
+            "file_search_chunk_tokens",
+        )?,
     })
 }
 

@@ -57,6 +57,22 @@ fn remote_allowance(
     Ok(files.saturating_add(u64::from(count.audio_references).saturating_mul(per)))
 }
 
+/// What the request may use that token prices do not cover: the fee-carrying calls of the
+/// tools the upstream runs (`tools`), and its audio, held in the body or named by id (at
+/// `[remote_content] audio_tokens_per_reference` each).
+fn metered(
+    cfg: &GatewayConfig,
+    count: &tollgate_tokens::RequestCount,
+    tools: tollgate_core::Metered,
+) -> tollgate_core::Metered {
+    let by_reference =
+        u64::from(count.audio_references).saturating_mul(cfg.remote_audio_tokens.unwrap_or(0));
+    tollgate_core::Metered {
+        audio_input_tokens: count.audio_tokens.saturating_add(by_reference),
+        ..tools
+    }
+}
+
 /// Counts the request of `intake`, whose id is `id`.
 pub(crate) async fn count(
     gw: &Gateway,
@@ -103,7 +119,8 @@ pub(crate) async fn count(
         0
     };
     // What tools the upstream runs will fetch is input too; their calls are bounded in the body.
-    let tool_input = crate::upstream_tools::bound(dialect.format(), &mut json, cfg.upstream_tools);
+    let tools = crate::upstream_tools::bound(dialect.format(), &mut json, cfg.upstream_tools);
+    let tool_input = tools.tokens;
     // So is the content of files and documents named by URL or id.
     let mut remote_input = remote_allowance(cfg, &count)?;
     let mut input = count
@@ -160,6 +177,7 @@ pub(crate) async fn count(
         extra_output_tokens: if dialect.has_output() { predicted } else { 0 },
         price_tier,
         class: key.class.clone(),
+        metered: metered(cfg, &count, tools.metered),
     };
     Ok(Counted {
         json,

@@ -79,6 +79,9 @@ pub(crate) async fn answer(
     let (usage, report) =
         answered_usage(a.dialect, &v, a.input, a.granted, &a.cfg.counter, &a.model);
     let mut ticket = a.ticket;
+    if let Some(used) = tools_used(a.dialect, &v) {
+        ticket.tools_used(used);
+    }
     match report {
         Report::Sound => {}
         Report::Invalid => ticket.usage_invalid(),
@@ -90,6 +93,28 @@ pub(crate) async fn answer(
     }
     let _ = ticket.settle(usage).await;
     Ok((bytes, a.headers))
+}
+
+/// The fee-carrying calls a non-streamed answer shows, where its format shows them all (the
+/// Responses API's output items; Anthropic's blocks and its count of web searches); `None` for
+/// chat, whose web search is not shown.
+fn tools_used(dialect: &dyn Dialect, v: &Value) -> Option<tollgate_core::Metered> {
+    use tollgate_tokens::Format;
+    let list = match dialect.format() {
+        Format::Responses => &v["output"],
+        Format::AnthropicMessages => &v["content"],
+        _ => return None,
+    };
+    let mut used = tollgate_core::Metered::default();
+    for item in list.as_array().into_iter().flatten() {
+        crate::upstream_tools::used_by(item, &mut used);
+    }
+    let mut bad = false;
+    let counted = &v["usage"]["server_tool_use"]["web_search_requests"];
+    if let Some(n) = crate::sse::usage_number(counted, &mut bad) {
+        used.web_searches = used.web_searches.max(n);
+    }
+    Some(used)
 }
 
 /// How an answer's reported usage compares with what the gateway saw pass through.
@@ -406,6 +431,7 @@ impl MeteredStream {
             cache_write_tokens: self.meter.cache_writes.0,
             cache_write_1h_tokens: self.meter.cache_writes.1,
             tool_calls: self.meter.tool_calls,
+            fees: 0,
         }
     }
 
@@ -465,7 +491,11 @@ impl MeteredStream {
             cache_write_tokens: self.meter.cache_writes.0,
             cache_write_1h_tokens: self.meter.cache_writes.1,
             tool_calls: self.meter.tool_calls,
+            fees: 0,
         };
+        if let Some(used) = self.meter.tools_seen().filter(|_| reported.is_some()) {
+            self.ticket.tools_used(used);
+        }
         if self.meter.bad_usage {
             self.ticket.usage_invalid();
             usage = self.reserved();

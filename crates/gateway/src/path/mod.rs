@@ -150,6 +150,7 @@ async fn admit_counted(
         PlanError::UnpricedTier { model, tier, .. } => {
             respond::unpriced_tier(tier_field(&tier), &tier, &model)
         }
+        PlanError::UnpricedUse { model, what, .. } => respond::unpriced_use(what, &model),
         e => respond::unpriced_model(e),
     })?;
     // Limits set at run time for one value take their rules' place.

@@ -44,6 +44,10 @@ pub struct Ticket<S: Store + Clone + 'static = AnyStore> {
     shadow: Option<String>,
     /// Where its ending is written in the spend ledger, when one is kept.
     booking: Option<Box<crate::books::Booking>>,
+    /// How its fees are reckoned (tools the upstream runs, audio, a long context).
+    fees: Option<tollgate_core::policy::FeeRule>,
+    /// The fee-carrying calls its answer showed, once read (`None`: not known).
+    used: Option<tollgate_core::Metered>,
 }
 
 /// A request's decision record, completed and written when the ticket ends.
@@ -224,6 +228,8 @@ impl<S: Store + Clone + 'static> Ticket<S> {
             detached: false,
             shadow: None,
             booking: None,
+            fees: None,
+            used: None,
         }
     }
 
@@ -259,7 +265,25 @@ impl<S: Store + Clone + 'static> Ticket<S> {
             p.price,
             Duration::from_millis(p.ttl_ms),
         );
+        t.fees = p.fees;
         t
+    }
+
+    /// Notes the fee-carrying calls the answer showed: its fees are reckoned from them, not from
+    /// the most the request allowed.
+    pub fn tools_used(&mut self, used: tollgate_core::Metered) {
+        self.used = Some(used);
+    }
+
+    /// `usage` with its fees, reckoned from what the answer showed (else the most allowed).
+    fn with_fees(&self, usage: Usage) -> Usage {
+        match &self.fees {
+            Some(rule) => Usage {
+                fees: rule.fees(&usage, self.used.as_ref()),
+                ..usage
+            },
+            None => usage,
+        }
     }
 
     /// Counts the request in the in-flight metrics until it ends, prices its settlement, and
@@ -360,14 +384,14 @@ impl<S: Store + Clone + 'static> Ticket<S> {
     /// Ends the request with its reported usage (bounded, see [`Usage::bounded`]); a settlement
     /// above the reservation is charged, counted and flagged in the record.
     pub async fn settle(self, usage: Usage) -> Result<Finish, StoreError> {
-        let usage = usage.bounded();
+        let usage = self.with_fees(usage).bounded();
         self.end(End::Settle(usage), "settled").await
     }
 
     /// Ends a failed or cancelled request.
     pub async fn release(self, usage: Option<Usage>) -> Result<Finish, StoreError> {
-        self.end(End::Release(usage.map(Usage::bounded)), "released")
-            .await
+        let usage = usage.map(|u| self.with_fees(u).bounded());
+        self.end(End::Release(usage), "released").await
     }
 
     async fn end(mut self, end: End, ending: &'static str) -> Result<Finish, StoreError> {
@@ -490,6 +514,7 @@ impl<S: Store + Clone + 'static> Drop for Ticket<S> {
         if self.ended {
             return;
         }
+        self.partial = self.partial.map(|u| self.with_fees(u));
         if let (Some(r), Some(u)) = (self.record.as_mut(), self.partial) {
             r.record.usage = Some(u.bounded());
         }

@@ -260,6 +260,18 @@ pub fn audio_reference_unpriced() -> ApiError {
     .param("messages")
 }
 
+/// A request that may use what its model has no price for (a tool the upstream runs, audio
+/// input) under a money budget: 400 `unpriced_use`.
+pub fn unpriced_use(what: &str, model: &str) -> ApiError {
+    ApiError::invalid(
+        "unpriced_use",
+        format!(
+            "Model {model:?} has no price for {what} in this gateway's price table, and a money \
+             budget applies: the request is refused rather than reserved at the wrong price."
+        ),
+    )
+}
+
 /// A service tier with no price for the model, under a money budget.
 pub fn unpriced_tier(field: &str, tier: &str, model: &str) -> ApiError {
     ApiError::invalid(

@@ -287,3 +287,21 @@ pub async fn upstream_and_store(
     };
     (sim, redis_server, store)
 }
+
+#[allow(dead_code)] // not every test binary sends audio
+/// A WAV clip of `seconds` of 8 kHz 8-bit mono silence.
+pub fn wav(seconds: u32) -> Vec<u8> {
+    let data = 8_000 * seconds;
+    let mut b = b"RIFF".to_vec();
+    b.extend((36 + data).to_le_bytes());
+    b.extend(b"WAVEfmt ");
+    b.extend(16u32.to_le_bytes());
+    b.extend([1, 0, 1, 0]);
+    b.extend(8_000u32.to_le_bytes());
+    b.extend(8_000u32.to_le_bytes());
+    b.extend([1, 0, 8, 0]);
+    b.extend(b"data");
+    b.extend(data.to_le_bytes());
+    b.extend(vec![128u8; data as usize]);
+    b
+}

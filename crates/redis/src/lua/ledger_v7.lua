@@ -35,7 +35,8 @@ end
 
 -- A ticket is a msgpack array: [1] exp, [2] ttl, [3..5] price, [6..8] expired usage, [9] the
 -- number of leases n, [10..9+n] the lease keys, then per reservation: key, field, unit ('t'
--- tokens, 'm' money, 'c<n>' tool calls, n of them charged without usage; in capitals for a
+-- tokens, 'm<f>' money, f micro-units of fees charged without usage (none: 'm'), 'c<n>' tool
+-- calls, n of them charged without usage; in capitals for a
 -- shadow rule's), amount, period length, label. Strings, as they came in or formatted by int,
 -- except n, a number (msgpack keeps an integer as one; read as `0 + v[9]`, which takes the
 -- string an earlier build wrote as well). cmsgpack is C: packing and unpacking cost less than
@@ -71,9 +72,9 @@ end
 
 -- Ends a ticket `v` that take_ticket took: leases back, each reservation replaced by the charge
 -- for the usage (input, cached input, output, cache writes for five minutes and for one hour,
--- tool calls; without it, the ticket's expired usage), out of the expiry index. Appends the
--- charges to `out` when given.
-local function end_ticket(id, v, now, out, input, cached, output, w5, w1h, calls)
+-- tool calls, fees; without it, the ticket's expired usage), out of the expiry index. Appends
+-- the charges to `out` when given.
+local function end_ticket(id, v, now, out, input, cached, output, w5, w1h, calls, fees)
   -- A lease whose expiry is ahead is in its set (only the sweep and the clean-up of a full set
   -- take members out, and only expired ones), so a known count goes down by one; otherwise the
   -- count is read again when next needed.
@@ -109,7 +110,9 @@ local function end_ticket(id, v, now, out, input, cached, output, w5, w1h, calls
       charge = calls or num(string.sub(unit, 2))
     else
       if price == nil then price = {num(v[3]), num(v[4]), num(v[5])} end
+      -- 'm': money, plus the usage's fees (without usage, those the unit carries).
       charge = cost(price, input, cached, output, w5, w1h)
+        + (fees or (#unit > 1 and num(string.sub(unit, 2))) or 0)
     end
     if field == v[i + 5] .. '@' .. int(period_at(v[i + 4], now)) then
       local cell, reserved = budget(bkey, field), num(amount)
@@ -579,7 +582,8 @@ local function finish_one(A, a, now)
   if A[a + @finish.has_usage] == '1' then
     end_ticket(id, v, now, out, 0 + A[a + @finish.input], count_arg(A[a + @finish.cached]),
       0 + A[a + @finish.output], count_arg(A[a + @finish.write_5m]),
-      count_arg(A[a + @finish.write_1h]), count_arg(A[a + @finish.tool_calls]))
+      count_arg(A[a + @finish.write_1h]), count_arg(A[a + @finish.tool_calls]),
+      count_arg(A[a + @finish.fees]))
   else
     end_ticket(id, v, now, out)
   end

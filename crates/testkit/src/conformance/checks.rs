@@ -159,6 +159,6 @@ pub async fn a_request_over_its_cost_cap_is_refused_before_anything_is_held<H: H
     let d = refusal(third.unwrap_or_else(|e| panic!("{e}")));
     assert_eq!(d.reason, Reason::RequestRateLimit);
     let mut unpriced = facts("o1", "w", 1, 1);
-    unpriced.identity = unpriced.identity.with(Dimension::Model, "o1");
+    unpriced.identity = unpriced.identity.with(Dimension::Model, "house-model");
     assert!(tollgate_core::plan(&p, &unpriced).is_err());
 }
