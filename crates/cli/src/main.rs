@@ -146,9 +146,6 @@ async fn serve(
     };
     let mut cfg = tollgate_gateway::GatewayConfig::from_toml(&text)?;
     install_log(&cfg.log)?;
-    for w in cfg.warnings() {
-        tracing::warn!("{w}");
-    }
     if let Some(l) = listen {
         cfg.listen = l;
     }
@@ -174,6 +171,10 @@ async fn serve(
     }
     // Nothing is announced before it can be served: the store decided on, books restored.
     tollgate_gateway::prepare(&gw).await?;
+    // Once the keys issued at run time are loaded, which rules may meet.
+    for w in gw.config_warnings() {
+        tracing::warn!("{w}");
+    }
     let admin = bound.admin.as_ref().map(|l| l.local_addr()).transpose()?;
     match (&sim, admin) {
         (Some((sim, token)), Some(admin)) => write!(

@@ -122,6 +122,19 @@ impl Gateway {
         self
     }
 
+    /// The configuration's warnings ([`GatewayConfig::warnings_with`]), counting the keys
+    /// issued at run time that this instance has loaded.
+    pub fn config_warnings(&self) -> Vec<String> {
+        let now = tollgate_core::Clock::now(&tollgate_core::SystemClock);
+        let issued: Vec<(String, String, bool)> = self
+            .keys
+            .list(now)
+            .into_iter()
+            .map(|k| (k.tenant, k.id, k.allow_user || k.user.is_some()))
+            .collect();
+        self.config().warnings_with(&issued)
+    }
+
     /// The configuration in force now.
     pub fn config(&self) -> Arc<GatewayConfig> {
         match self.config.read() {

@@ -292,6 +292,13 @@ async fn the_catalog_prices_a_model_the_policy_does_not(redis: bool) {
         "messages": [{"role": "user", "content": "hello"}]});
     let r = c.post("/v1/chat/completions", &body).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
+    // A money budget is told in dollars, never in the token headers.
+    assert_eq!(r.header("x-ratelimit-limit-tokens"), None);
+    assert_eq!(r.header("x-tollgate-budget-limit-usd"), Some("$10.00"));
+    assert!(
+        r.header("x-tollgate-budget-remaining-usd")
+            .is_some_and(|v| v.starts_with("$9.99"))
+    );
     c.holds(|c| {
         let (i, o) = tokens(c);
         at(&[

@@ -90,8 +90,15 @@ impl GatewayConfig {
     /// configured (keyed on the end user while no key names one; matching a tenant, key or model
     /// that no key or upstream has).
     pub fn warnings(&self) -> Vec<String> {
+        self.warnings_with(&[])
+    }
+
+    /// The same, counting `issued` too: keys issued at run time, as (tenant, key id, whether
+    /// it names an end user).
+    pub fn warnings_with(&self, issued: &[(String, String, bool)]) -> Vec<String> {
         let mut out = Vec::new();
-        let names_user = self.keys.values().any(|k| k.allow_user || k.user.is_some());
+        let names_user = self.keys.values().any(|k| k.allow_user || k.user.is_some())
+            || issued.iter().any(|(_, _, u)| *u);
         for rule in &self.policy.scopes {
             let name = &*rule.name;
             if rule.dims.contains(&Dimension::User) && !names_user {
@@ -102,15 +109,21 @@ impl GatewayConfig {
             }
             for (d, v) in &rule.matches {
                 let known = match d {
-                    Dimension::Tenant => self.keys.values().any(|k| &k.tenant == v),
-                    Dimension::Key => self.keys.values().any(|k| &k.key_id == v),
+                    Dimension::Tenant => {
+                        self.keys.values().any(|k| &k.tenant == v)
+                            || issued.iter().any(|(t, _, _)| t == v)
+                    }
+                    Dimension::Key => {
+                        self.keys.values().any(|k| &k.key_id == v)
+                            || issued.iter().any(|(_, id, _)| id == v)
+                    }
                     Dimension::Model => self.models.contains_key(v),
                     _ => true,
                 };
                 if !known {
                     out.push(format!(
-                        "rule {name:?} matches {} = {v:?}, which no key or upstream has: it \
-                         never applies",
+                        "rule {name:?} matches {} = {v:?}, which no configured or issued key, \
+                         nor any upstream, has: it never applies",
                         d.as_str()
                     ));
                 }
@@ -124,6 +137,20 @@ impl GatewayConfig {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::url;
+
+    #[test]
+    fn a_rule_met_by_issued_keys_only_is_not_warned_of() {
+        let text = "[[upstreams]]\nname = \"s\"\nbase_url = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n\
+                    [[policy.scopes]]\nkey = \"tenant\"\nmatch = { tenant = \"beta\" }\n\
+                    requests = { limit = 1, window = \"1m\" }\n";
+        let cfg = crate::config::GatewayConfig::from_toml(text).unwrap();
+        let w = cfg.warnings();
+        assert!(w.len() == 1 && w[0].contains("\"beta\""), "{w:?}");
+        let issued = [("beta".to_owned(), "k1".to_owned(), false)];
+        assert!(cfg.warnings_with(&issued).is_empty());
+        let other = [("gamma".to_owned(), "k2".to_owned(), false)];
+        assert_eq!(cfg.warnings_with(&other).len(), 1);
+    }
 
     #[test]
     fn urls_are_read_whole() {

@@ -11,6 +11,7 @@ mod admin;
 mod class;
 mod client;
 mod refusal;
+mod units;
 pub use admin::*;
 pub use class::{Class, Fault, Refusal, Upstream};
 pub use client::*;
@@ -173,14 +174,17 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const LIMIT_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-limit-requests");
 const REMAINING_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-requests");
 const RESET_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-reset-requests");
-const LIMIT_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-limit-tokens");
-const REMAINING_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-tokens");
-const RESET_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-reset-tokens");
 
 /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11) and OpenAI's
 /// `x-ratelimit-*` for the limits of an admitted request. Written on every admitted response,
-/// so each header is built in one buffer. `rule` names a quota's scope rule.
-pub fn quota_headers<'a>(h: &mut HeaderMap, quotas: &[Quota], rule: impl Fn(&Quota) -> &'a str) {
+/// so each header is built in one buffer. `rule` names a quota's scope rule, `unit` a budget
+/// quota's unit (`x-ratelimit-*-tokens` carry tokens only, see [`units`]).
+pub fn quota_headers<'a>(
+    h: &mut HeaderMap,
+    quotas: &[Quota],
+    rule: impl Fn(&Quota) -> &'a str,
+    unit: impl Fn(&Quota) -> Option<tollgate_core::Unit>,
+) {
     if !quotas.is_empty() {
         let mut policies = String::with_capacity(64 * quotas.len());
         let mut limits = String::with_capacity(48 * quotas.len());
@@ -224,20 +228,21 @@ pub fn quota_headers<'a>(h: &mut HeaderMap, quotas: &[Quota], rule: impl Fn(&Quo
             openai_duration(q.reset_after_ms.unwrap_or(0)),
         );
     }
-    if let Some(q) = quotas.iter().find(|q| q.reason == Reason::BudgetLimit) {
-        put_number(h, LIMIT_TOKENS, q.limit);
-        put_number(h, REMAINING_TOKENS, q.remaining);
-        put_built(
-            h,
-            RESET_TOKENS,
-            openai_duration(q.reset_after_ms.unwrap_or(0)),
-        );
-    }
+    units::budget_headers(h, quotas, unit);
 }
 
 /// Headers of an admitted request, whose plan was `p`.
 pub fn admitted_headers(h: &mut HeaderMap, p: &Plan, a: &Admitted) {
-    quota_headers(h, &a.quotas, |q| p.scope_of(q).map_or("", |s| s.rule()));
+    let unit = |q: &Quota| match p.checks.get(q.check).map(|c| &c.kind) {
+        Some(tollgate_core::pipeline::Kind::Reserve(b)) => Some(b.unit),
+        _ => None,
+    };
+    quota_headers(
+        h,
+        &a.quotas,
+        |q| p.scope_of(q).map_or("", |s| s.rule()),
+        unit,
+    );
 }
 
 /// The store could not be reached: fail closed.
@@ -557,7 +562,8 @@ mod tests {
             ),
         ];
         let mut h = HeaderMap::new();
-        quota_headers(&mut h, &quotas, |_| scope.rule());
+        let tokens = |_: &Quota| Some(tollgate_core::Unit::Tokens);
+        quota_headers(&mut h, &quotas, |_| scope.rule(), tokens);
         let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
         assert_eq!(
             get("ratelimit-policy").as_deref(),

@@ -35,7 +35,7 @@ pub fn deny_in(d: &Deny, unit: Option<Unit>) -> ApiError {
             window_ms: None,
             reset_after_ms: d.retry_after_ms.or(d.reset_after_ms),
         };
-        quota_headers(&mut e.headers, &[quota], |_| d.scope.rule());
+        quota_headers(&mut e.headers, &[quota], |_| d.scope.rule(), |_| unit);
         match d.retry_after_ms {
             Some(ms) => {
                 let ms = ms.max(1);
