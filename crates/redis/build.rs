@@ -32,6 +32,7 @@ const ENTRIES: &[(&str, &str)] = &[
     ("sweep_v2.lua", "sweep"),
     ("state_v1.lua", "state"),
     ("keys_v1.lua", "keys"),
+    ("records_v1.lua", "records"),
 ];
 
 fn main() {

@@ -183,11 +183,20 @@ fn keys_call(
             ("POST", "/admin/keys".to_owned(), Some(body))
         }
         KeysCommand::List => ("GET", "/admin/keys".to_owned(), None),
-        KeysCommand::Rotate { id, grace } => (
-            "POST",
-            format!("/admin/keys/{}/rotate", encode(id)),
-            Some(grace.as_ref().map_or(json!({}), |g| json!({"grace": g}))),
-        ),
+        KeysCommand::Rotate { id, grace, from } => {
+            let mut body = json!({});
+            if let Some(g) = grace {
+                body["grace"] = json!(g);
+            }
+            if let Some(v) = from {
+                body["version"] = json!(v);
+            }
+            (
+                "POST",
+                format!("/admin/keys/{}/rotate", encode(id)),
+                Some(body),
+            )
+        }
         KeysCommand::Revoke { id } => ("DELETE", format!("/admin/keys/{}", encode(id)), None),
     })
 }

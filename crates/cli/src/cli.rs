@@ -290,6 +290,10 @@ pub enum KeysCommand {
         /// How long the old secret keeps working (default `1h`; `0s` for not at all).
         #[arg(long)]
         grace: Option<String>,
+        /// Only from this version of the key (`keys list` shows it); another change made
+        /// since refuses the rotation, which changes nothing.
+        #[arg(long = "from-version")]
+        from: Option<u64>,
     },
     /// Stop every secret of a key, on every instance.
     Revoke {

@@ -36,23 +36,31 @@ pub fn table(s: &mut String, command: &KeysCommand, v: &Value) {
         KeysCommand::List => {
             let _ = writeln!(
                 s,
-                "{:<20} {:<16} {:<16} {:<12} {:<26} state",
-                "id", "name", "tenant", "user", "expires"
+                "{:<20} {:<16} {:<16} {:<12} {:<26} {:<7} state",
+                "id", "name", "tenant", "user", "expires", "version"
             );
             for k in v["keys"].as_array().into_iter().flatten() {
-                let state = if k["rotated"] == true {
-                    "old secret (grace)"
-                } else {
-                    "active"
-                };
+                let grace = k["secrets"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| s["until_ms"].as_u64())
+                    .max();
+                let state = grace.map_or("active".to_owned(), |u| {
+                    format!(
+                        "rotated, old secret until {}",
+                        tollgate_gateway::admin::words::instant_ms(u)
+                    )
+                });
                 let _ = writeln!(
                     s,
-                    "{:<20} {:<16} {:<16} {:<12} {:<26} {state}",
+                    "{:<20} {:<16} {:<16} {:<12} {:<26} {:<7} {state}",
                     text(&k["id"]),
                     text(&k["name"]),
                     text(&k["tenant"]),
                     text(&k["user"]),
                     instant(&k["expires_at_ms"]),
+                    text(&k["version"]),
                 );
             }
         }

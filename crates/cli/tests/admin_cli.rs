@@ -301,7 +301,16 @@ async fn keys_are_issued_rotated_and_revoked_from_the_shell() {
     let (code, out, _) = admin(admin_url, TOKEN, &["keys", "revoke", &id]);
     assert_eq!((code, out.trim()), (0, format!("{id} revoked").as_str()));
     assert_eq!(chat(fresh).await, 401);
-    let (code, _, err) = admin(admin_url, TOKEN, &["keys", "revoke", &id]);
+    // Revoked for good: again, the same answer; a rotation is refused.
+    let (code, out, _) = admin(admin_url, TOKEN, &["keys", "revoke", &id]);
+    assert_eq!((code, out.trim()), (0, format!("{id} revoked").as_str()));
+    let (code, _, err) = admin(admin_url, TOKEN, &["keys", "rotate", &id]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("key_changed") && err.contains("revoked"),
+        "{err}"
+    );
+    let (code, _, err) = admin(admin_url, TOKEN, &["keys", "revoke", "vk_0000000000000000"]);
     assert_eq!(code, 1);
     assert!(err.contains("key_not_found"), "{err}");
 }

@@ -239,17 +239,18 @@ impl Books {
         }
         let kills = self.ledger.kills().await.map_err(|e| e.to_string())?;
         let mut kept = !kills.is_empty();
-        for set in [
-            tollgate_ledger::Kept::IssuedKeys,
-            tollgate_ledger::Kept::Limits,
-        ] {
-            kept |= !self
-                .ledger
-                .records(set)
-                .await
-                .map_err(|e| e.to_string())?
-                .is_empty();
-        }
+        kept |= !self
+            .ledger
+            .records(tollgate_ledger::Kept::Limits)
+            .await
+            .map_err(|e| e.to_string())?
+            .is_empty();
+        kept |= !self
+            .ledger
+            .key_records()
+            .await
+            .map_err(|e| e.to_string())?
+            .is_empty();
         Ok(kept)
     }
 
@@ -312,26 +313,22 @@ impl Books {
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        for (kept, set) in [
-            (
-                tollgate_ledger::Kept::IssuedKeys,
-                tollgate_redis::RecordSet::IssuedKeys,
-            ),
-            (
-                tollgate_ledger::Kept::Limits,
-                tollgate_redis::RecordSet::Limits,
-            ),
-        ] {
-            let records = self.ledger.records(kept).await.map_err(|e| e.to_string())?;
-            if let (false, Some(redis)) = (records.is_empty(), store.redis()) {
-                let changes: Vec<(String, Option<String>)> =
-                    records.into_iter().map(|(d, r)| (d, Some(r))).collect();
-                let step = crate::keys::step().map_err(|e| e.to_string())?;
-                redis
-                    .write_records(set, &changes, step)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
+        let limits = self
+            .ledger
+            .records(tollgate_ledger::Kept::Limits)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let (false, Some(redis)) = (limits.is_empty(), store.redis()) {
+            let changes: Vec<(String, Option<String>)> =
+                limits.into_iter().map(|(d, r)| (d, Some(r))).collect();
+            let step = crate::keys::step().map_err(|e| e.to_string())?;
+            redis
+                .write_records(tollgate_redis::RecordSet::Limits, &changes, step)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        if let Some(redis) = store.redis() {
+            crate::keys::copy_all(&self.ledger, redis, true).await?;
         }
         store.keep_expiries().await.map_err(|e| e.to_string())?;
         store.acknowledge_loss().await.map_err(|e| e.to_string())?;

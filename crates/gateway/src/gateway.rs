@@ -130,7 +130,13 @@ impl Gateway {
             .keys
             .list(now)
             .into_iter()
-            .map(|k| (k.tenant, k.id, k.allow_user || k.user.is_some()))
+            .map(|k| {
+                (
+                    k.key.tenant.clone(),
+                    k.key.id.clone(),
+                    k.key.allow_user || k.key.user.is_some(),
+                )
+            })
             .collect();
         self.config().warnings_with(&issued)
     }

@@ -147,12 +147,8 @@ async fn rows(
     let now = SystemClock.now();
     let base =
         |control: &str| json!({"rule": &*rule.name, "scope": scope.key(), "control": control});
-    // A limit set at run time for this scope, in the rule's place.
-    let own = |control: Control, default: u64| {
-        gw.overrides
-            .get(scope.id(), control)
-            .map_or(default, |o| o.limit)
-    };
+    // The limits set at run time for this scope, layered over the rule's.
+    let own = |control: Control, default: u64| gw.overrides.in_force(scope.id(), control, default);
     let mut out = Vec::new();
     if let Some(r) = rule.requests {
         let mut row = base("requests");

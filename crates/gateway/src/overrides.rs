@@ -60,6 +60,29 @@ impl Control {
     }
 }
 
+/// Who set a limit: the layers a scope's limit is made of, each only tightening the one above
+/// it (the file's rule, then the operator's, then the tenant's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    /// The operator (the admin token): any limit, in place of the rule's.
+    #[default]
+    Operator,
+    /// The tenant (its own token): at most the limit the layers above set.
+    Tenant,
+}
+
+impl Layer {
+    /// Its name, as the API writes it.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "operator" => Some(Layer::Operator),
+            "tenant" => Some(Layer::Tenant),
+            _ => None,
+        }
+    }
+}
+
 /// One limit set for one scope.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Override {
@@ -75,36 +98,70 @@ pub struct Override {
     pub revision: u64,
     /// When it was last set (ms since the epoch).
     pub set_at_ms: u64,
+    /// Who set it.
+    #[serde(default)]
+    pub layer: Layer,
 }
 
 impl Override {
-    /// Where it is kept: its scope and control.
+    /// Where it is kept: its scope, control and layer.
     pub fn field(&self) -> String {
-        field(&self.scope, self.control)
+        field(&self.scope, self.control, self.layer)
     }
 
     /// How a decision record names it.
     fn named(&self) -> String {
-        format!("{}#{}@{}", self.scope, self.control.name(), self.revision)
+        let by = match self.layer {
+            Layer::Operator => "",
+            Layer::Tenant => "~tenant",
+        };
+        format!(
+            "{}#{}{by}@{}",
+            self.scope,
+            self.control.name(),
+            self.revision
+        )
     }
 }
 
-/// Where the override of `control` in scope `scope` is kept.
-pub fn field(scope: &str, control: Control) -> String {
-    format!("{scope}#{}", control.name())
+/// Where the override of `control` in scope `scope` set by `layer` is kept.
+pub fn field(scope: &str, control: Control, layer: Layer) -> String {
+    match layer {
+        Layer::Operator => format!("{scope}#{}", control.name()),
+        Layer::Tenant => format!("{scope}#{}~tenant", control.name()),
+    }
 }
 
 /// The overrides this instance knows.
 #[derive(Debug, Default)]
 pub struct Overrides {
     table: RwLock<(u64, HashMap<String, Override>)>,
+    /// The store missed a change the ledger took: its set is written again from the ledger.
+    pub(crate) behind: std::sync::atomic::AtomicBool,
+    /// Raised by every change applied here: a read of the store begun before one does not
+    /// replace it.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Overrides {
-    /// The override of `control` in scope `scope`, if one is set.
-    pub fn get(&self, scope: &str, control: Control) -> Option<Override> {
+    /// The override of `control` in scope `scope` set by `layer`, if one is set.
+    pub fn get(&self, scope: &str, control: Control, layer: Layer) -> Option<Override> {
         let t = self.table.read().ok()?;
-        t.1.get(&field(scope, control)).cloned()
+        t.1.get(&field(scope, control, layer)).cloned()
+    }
+
+    /// The limit the layers above the tenant's set for `control` in `scope`: the operator's,
+    /// else the rule's own (`rule`).
+    pub fn above_tenant(&self, scope: &str, control: Control, rule: u64) -> u64 {
+        self.get(scope, control, Layer::Operator)
+            .map_or(rule, |o| o.limit)
+    }
+
+    /// The limit in force for `control` in `scope` whose rule's own is `rule`: every layer's.
+    pub fn in_force(&self, scope: &str, control: Control, rule: u64) -> u64 {
+        let above = self.above_tenant(scope, control, rule);
+        self.get(scope, control, Layer::Tenant)
+            .map_or(above, |t| t.limit.min(above))
     }
 
     /// Every override, by scope.
@@ -123,8 +180,14 @@ impl Overrides {
         self.table.read().map_or(0, |t| t.0)
     }
 
-    /// Replaces the table with `entries` (field, record JSON) at `version`.
-    pub fn replace(&self, version: u64, entries: &[(String, String)]) {
+    /// What [`Overrides::replace`] is given, read when the read of the store begins.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Replaces the table with `entries` (field, record JSON) at `version`, unless a change was
+    /// applied here since `generation` (the next refresh reads again).
+    pub fn replace(&self, generation: u64, version: u64, entries: &[(String, String)]) {
         let mut map = HashMap::with_capacity(entries.len());
         for (f, json) in entries {
             match serde_json::from_str::<Override>(json) {
@@ -135,7 +198,9 @@ impl Overrides {
             }
         }
         if let Ok(mut t) = self.table.write() {
-            *t = (version, map);
+            if self.generation() == generation {
+                *t = (version, map);
+            }
         }
     }
 
@@ -144,6 +209,8 @@ impl Overrides {
         let Ok(mut t) = self.table.write() else {
             return;
         };
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         t.0 += 1;
         for (f, json) in changes {
             match json.as_deref().map(serde_json::from_str::<Override>) {
@@ -167,23 +234,38 @@ impl Overrides {
             return;
         }
         let mut used: Vec<String> = Vec::new();
+        // The operator's layer in place of the rule's, then the tenant's under it.
         let mut set = |scope: &ScopeKey, control: Control| {
             // A tool-call budget is kept in a child of its rule's scope.
             let id = scope.id().split('?').next().unwrap_or_default();
-            let o = t.1.get(&field(id, control))?;
-            used.push(o.named());
-            Some(o.limit)
+            let op = t.1.get(&field(id, control, Layer::Operator));
+            let tenant = t.1.get(&field(id, control, Layer::Tenant));
+            used.extend(op.into_iter().chain(tenant).map(Override::named));
+            match (op, tenant) {
+                (None, None) => None,
+                (op, tenant) => Some((op.map(|o| o.limit), tenant.map(|o| o.limit))),
+            }
+        };
+        let layered = |rule: u64, (op, tenant): (Option<u64>, Option<u64>)| {
+            let above = op.unwrap_or(rule);
+            tenant.map_or(above, |t| t.min(above))
         };
         // By control: a loop's repeat counter is a count too, and a reserve's lease is
         // concurrency's with the reserved share kept off the limit set.
         for c in &mut plan.checks {
             match (&mut c.kind, c.reason.control()) {
                 (Kind::Count(r), Reason::RequestRateLimit) => {
-                    r.limit = set(&r.scope, Control::Requests).unwrap_or(r.limit);
+                    if let Some(l) = set(&r.scope, Control::Requests) {
+                        r.limit = layered(r.limit, l);
+                    }
                 }
                 (Kind::Lease(l), Reason::ConcurrencyLimit) => {
-                    if let Some(limit) = set(&l.scope, Control::Concurrency) {
-                        l.limit = reserve::open(limit, l.kept_percent);
+                    if let Some((op, tenant)) = set(&l.scope, Control::Concurrency) {
+                        // The lease's limit is the open share of the rule's; a layer sets the
+                        // whole, whose open share it takes (the share grows with the whole).
+                        let open = |n: u64| reserve::open(n, l.kept_percent);
+                        let above = op.map_or(l.limit, open);
+                        l.limit = tenant.map_or(above, |t| open(t).min(above));
                     }
                 }
                 (Kind::Reserve(b), _) => {
@@ -191,7 +273,9 @@ impl Overrides {
                         Unit::ToolCalls => Control::ToolCalls,
                         Unit::Tokens | Unit::MicroUsd => Control::Budget,
                     };
-                    b.limit = set(&b.scope, control).unwrap_or(b.limit);
+                    if let Some(l) = set(&b.scope, control) {
+                        b.limit = layered(b.limit, l);
+                    }
                 }
                 _ => {}
             }
@@ -382,11 +466,12 @@ mod tests {
                     limit,
                     revision: 1,
                     set_at_ms: 0,
+                    layer: Layer::Operator,
                 };
                 (o.field(), serde_json::to_string(&o).unwrap_or_default())
             })
             .collect();
-        o.replace(1, &entries);
+        o.replace(0, 1, &entries);
         o.apply(&mut plan);
         let limits: Vec<(Reason, u64)> = plan
             .checks

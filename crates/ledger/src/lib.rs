@@ -8,6 +8,7 @@
 //! tenant, key, model, user or day).
 
 mod conn;
+mod keys;
 mod report;
 mod schema;
 pub mod spool;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::Duration;
 
+pub use keys::Swap;
 pub use report::{By, SpendRow};
 pub use writer::AfterWrite;
 
@@ -165,8 +167,6 @@ impl Settings {
 /// Records the gateway sets at run time, kept here so that they outlive a store that forgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kept {
-    /// Virtual keys issued at run time, by the digest of their secret (`tollgate_keys`).
-    IssuedKeys,
     /// Limits set for one value, by scope and control (`tollgate_limits`).
     Limits,
 }
@@ -175,7 +175,6 @@ impl Kept {
     /// Its table and key column (fixed names, never from outside).
     fn table(self) -> (&'static str, &'static str) {
         match self {
-            Kept::IssuedKeys => ("tollgate_keys", "digest"),
             Kept::Limits => ("tollgate_limits", "field"),
         }
     }

@@ -57,6 +57,36 @@ const MIGRATIONS: &[&str] = &[
         record text NOT NULL,
         at_ms bigint NOT NULL
     );",
+    // 5: an issued key is one record by its id, with a version every change raises (a
+    // compare-and-set) and its secrets' digests; a revoked key keeps its record, without
+    // secrets, so that nothing can bring one back. The records by digest are carried over.
+    "CREATE TABLE tollgate_key_records (
+        id text PRIMARY KEY,
+        version bigint NOT NULL,
+        record text NOT NULL,
+        at_ms bigint NOT NULL
+    );
+    INSERT INTO tollgate_key_records (id, version, record, at_ms)
+    SELECT k.id, 1,
+        ((c.r - 'rotated') || jsonb_build_object('version', 1, 'change', 'carried-over',
+            'secrets', k.secrets))::text,
+        k.at_ms
+    FROM (
+        SELECT record::jsonb->>'id' AS id, max(at_ms) AS at_ms,
+            jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+                'digest', digest,
+                'since_ms', record::jsonb->'created_at_ms',
+                'until_ms', CASE WHEN coalesce((record::jsonb->>'rotated')::boolean, false)
+                    THEN record::jsonb->'expires_at_ms' END))) AS secrets
+        FROM tollgate_keys GROUP BY 1
+    ) k
+    JOIN LATERAL (
+        SELECT record::jsonb AS r FROM tollgate_keys WHERE record::jsonb->>'id' = k.id
+        ORDER BY coalesce((record::jsonb->>'rotated')::boolean, false),
+            (record::jsonb->>'created_at_ms')::bigint DESC
+        LIMIT 1
+    ) c ON true;
+    DROP TABLE tollgate_keys;",
 ];
 
 /// An arbitrary constant: the advisory lock the migrations are run under.

@@ -164,3 +164,122 @@ fn urls_are_read_as_the_client_reads_them() {
         assert!(tollgate_ledger::check_url(bad).is_err(), "{bad}");
     }
 }
+
+/// A key's record changes only from the version it holds: one of two changes from the same
+/// version is written, the other finds the version the first wrote.
+#[tokio::test]
+async fn a_key_record_is_a_compare_and_set() {
+    use tollgate_ledger::Swap;
+    let pg = PgServer::start();
+    let ledger = Ledger::open(Settings::new(pg.url())).await.unwrap();
+    assert_eq!(ledger.key_record("vk_a").await.unwrap(), None);
+    assert_eq!(
+        ledger
+            .swap_key("vk_a", 0, (1, "{\"v\":1}"), 1)
+            .await
+            .unwrap(),
+        Swap::Done
+    );
+    assert_eq!(
+        ledger
+            .swap_key("vk_a", 0, (1, "{\"v\":9}"), 1)
+            .await
+            .unwrap(),
+        Swap::Changed(1)
+    );
+    assert_eq!(
+        ledger
+            .swap_key("vk_a", 1, (2, "{\"v\":2}"), 2)
+            .await
+            .unwrap(),
+        Swap::Done
+    );
+    assert_eq!(
+        ledger
+            .swap_key("vk_a", 1, (2, "{\"v\":3}"), 3)
+            .await
+            .unwrap(),
+        Swap::Changed(2)
+    );
+    assert_eq!(
+        ledger.key_record("vk_a").await.unwrap(),
+        Some((2, "{\"v\":2}".to_owned()))
+    );
+    assert_eq!(
+        ledger.key_records().await.unwrap(),
+        vec![("vk_a".to_owned(), 2, "{\"v\":2}".to_owned())]
+    );
+}
+
+/// Keys kept by the digest of each secret (before records by id) are carried over by the
+/// migration: one record per key, the current secret's fields, every secret with a rotated
+/// one's grace as its end.
+#[tokio::test]
+async fn keys_kept_by_digest_are_carried_over_into_records() {
+    let pg = PgServer::start();
+    let (client, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(
+            "CREATE TABLE tollgate_migrations (version int PRIMARY KEY, \
+             applied_at timestamptz NOT NULL DEFAULT now());
+             INSERT INTO tollgate_migrations (version) VALUES (1), (2), (3), (4);
+             CREATE TABLE tollgate_keys (digest text PRIMARY KEY, record text NOT NULL, \
+             at_ms bigint NOT NULL);",
+        )
+        .await
+        .unwrap();
+    let rows = [
+        (
+            "d1",
+            r#"{"id":"vk_a","name":"a","tenant":"acme","created_at_ms":10,"expires_at_ms":500,"rotated":true}"#,
+        ),
+        (
+            "d2",
+            r#"{"id":"vk_a","name":"a","tenant":"acme","created_at_ms":20,"metadata":{"team":"x"}}"#,
+        ),
+        (
+            "d3",
+            r#"{"id":"vk_b","name":"b","tenant":"beta","created_at_ms":30}"#,
+        ),
+    ];
+    for (d, r) in rows {
+        client
+            .execute("INSERT INTO tollgate_keys VALUES ($1, $2, 7)", &[&d, &r])
+            .await
+            .unwrap();
+    }
+    let ledger = Ledger::open(Settings::new(pg.url())).await.unwrap();
+    let records = ledger.key_records().await.unwrap();
+    assert_eq!(records.len(), 2);
+    let a: serde_json::Value = serde_json::from_str(&records[0].2).unwrap();
+    assert_eq!((records[0].0.as_str(), records[0].1), ("vk_a", 1));
+    assert_eq!(a["tenant"], "acme");
+    assert_eq!(a["metadata"]["team"], "x");
+    assert_eq!(a["created_at_ms"], 20);
+    assert!(
+        a.get("rotated").is_none() && a.get("expires_at_ms").is_none(),
+        "{a}"
+    );
+    let mut secrets = a["secrets"].as_array().unwrap().clone();
+    secrets.sort_by_key(|s| s["digest"].as_str().unwrap().to_owned());
+    assert_eq!(
+        serde_json::Value::Array(secrets),
+        serde_json::json!([
+            {"digest": "d1", "since_ms": 10, "until_ms": 500},
+            {"digest": "d2", "since_ms": 20}
+        ])
+    );
+    let b: serde_json::Value = serde_json::from_str(&records[1].2).unwrap();
+    assert_eq!(
+        b["secrets"],
+        serde_json::json!([{"digest": "d3", "since_ms": 30}])
+    );
+    let gone = client
+        .query_one("SELECT to_regclass('tollgate_keys') IS NULL", &[])
+        .await
+        .unwrap();
+    assert!(gone.get::<_, bool>(0));
+}

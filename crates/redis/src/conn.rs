@@ -25,6 +25,8 @@ pub(crate) enum Function {
     State,
     /// Idempotency keys (`keys_v1.lua`).
     Keys,
+    /// Issued keys' records (`records_v1.lua`).
+    Records,
 }
 
 impl Function {
@@ -43,6 +45,7 @@ impl Function {
             Function::Sweep => named!("sweep"),
             Function::State => named!("state"),
             Function::Keys => named!("keys"),
+            Function::Records => named!("records"),
         }
     }
 }

@@ -1,13 +1,14 @@
 //! Records the gateway sets at run time and every instance reads: virtual keys issued at run time
-//! (`P:vk`, the digest of each key's secret to its record) and limits set for one value
-//! (`P:lim`). Each set is one hash on the first shard's prefix, with a version field that every
+//! (`P:keys`, each key's id to its version and record, written by `records_v1.lua`) and limits
+//! set for one value (`P:lim`). Each set is one hash on the first shard's prefix, with a version field that every
 //! change raises, so that an instance reads the whole hash again only when something changed.
 
 use redis::Value;
 use tollgate_core::StoreError;
 
 use crate::RedisStore;
-use crate::conn::{no_answer, unavailable};
+use crate::conn::{Function, fcall, no_answer, unavailable};
+use crate::decode::{items, text};
 
 /// The hash field that holds the version (a digest is hex, never this).
 const VERSION: &str = "~version";
@@ -24,7 +25,7 @@ pub enum RecordSet {
 impl RedisStore {
     fn record_hash(&self, set: RecordSet) -> String {
         let name = match set {
-            RecordSet::IssuedKeys => "vk",
+            RecordSet::IssuedKeys => "keys",
             RecordSet::Limits => "lim",
         };
         format!("{}:{name}", self.prefix_of(0))
@@ -102,5 +103,168 @@ impl RedisStore {
                 .map_err(|_| no_answer(self.config.call_timeout))?
                 .map_err(unavailable)?;
         Ok(version)
+    }
+}
+
+/// Every reply kind of `records_v1.lua`'s writes.
+pub const RECORD_REPLIES: [&str; 4] = ["done", "changed", "late", "lost"];
+
+/// How a key's record is written (`records_v1.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyWrite {
+    /// The store is the keys' truth: written if the held version is `expected` (0: none), and
+    /// only until the store's clock reads `deadline` (ms).
+    Swap {
+        /// The version the change was made from.
+        expected: u64,
+        /// The store's instant after which the write is refused.
+        deadline: u64,
+    },
+    /// A copy of the ledger's record (the truth): written if the held version is lower.
+    Copy,
+    /// A copy by the rebuild of a store that forgot, written while its loss is not yet lifted.
+    Rebuild,
+}
+
+/// What a write of a key's record found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPut {
+    /// Written.
+    Done,
+    /// Not written: the store holds this version (0: none).
+    Changed(u64),
+    /// Not written: it arrived after its deadline.
+    Late,
+    /// Not written: the store forgot, and its books are not yet rebuilt.
+    Lost,
+}
+
+impl RedisStore {
+    fn record_keys(&self) -> [String; 3] {
+        let p = self.prefix_of(0);
+        [
+            self.record_hash(RecordSet::IssuedKeys),
+            format!("{p}:marker"),
+            format!("{p}:lost"),
+        ]
+    }
+
+    async fn records_call(&self, args: &[&str]) -> Result<Vec<Value>, StoreError> {
+        let keys = self.record_keys();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut conn = self.conn.clone();
+        let reply: Value = tokio::time::timeout(
+            self.config.call_timeout,
+            fcall(&mut conn, Function::Records, &keys, args),
+        )
+        .await
+        .map_err(|_| no_answer(self.config.call_timeout))?
+        .map_err(unavailable)?;
+        items(reply)
+    }
+
+    /// Key `id`'s version (0: none) and record, and the store's time (ms): read commands only,
+    /// which a store that holds its writes (`CLIENT PAUSE WRITE`) still answers.
+    pub async fn key_record(&self, id: &str) -> Result<(u64, Option<String>, u64), StoreError> {
+        let hash = self.record_hash(RecordSet::IssuedKeys);
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGET").arg(&hash).arg(id).cmd("TIME");
+        let mut conn = self.conn.clone();
+        let (held, (secs, micros)): (Option<String>, (u64, u64)) =
+            tokio::time::timeout(self.config.call_timeout, pipe.query_async(&mut conn))
+                .await
+                .map_err(|_| no_answer(self.config.call_timeout))?
+                .map_err(unavailable)?;
+        let at = secs.saturating_mul(1000).saturating_add(micros / 1000);
+        let Some(held) = held else {
+            return Ok((0, None, at));
+        };
+        let (version, record) = held
+            .split_once(' ')
+            .ok_or_else(|| StoreError::Protocol(format!("key {id:?}: no version")))?;
+        let version = version
+            .parse()
+            .map_err(|_| StoreError::Protocol(format!("key {id:?}: version {version:?}")))?;
+        Ok((version, Some(record.to_owned()), at))
+    }
+
+    /// Writes key `id`'s record at `version`, as `how` says.
+    pub async fn put_key(
+        &self,
+        id: &str,
+        (version, record): (u64, &str),
+        how: KeyWrite,
+        step: u32,
+    ) -> Result<KeyPut, StoreError> {
+        let seen = self
+            .markers
+            .first()
+            .is_some_and(|m| m.load(std::sync::atomic::Ordering::Relaxed));
+        let (expected, deadline, seen) = match how {
+            KeyWrite::Swap { expected, deadline } => {
+                (expected.to_string(), deadline.to_string(), seen)
+            }
+            KeyWrite::Copy => (String::new(), String::new(), seen),
+            KeyWrite::Rebuild => (String::new(), String::new(), false),
+        };
+        let seen = match (how, seen) {
+            (KeyWrite::Rebuild, _) => "r",
+            (_, true) => "1",
+            (_, false) => "0",
+        };
+        let (version, step) = (version.to_string(), u64::from(step.max(1)).to_string());
+        let reply = self
+            .records_call(&[
+                "put", id, &version, record, &expected, &deadline, &step, seen,
+            ])
+            .await?;
+        let word = reply.first().map(text).transpose()?;
+        Ok(match word.as_deref() {
+            Some("done") => KeyPut::Done,
+            Some("late") => KeyPut::Late,
+            Some("lost") => KeyPut::Lost,
+            Some("changed") => KeyPut::Changed(
+                reply
+                    .get(1)
+                    .map(text)
+                    .transpose()?
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+            ),
+            other => {
+                return Err(StoreError::Protocol(format!(
+                    "records: unknown answer {other:?}"
+                )));
+            }
+        })
+    }
+
+    /// The records of the hash issued keys were kept in by digest before they were kept by
+    /// id (`P:vk`), to be carried over; `drop_legacy_keys` removes it once they are.
+    pub async fn legacy_keys(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let hash = format!("{}:vk", self.prefix_of(0));
+        let mut conn = self.conn.clone();
+        let all: Vec<(String, String)> = tokio::time::timeout(
+            self.config.call_timeout,
+            redis::cmd("HGETALL").arg(&hash).query_async(&mut conn),
+        )
+        .await
+        .map_err(|_| no_answer(self.config.call_timeout))?
+        .map_err(unavailable)?;
+        Ok(all.into_iter().filter(|(f, _)| f != VERSION).collect())
+    }
+
+    /// Removes the hash of issued keys by digest (see [`RedisStore::legacy_keys`]).
+    pub async fn drop_legacy_keys(&self) -> Result<(), StoreError> {
+        let hash = format!("{}:vk", self.prefix_of(0));
+        let mut conn = self.conn.clone();
+        let _: i64 = tokio::time::timeout(
+            self.config.call_timeout,
+            redis::cmd("DEL").arg(&hash).query_async(&mut conn),
+        )
+        .await
+        .map_err(|_| no_answer(self.config.call_timeout))?
+        .map_err(unavailable)?;
+        Ok(())
     }
 }

@@ -70,7 +70,7 @@ pub use books::ExpiryTag;
 pub use config::{RedisConfig, redacted};
 pub use decode::{ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, SHADOW_REPLIES};
 pub use encode::{Invocation, Strs, admit_invocation};
-pub use issued::RecordSet;
+pub use issued::{KeyPut, KeyWrite, RECORD_REPLIES, RecordSet};
 pub use keys::KEY_REPLIES;
 pub use marker::SCHEMA;
 pub use slices::{SLICE_REPLIES, SLICE_TICKETS, slice_invocation};
@@ -206,6 +206,11 @@ impl RedisStore {
             return Ok(None);
         };
         Ok(Some((policy, !save.trim().is_empty() || aof == "yes")))
+    }
+
+    /// How long a call waits for the store's answer.
+    pub fn call_timeout(&self) -> std::time::Duration {
+        self.config.call_timeout
     }
 
     /// The key prefix.

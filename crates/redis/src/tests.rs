@@ -289,6 +289,7 @@ fn script_replies_are_the_named_ones() {
         .chain(&OTHER_REPLIES)
         .chain(&crate::SHADOW_REPLIES)
         .chain(&crate::KEY_REPLIES)
+        .chain(&crate::RECORD_REPLIES)
         .chain(&crate::SLICE_REPLIES)
         .chain(&crate::SLICE_TICKETS)
         .map(|k| (*k).to_owned())

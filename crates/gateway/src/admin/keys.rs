@@ -23,8 +23,22 @@ fn refused(e: KeyError) -> Response {
             "invalid_request_error",
             "key_not_found",
         ),
+        KeyError::Forbidden(_) => (
+            Class::Client(Fault::Forbidden),
+            "invalid_request_error",
+            "admin_scope_forbidden",
+        ),
+        KeyError::Changed(_) => (
+            Class::Client(Fault::Conflict),
+            "invalid_request_error",
+            "key_changed",
+        ),
         KeyError::Unavailable(_) => (Class::Books, "service_unavailable", "store_unavailable"),
+        KeyError::Unknown(_) => (Class::Internal, "api_error", "key_change_unknown"),
     };
+    if matches!(e, KeyError::Unavailable(_) | KeyError::Unknown(_)) {
+        tracing::warn!(cause = %e, "a change of an issued key was not made, or not known to be");
+    }
     ApiError::new(class, kind, code, e.to_string()).into_response()
 }
 
@@ -48,12 +62,16 @@ pub(super) async fn create(
     if let Some(t) = who.tenant().filter(|t| *t != new.tenant) {
         return crate::respond::admin_scope_forbidden(t).into_response();
     }
-    match keys::create(&gw, new).await {
-        Ok((issued, secret)) => {
-            tracing::info!(id = %issued.id, tenant = %issued.tenant, "a key was issued");
+    let layer = match who.tenant() {
+        Some(_) => crate::overrides::Layer::Tenant,
+        None => crate::overrides::Layer::Operator,
+    };
+    match keys::create(&gw, new, layer).await {
+        Ok((record, secret)) => {
+            tracing::info!(id = %record.key.id, tenant = %record.key.tenant, "a key was issued");
             (
                 StatusCode::CREATED,
-                axum::Json(json!({"key": issued, "secret": secret})),
+                axum::Json(json!({"key": record.shown(keys::now_ms()), "secret": secret})),
             )
                 .into_response()
         }
@@ -67,13 +85,14 @@ pub(super) async fn list(
     axum::Extension(who): axum::Extension<AdminScope>,
 ) -> Response {
     let _ = keys::refresh(&gw).await;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let mut listed = gw.keys.list(now);
-    if let Some(t) = who.tenant() {
-        listed.retain(|k| k.tenant == t);
-    }
+    let now = keys::now_ms();
+    let listed: Vec<serde_json::Value> = gw
+        .keys
+        .list(now)
+        .iter()
+        .filter(|k| who.tenant().is_none_or(|t| k.key.tenant == t))
+        .map(|k| k.shown(now))
+        .collect();
     axum::Json(json!({"keys": listed})).into_response()
 }
 
@@ -89,24 +108,32 @@ pub(super) async fn rotate(
         Err(r) => return r,
     };
     match keys::rotate(&gw, &id, who.tenant(), r).await {
-        Ok((issued, secret)) => {
-            tracing::info!(id = %issued.id, "a key was rotated");
-            axum::Json(json!({"key": issued, "secret": secret})).into_response()
+        Ok((record, secret)) => {
+            tracing::info!(id = %record.key.id, version = record.version, "a key was rotated");
+            axum::Json(json!({"key": record.shown(keys::now_ms()), "secret": secret}))
+                .into_response()
         }
         Err(e) => refused(e),
     }
 }
 
-/// `DELETE /admin/keys/{id}`: every secret of the key stops working.
+/// `DELETE /admin/keys/{id}`: every secret of the key stops working, for good; again, the same
+/// answer.
 pub(super) async fn revoke(
     State(gw): State<Shared>,
     axum::Extension(who): axum::Extension<AdminScope>,
     Path(id): Path<String>,
 ) -> Response {
     match keys::revoke(&gw, &id, who.tenant()).await {
-        Ok(()) => {
-            tracing::info!(id = %id, "a key was revoked");
-            axum::Json(json!({"id": id, "revoked": true})).into_response()
+        Ok(record) => {
+            tracing::info!(id = %id, version = record.version, "a key was revoked");
+            axum::Json(json!({
+                "id": id,
+                "revoked": true,
+                "revoked_at_ms": record.revoked_at_ms,
+                "version": record.version,
+            }))
+            .into_response()
         }
         Err(e) => refused(e),
     }

@@ -5,13 +5,11 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
-use tollgate_ledger::Kept;
-use tollgate_redis::RecordSet;
 
 use super::AdminScope;
 use crate::gateway::Shared;
 use crate::keys::KeyError;
-use crate::overrides::{self, Control, Override};
+use crate::overrides::{self, Control, Layer, Override};
 use crate::respond::{ApiError, Class, Fault};
 
 /// `PUT /admin/limits` and the query of `DELETE /admin/limits`.
@@ -26,6 +24,30 @@ pub(super) struct Target {
     rule: Option<String>,
     /// The limit, in the rule's unit (`50USD`, `$12.50`, `200000`, `120`); `PUT` only.
     limit: Option<serde_json::Value>,
+    /// Whose layer: `operator` or `tenant`. A tenant's token sets and clears its own layer
+    /// only; the admin token, the operator's unless it names the tenant's.
+    layer: Option<String>,
+}
+
+/// The layer `t` names for the caller: a tenant's token has its own only.
+fn layer_of(who: &AdminScope, t: &Target) -> Result<Layer, Response> {
+    let asked = match t.layer.as_deref() {
+        None => None,
+        Some(l) => Some(
+            Layer::parse(l).ok_or_else(|| bad(format!("layer {l:?}: one of operator, tenant")))?,
+        ),
+    };
+    match (who.tenant(), asked) {
+        (Some(_), None | Some(Layer::Tenant)) => Ok(Layer::Tenant),
+        (Some(tenant), Some(Layer::Operator)) => Err(ApiError::new(
+            Class::Client(Fault::Forbidden),
+            "invalid_request_error",
+            "admin_scope_forbidden",
+            format!("A token of tenant {tenant:?} sets its own layer of limits only."),
+        )
+        .into_response()),
+        (None, asked) => Ok(asked.unwrap_or(Layer::Operator)),
+    }
 }
 
 fn bad(message: String) -> Response {
@@ -155,23 +177,20 @@ pub(super) async fn set(
         Ok(n) => n,
         Err(e) => return bad(format!("limit {e}")),
     };
+    let layer = match layer_of(&who, &t) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
     let default = control.default_of(rule).unwrap_or(0);
-    if let (Some(tenant), true) = (who.tenant(), limit > default) {
-        return ApiError::new(
-            Class::Client(Fault::Forbidden),
-            "invalid_request_error",
-            "admin_scope_forbidden",
-            format!(
-                "A token of tenant {tenant:?} may tighten its limits, not raise them: the rule's \
-                 limit is {default}, asked {limit}."
-            ),
-        )
-        .into_response();
-    }
     let _ = crate::keys::refresh(&gw).await;
+    if layer == Layer::Tenant {
+        if let Err(r) = tightens(&gw, &cfg.policy, (&scope, control, default), limit) {
+            return r;
+        }
+    }
     let revision = gw
         .overrides
-        .get(&scope, control)
+        .get(&scope, control, layer)
         .map_or(1, |o| o.revision + 1);
     let o = Override {
         rule: rule_name,
@@ -180,15 +199,15 @@ pub(super) async fn set(
         limit,
         revision,
         set_at_ms: crate::keys::now_ms(),
+        layer,
     };
     let Ok(json) = serde_json::to_string(&o) else {
         return bad("the limit cannot be written".into());
     };
     let changes = vec![(o.field(), Some(json))];
-    if let Err(e) = crate::keys::write_set(&gw, (Kept::Limits, RecordSet::Limits), &changes).await {
+    if let Err(e) = crate::keys::write_limits(&gw, &changes).await {
         return failed(e);
     }
-    gw.overrides.apply_locally(&changes);
     tracing::info!(scope = %o.scope, control = ?o.control, limit = o.limit, revision = o.revision,
         "a limit was set for one value");
     let own = shown(
@@ -217,20 +236,72 @@ pub(super) async fn clear(
         Ok(r) => r,
         Err(r) => return r,
     };
+    let layer = match layer_of(&who, &t) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
     let _ = crate::keys::refresh(&gw).await;
-    if gw.overrides.get(&scope, control).is_none() {
+    if gw.overrides.get(&scope, control, layer).is_none() {
         return ApiError::new(
             Class::Client(Fault::NotFound),
             "invalid_request_error",
             "limit_not_set",
-            format!("No limit is set at run time for {scope} ({}).", t.control),
+            format!(
+                "No limit is set at run time for {scope} ({}) in the {} layer.",
+                t.control,
+                layer_name(layer)
+            ),
         )
         .into_response();
     }
-    let changes = vec![(overrides::field(&scope, control), None)];
-    if let Err(e) = crate::keys::write_set(&gw, (Kept::Limits, RecordSet::Limits), &changes).await {
+    let changes = vec![(overrides::field(&scope, control, layer), None)];
+    if let Err(e) = crate::keys::write_limits(&gw, &changes).await {
         return failed(e);
     }
-    gw.overrides.apply_locally(&changes);
-    axum::Json(json!({"scope": scope, "control": t.control, "cleared": true})).into_response()
+    axum::Json(json!({"scope": scope, "control": t.control, "layer": layer, "cleared": true}))
+        .into_response()
+}
+
+fn layer_name(l: Layer) -> &'static str {
+    match l {
+        Layer::Operator => "operator's",
+        Layer::Tenant => "tenant's",
+    }
+}
+
+/// A tenant's limit tightens the layers above it (the operator's, else the rule's), or 403.
+pub(crate) fn tightens(
+    gw: &crate::gateway::Gateway,
+    policy: &tollgate_core::Policy,
+    (scope, control, rule): (&str, Control, u64),
+    limit: u64,
+) -> Result<(), Response> {
+    let above = gw.overrides.above_tenant(scope, control, rule);
+    if limit <= above {
+        return Ok(());
+    }
+    let shown_at = |limit: u64| {
+        let o = Override {
+            rule: scope.split('|').next().unwrap_or_default().to_owned(),
+            scope: scope.to_owned(),
+            control,
+            limit,
+            revision: 0,
+            set_at_ms: 0,
+            layer: Layer::Operator,
+        };
+        shown(policy, &o)
+    };
+    Err(ApiError::new(
+        Class::Client(Fault::Forbidden),
+        "invalid_request_error",
+        "admin_scope_forbidden",
+        format!(
+            "A tenant's token may tighten its limits, not raise them: the limit in force above \
+             it is {}, asked {}.",
+            shown_at(above),
+            shown_at(limit)
+        ),
+    )
+    .into_response())
 }

@@ -1,17 +1,23 @@
 //! Virtual keys issued at run time: created, listed, rotated and revoked through the admin API,
-//! kept in the store (and in the spend ledger, when there is one, from which they are rebuilt
-//! after a loss), read by every instance within [`REFRESH_EVERY`]. The secret is shown once and
-//! kept only as its SHA-256 digest. Keys of the configuration file keep working beside them.
+//! each one record by id whose every change is a compare-and-set on its version (see
+//! [`life`] for the transitions, [`truth`] for where they are kept), read by every instance
+//! within [`REFRESH_EVERY`]. The secret is shown once and kept only as its SHA-256 digest.
+//! Keys of the configuration file keep working beside them.
 
+pub mod life;
 pub mod record;
+mod registry;
+mod truth;
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+pub use life::{KeyRecord, Refusal, Secret};
 pub use record::{Issued, NewKey, Rotation};
+pub use registry::Registry;
 use tollgate_ledger::Kept;
 use tollgate_redis::RecordSet;
+pub(crate) use truth::{copy_all, write_limits};
 
 use crate::config::{KeyConfig, hash_key, hex};
 use crate::gateway::Gateway;
@@ -21,6 +27,10 @@ use crate::gateway::Gateway;
 /// its instant on every instance.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
+/// How many times a revocation meets another change before it answers 409: a revocation takes
+/// the changes made meanwhile with it, so it reads the key again and revokes what it finds.
+const REVOKE_TRIES: usize = 8;
+
 /// A key found by its secret's digest.
 #[derive(Debug)]
 pub struct Found {
@@ -28,6 +38,8 @@ pub struct Found {
     pub issued: Issued,
     /// The key as the request path reads it.
     pub key: KeyConfig,
+    /// When this secret's grace ends, if a rotation replaced it.
+    pub until_ms: Option<u64>,
 }
 
 /// Why an operation on issued keys failed.
@@ -39,133 +51,72 @@ pub enum KeyError {
     /// No issued key has this id.
     #[error("no issued key has the id {0:?}")]
     NotFound(String),
-    /// The store or the ledger did not take it.
+    /// The caller may not do this (a tenant's token raising a limit).
+    #[error("{0}")]
+    Forbidden(String),
+    /// Another change, or the key's end (revoked, expired), came first: nothing was changed.
+    #[error("{0}")]
+    Changed(String),
+    /// The store or the ledger did not take it: nothing was changed.
     #[error("{0}")]
     Unavailable(String),
-}
-
-#[derive(Debug, Default)]
-struct Table {
-    version: u64,
-    by_digest: HashMap<String, Arc<Found>>,
-}
-
-/// The issued keys this instance knows.
-#[derive(Debug, Default)]
-pub struct Registry {
-    table: RwLock<Table>,
-}
-
-impl Registry {
-    /// The key whose secret has this digest (hex), if it works at `now_ms`.
-    pub fn lookup(&self, digest: &str, now_ms: u64) -> Option<Arc<Found>> {
-        let table = self.table.read().ok()?;
-        let found = table.by_digest.get(digest)?;
-        found.issued.valid_at(now_ms).then(|| found.clone())
-    }
-
-    /// Every issued secret, by id (a rotated key lists its old secret too, while it works).
-    pub fn list(&self, now_ms: u64) -> Vec<Issued> {
-        let Ok(table) = self.table.read() else {
-            return Vec::new();
-        };
-        let mut all: Vec<Issued> = table
-            .by_digest
-            .values()
-            .filter(|f| f.issued.valid_at(now_ms))
-            .map(|f| f.issued.clone())
-            .collect();
-        all.sort_by(|a, b| (&a.id, a.rotated).cmp(&(&b.id, b.rotated)));
-        all
-    }
-
-    /// Replaces the table with `entries` (digest, record JSON) at `version`; a record that
-    /// cannot be read is skipped and logged.
-    fn replace(&self, version: u64, entries: &[(String, String)]) {
-        let mut by_digest = HashMap::with_capacity(entries.len());
-        for (digest, json) in entries {
-            match serde_json::from_str::<Issued>(json) {
-                Ok(issued) => {
-                    let key = issued.key_config();
-                    by_digest.insert(digest.clone(), Arc::new(Found { issued, key }));
-                }
-                Err(e) => {
-                    tracing::warn!(cause = %e, "an issued key's record cannot be read: skipped")
-                }
-            }
-        }
-        if let Ok(mut t) = self.table.write() {
-            *t = Table { version, by_digest };
-        }
-    }
-
-    fn apply_locally(&self, changes: &[(String, Option<String>)]) {
-        let Ok(mut t) = self.table.write() else {
-            return;
-        };
-        t.version += 1;
-        for (digest, json) in changes {
-            match json.as_deref().map(serde_json::from_str::<Issued>) {
-                Some(Ok(issued)) => {
-                    let key = issued.key_config();
-                    t.by_digest
-                        .insert(digest.clone(), Arc::new(Found { issued, key }));
-                }
-                _ => {
-                    t.by_digest.remove(digest);
-                }
-            }
-        }
-    }
-
-    fn version(&self) -> u64 {
-        self.table.read().map_or(0, |t| t.version)
-    }
-
-    /// The secrets of the key `id` (of tenant `only`, when given): (digest, record).
-    fn secrets_of(&self, id: &str, only: Option<&str>) -> Vec<(String, Issued)> {
-        self.table.read().map_or_else(
-            |_| Vec::new(),
-            |t| {
-                t.by_digest
-                    .iter()
-                    .filter(|(_, f)| f.issued.id == id)
-                    .filter(|(_, f)| only.is_none_or(|t| f.issued.tenant == t))
-                    .map(|(d, f)| (d.clone(), f.issued.clone()))
-                    .collect()
-            },
-        )
-    }
+    /// The store or the ledger did not say whether the change was made.
+    #[error("{0}")]
+    Unknown(String),
 }
 
 /// Reads the store's issued keys and limit overrides when they changed (Redis; the memory
-/// store's are this process's own).
+/// store's are this process's own), after writing again the copies it did not take.
 pub async fn refresh(gw: &Gateway) -> Result<(), KeyError> {
     let Some(redis) = gw.store.redis() else {
         return Ok(());
     };
+    truth::copy_held(gw).await;
     let unavailable = |e: tollgate_core::StoreError| KeyError::Unavailable(e.to_string());
+    truth::sync_limits(gw).await;
+    // A set the store no longer holds (version 0) was forgotten: with a ledger, the rebuild
+    // writes it back, and until then this instance keeps what it knew.
+    let forgotten = |version: u64| version == 0 && gw.books.is_some();
+    let (generation, limits) = (gw.keys.generation(), gw.overrides.generation());
     if let Some((version, entries)) = redis
         .records(RecordSet::IssuedKeys, gw.keys.version())
         .await
         .map_err(unavailable)?
     {
-        gw.keys.replace(version, &entries);
+        if !forgotten(version) {
+            gw.keys.replace(generation, version, &entries);
+        }
     }
     if let Some((version, entries)) = redis
         .records(RecordSet::Limits, gw.overrides.version())
         .await
         .map_err(unavailable)?
     {
-        gw.overrides.replace(version, &entries);
+        if !forgotten(version) {
+            gw.overrides.replace(limits, version, &entries);
+        }
     }
     Ok(())
 }
 
-/// At start: a memory store's issued keys and limit overrides from the spend ledger (Redis
-/// keeps its own, and is rebuilt from the ledger after a loss).
+/// At start: a memory store's issued keys and limit overrides from the spend ledger; a Redis
+/// store given what the ledger holds and it does not, and its keys kept by digest before
+/// carried over.
 pub async fn load(gw: &Gateway) -> Result<(), KeyError> {
-    if gw.store.redis().is_some() {
+    if let Some(redis) = gw.store.redis() {
+        carry_over(gw, redis).await?;
+        let behind = match &gw.books {
+            Some(books) => copy_all(&books.ledger, redis, false).await.map_err(|e| {
+                KeyError::Unavailable(format!("the keys' copy into the store: {e}"))
+            })?,
+            None => 0,
+        };
+        if behind > 0 {
+            tracing::warn!(
+                behind,
+                "the store was behind the spend ledger on issued keys: written"
+            );
+        }
         return refresh(gw).await;
     }
     let Some(books) = &gw.books else {
@@ -173,10 +124,44 @@ pub async fn load(gw: &Gateway) -> Result<(), KeyError> {
     };
     let read =
         |e: tollgate_ledger::LedgerError| KeyError::Unavailable(format!("the spend ledger: {e}"));
-    let keys = books.ledger.records(Kept::IssuedKeys).await.map_err(read)?;
-    gw.keys.replace(0, &keys);
+    let keys = books.ledger.key_records().await.map_err(read)?;
+    let entries: Vec<(String, String)> = keys
+        .into_iter()
+        .map(|(id, v, json)| (id, format!("{v} {json}")))
+        .collect();
+    gw.keys.replace(gw.keys.generation(), 0, &entries);
     let limits = books.ledger.records(Kept::Limits).await.map_err(read)?;
-    gw.overrides.replace(0, &limits);
+    gw.overrides.replace(gw.overrides.generation(), 0, &limits);
+    Ok(())
+}
+
+/// Keys a Redis store kept by digest: carried over into records by id (without a ledger; a
+/// ledger carried its own over), then forgotten.
+async fn carry_over(gw: &Gateway, redis: &tollgate_redis::RedisStore) -> Result<(), KeyError> {
+    let unavailable = |e: tollgate_core::StoreError| KeyError::Unavailable(e.to_string());
+    let old = redis.legacy_keys().await.map_err(unavailable)?;
+    if old.is_empty() {
+        return Ok(());
+    }
+    if gw.books.is_none() {
+        for r in life::carried_over(&old) {
+            let json = serde_json::to_string(&r).map_err(|e| KeyError::Invalid(e.to_string()))?;
+            redis
+                .put_key(
+                    &r.key.id,
+                    (r.version, &json),
+                    tollgate_redis::KeyWrite::Copy,
+                    step()?,
+                )
+                .await
+                .map_err(unavailable)?;
+        }
+    }
+    redis.drop_legacy_keys().await.map_err(unavailable)?;
+    tracing::warn!(
+        secrets = old.len(),
+        "issued keys kept by digest were carried over into records by id"
+    );
     Ok(())
 }
 
@@ -197,62 +182,43 @@ pub fn spawn_refresh(gw: Arc<Gateway>) {
     });
 }
 
-/// Writes `changes` (field, record or deletion) of one set: to the ledger first when there is
-/// one, then to the store. The caller applies them to its own table.
-pub(crate) async fn write_set(
-    gw: &Gateway,
-    (kept, set): (Kept, RecordSet),
-    changes: &[(String, Option<String>)],
-) -> Result<(), KeyError> {
-    if let Some(books) = &gw.books {
-        let at = i64::try_from(now_ms()).unwrap_or(i64::MAX);
-        books
-            .ledger
-            .put_records(kept, changes, at)
-            .await
-            .map_err(|e| KeyError::Unavailable(format!("the spend ledger: {e}")))?;
-    }
-    if let Some(redis) = gw.store.redis() {
-        redis
-            .write_records(set, changes, step()?)
-            .await
-            .map_err(|e| KeyError::Unavailable(e.to_string()))?;
-    }
-    Ok(())
-}
-
-async fn write(gw: &Gateway, changes: Vec<(String, Option<String>)>) -> Result<(), KeyError> {
-    write_set(gw, (Kept::IssuedKeys, RecordSet::IssuedKeys), &changes).await?;
-    gw.keys.apply_locally(&changes);
-    Ok(())
-}
-
 /// Creates a key: its record and its secret (shown once, kept only as a digest).
-pub async fn create(gw: &Gateway, mut new: NewKey) -> Result<(Issued, String), KeyError> {
+/// Its own limits are set in `layer` (a tenant's token: the tenant's, each at most the limit
+/// in force above it).
+pub async fn create(
+    gw: &Gateway,
+    mut new: NewKey,
+    layer: crate::overrides::Layer,
+) -> Result<(KeyRecord, String), KeyError> {
     let now = now_ms();
     let limits = std::mem::take(&mut new.limits);
     let issued = validate(gw, new, now)?;
-    // Its own limits first: a key is never issued without the limits it was asked with.
-    let own = own_limits(gw, &issued.id, &limits, now)?;
-    if !own.is_empty() {
-        write_set(gw, (Kept::Limits, RecordSet::Limits), &own).await?;
-        gw.overrides.apply_locally(&own);
-    }
+    let own = own_limits(gw, (&issued.id, layer), &limits, now)?;
     let secret = secret()?;
-    let json = serde_json::to_string(&issued).map_err(|e| KeyError::Invalid(e.to_string()))?;
-    write(gw, vec![(digest(&secret), Some(json))]).await?;
-    Ok((issued, secret))
+    let record = KeyRecord::new(issued, digest(&secret), change()?);
+    let (_, deadline) = truth::read(gw, &record.key.id).await?;
+    // Its own limits first: a key is never issued without the limits it was asked with.
+    if !own.is_empty() {
+        truth::write_limits(gw, &own).await?;
+    }
+    match truth::commit(gw, 0, &record, deadline).await? {
+        truth::Swap::Done => Ok((record, secret)),
+        truth::Swap::Changed(_) => Err(KeyError::Changed(format!(
+            "a key with the id {:?} exists: nothing was changed",
+            record.key.id
+        ))),
+    }
 }
 
 /// The overrides a new key asks for (control → limit), each on the rule keyed on `key` that
 /// holds the control, checked as `/admin/limits` checks them.
 fn own_limits(
     gw: &Gateway,
-    id: &str,
+    (id, layer): (&str, crate::overrides::Layer),
     limits: &std::collections::BTreeMap<String, serde_json::Value>,
     now: u64,
 ) -> Result<Vec<(String, Option<String>)>, KeyError> {
-    use crate::overrides::{self, Control, Override};
+    use crate::overrides::{self, Control, Layer, Override};
     let cfg = gw.config();
     let mut out = Vec::with_capacity(limits.len());
     for (control, limit) in limits {
@@ -273,66 +239,79 @@ fn own_limits(
             limit: overrides::amount(rule, c, &text).map_err(bad)?,
             revision: 1,
             set_at_ms: now,
+            layer,
         };
+        let above = gw
+            .overrides
+            .above_tenant(&o.scope, c, c.default_of(rule).unwrap_or(0));
+        if layer == Layer::Tenant && o.limit > above {
+            return Err(KeyError::Forbidden(format!(
+                "limits.{control}: a tenant's token may tighten its limits, not raise them: the \
+                 limit in force above it is {above}, asked {}",
+                o.limit
+            )));
+        }
         let json = serde_json::to_string(&o).map_err(|e| bad(e.to_string()))?;
         out.push((o.field(), Some(json)));
     }
     Ok(out)
 }
 
-/// Rotates key `id` (of tenant `only`, when given): a new secret, the old ones valid for the
-/// grace period (expiring then, or sooner if they already were to).
+/// Rotates key `id` (of tenant `only`, when given): a new secret; the old ones work for the
+/// grace period (ending then, or sooner if they already were to). 409 when another change came
+/// first, or the key was revoked or expired.
 pub async fn rotate(
     gw: &Gateway,
     id: &str,
     only: Option<&str>,
     r: Rotation,
-) -> Result<(Issued, String), KeyError> {
-    let _ = refresh(gw).await;
+) -> Result<(KeyRecord, String), KeyError> {
     let grace = match &r.grace {
         None => Duration::from_secs(3600),
         Some(g) => humantime::parse_duration(g)
             .map_err(|e| KeyError::Invalid(format!("grace {g:?}: {e}")))?,
     };
-    let now = now_ms();
-    let old = gw.keys.secrets_of(id, only);
-    let Some((_, current)) = old.iter().find(|(_, i)| !i.rotated && i.valid_at(now)) else {
-        return Err(KeyError::NotFound(id.to_owned()));
-    };
-    let fresh = Issued {
-        created_at_ms: now,
-        rotated: false,
-        ..current.clone()
-    };
-    let until = now.saturating_add(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX));
-    let mut changes = Vec::with_capacity(old.len() + 1);
-    for (digest, i) in &old {
-        let ends = i.expires_at_ms.map_or(until, |e| e.min(until));
-        let kept = Issued {
-            rotated: true,
-            expires_at_ms: Some(ends),
-            ..i.clone()
-        };
-        let json = serde_json::to_string(&kept).map_err(|e| KeyError::Invalid(e.to_string()))?;
-        changes.push((digest.clone(), (ends > now).then_some(json)));
+    let (held, deadline) = truth::read(gw, id).await?;
+    let held = owned(held, id, only)?;
+    if let Some(v) = r.version.filter(|v| *v != held.version) {
+        return Err(changed(id, v, held.version));
     }
     let secret = secret()?;
-    let json = serde_json::to_string(&fresh).map_err(|e| KeyError::Invalid(e.to_string()))?;
-    changes.push((digest(&secret), Some(json)));
-    write(gw, changes).await?;
-    Ok((fresh, secret))
+    let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+    let next = held
+        .rotate(now_ms(), grace_ms, digest(&secret), change()?)
+        .map_err(|e| ended(id, &e))?;
+    match truth::commit(gw, held.version, &next, deadline).await? {
+        truth::Swap::Done => Ok((next, secret)),
+        truth::Swap::Changed(v) => Err(changed(id, held.version, v)),
+    }
 }
 
-/// Revokes key `id` (of tenant `only`, when given): every secret of it stops working (on every
-/// instance within [`REFRESH_EVERY`]).
-pub async fn revoke(gw: &Gateway, id: &str, only: Option<&str>) -> Result<(), KeyError> {
-    let _ = refresh(gw).await;
-    let old = gw.keys.secrets_of(id, only);
-    if old.is_empty() {
-        return Err(KeyError::NotFound(id.to_owned()));
+/// Revokes key `id` (of tenant `only`, when given), for good: every secret of it stops working
+/// (on every instance within [`REFRESH_EVERY`]), with the rotations made meanwhile. Revoking a
+/// revoked key changes nothing and answers its record.
+pub async fn revoke(gw: &Gateway, id: &str, only: Option<&str>) -> Result<KeyRecord, KeyError> {
+    for _ in 0..REVOKE_TRIES {
+        let (held, deadline) = truth::read(gw, id).await?;
+        let held = owned(held, id, only)?;
+        let Some(next) = held.revoke(now_ms(), change()?) else {
+            return Ok(held);
+        };
+        match truth::commit(gw, held.version, &next, deadline).await? {
+            truth::Swap::Done => {
+                drop_limits(gw, id).await?;
+                return Ok(next);
+            }
+            truth::Swap::Changed(_) => continue,
+        }
     }
-    write(gw, old.into_iter().map(|(d, _)| (d, None)).collect()).await?;
-    // Its own limits go with it.
+    Err(KeyError::Changed(format!(
+        "key {id:?} changed {REVOKE_TRIES} times while it was revoked: nothing was changed"
+    )))
+}
+
+/// A revoked key's own limits go with it.
+async fn drop_limits(gw: &Gateway, id: &str) -> Result<(), KeyError> {
     let own = format!("key:{id}");
     let limits: Vec<(String, Option<String>)> = gw
         .overrides
@@ -342,10 +321,33 @@ pub async fn revoke(gw: &Gateway, id: &str, only: Option<&str>) -> Result<(), Ke
         .map(|o| (o.field(), None))
         .collect();
     if !limits.is_empty() {
-        write_set(gw, (Kept::Limits, RecordSet::Limits), &limits).await?;
-        gw.overrides.apply_locally(&limits);
+        truth::write_limits(gw, &limits).await?;
     }
     Ok(())
+}
+
+/// The record, if it is of tenant `only` (when given): another tenant's key is not found.
+fn owned(held: Option<KeyRecord>, id: &str, only: Option<&str>) -> Result<KeyRecord, KeyError> {
+    held.filter(|r| only.is_none_or(|t| r.key.tenant == t))
+        .ok_or_else(|| KeyError::NotFound(id.to_owned()))
+}
+
+fn ended(id: &str, r: &Refusal) -> KeyError {
+    let (what, at) = match r {
+        Refusal::Revoked(at) => ("revoked", at),
+        Refusal::Expired(at) => ("expired", at),
+    };
+    KeyError::Changed(format!(
+        "key {id:?} was {what} at {}: nothing was changed",
+        crate::admin::words::instant_ms(*at)
+    ))
+}
+
+fn changed(id: &str, from: u64, now: u64) -> KeyError {
+    KeyError::Changed(format!(
+        "key {id:?} changed while this change was made (from version {from}, now {now}): \
+         nothing was changed; read the key and try again"
+    ))
 }
 
 /// The record of a new key, checked against the configuration (its models must be served).
@@ -405,7 +407,6 @@ fn validate(gw: &Gateway, new: NewKey, now: u64) -> Result<Issued, KeyError> {
         created_at_ms: now,
         expires_at_ms,
         metadata: new.metadata,
-        rotated: false,
     })
 }
 
@@ -420,6 +421,11 @@ fn random<const N: usize>() -> Result<[u8; N], KeyError> {
     getrandom::fill(&mut b)
         .map_err(|e| KeyError::Unavailable(format!("no randomness for a secret: {e}")))?;
     Ok(b)
+}
+
+/// A change's id: how a caller whose answer was lost finds its own change.
+fn change() -> Result<String, KeyError> {
+    Ok(hex(&random::<8>()?))
 }
 
 /// A new secret: `tg-` and 192 random bits in hex.

@@ -1,5 +1,5 @@
-//! A virtual key issued at run time, as the store and the ledger keep it (JSON, by the digest of
-//! its secret), and what an operator asks for when creating one.
+//! A virtual key issued at run time, as the store and the ledger keep it (one JSON record by its
+//! id, with a version), its transitions, and what an operator asks for when creating one.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +12,7 @@ pub const MAX_FIELD_BYTES: usize = 128;
 /// The most metadata entries of an issued key.
 pub const MAX_METADATA: usize = 32;
 
-/// One secret of an issued key (a rotated key has two for its grace period, sharing the id).
+/// What an issued key is: its id, its tenant, what it may do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Issued {
     /// The key's id: its `key` dimension, its name in the admin API. Never the secret.
@@ -38,9 +38,6 @@ pub struct Issued {
     /// The operator's own labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
-    /// A secret replaced by a rotation, valid until its expiry (the grace period).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub rotated: bool,
 }
 
 impl Issued {
@@ -100,6 +97,9 @@ pub struct NewKey {
 pub struct Rotation {
     /// How long the old secret keeps working, e.g. `1h`; default one hour, `0s` for none.
     pub grace: Option<String>,
+    /// The version the rotation is made from (as `GET /admin/keys` shows it): when the key has
+    /// another, 409 `key_changed` and nothing changes.
+    pub version: Option<u64>,
 }
 
 /// A text field of an issued key, checked: not empty, at most [`MAX_FIELD_BYTES`], no control

@@ -1,0 +1,173 @@
+//! The issued keys this instance knows: their records by id, and by the digest of each secret
+//! that works, as the request path looks them up.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::life::KeyRecord;
+use super::{Found, truth};
+
+#[derive(Debug, Default)]
+struct Table {
+    version: u64,
+    /// Raised by every change this instance applies: a read of the store that began before
+    /// one does not replace it.
+    generation: u64,
+    records: HashMap<String, Arc<KeyRecord>>,
+    by_digest: HashMap<String, Arc<Found>>,
+}
+
+impl Table {
+    fn index(&mut self) {
+        self.by_digest = self
+            .records
+            .values()
+            .filter(|r| r.revoked_at_ms.is_none())
+            .flat_map(|r| {
+                let key = r.key.key_config();
+                r.secrets.iter().map(move |s| {
+                    let found = Found {
+                        issued: r.key.clone(),
+                        key: key.clone(),
+                        until_ms: s.until_ms,
+                    };
+                    (s.digest.clone(), Arc::new(found))
+                })
+            })
+            .collect();
+    }
+}
+
+/// The issued keys this instance knows.
+#[derive(Debug, Default)]
+pub struct Registry {
+    table: RwLock<Table>,
+    /// Changes the ledger took and the store did not (see [`truth`]): written again by the
+    /// refresh, and kept over what the store shows until then.
+    held: Mutex<Vec<KeyRecord>>,
+}
+
+impl Registry {
+    /// The key whose secret has this digest (hex), if it works at `now_ms`.
+    pub fn lookup(&self, digest: &str, now_ms: u64) -> Option<Arc<Found>> {
+        let table = self.table.read().ok()?;
+        let found = table.by_digest.get(digest)?;
+        (found.issued.valid_at(now_ms) && found.until_ms.is_none_or(|u| now_ms < u))
+            .then(|| found.clone())
+    }
+
+    /// Every key that works at `now_ms`, by id.
+    pub fn list(&self, now_ms: u64) -> Vec<Arc<KeyRecord>> {
+        let Ok(table) = self.table.read() else {
+            return Vec::new();
+        };
+        let mut all: Vec<Arc<KeyRecord>> = table
+            .records
+            .values()
+            .filter(|r| r.live(now_ms).next().is_some())
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| a.key.id.cmp(&b.key.id));
+        all
+    }
+
+    /// Key `id`'s record, as this instance knows it.
+    pub fn record(&self, id: &str) -> Option<Arc<KeyRecord>> {
+        self.table.read().ok()?.records.get(id).cloned()
+    }
+
+    /// What [`Registry::replace`] is given, read when the read of the store begins.
+    pub(super) fn generation(&self) -> u64 {
+        self.table.read().map_or(0, |t| t.generation)
+    }
+
+    /// Replaces the table with the store's `entries` (id, `<version> <record>`) at `version`,
+    /// under the changes it has not taken yet, unless this instance changed a key since
+    /// `generation` (the next refresh reads again); a record that cannot be read is skipped and
+    /// logged.
+    pub(super) fn replace(&self, generation: u64, version: u64, entries: &[(String, String)]) {
+        let mut records = HashMap::with_capacity(entries.len());
+        for (id, value) in entries {
+            let json = value.split_once(' ').map_or(value.as_str(), |(_, j)| j);
+            match serde_json::from_str::<KeyRecord>(json) {
+                Ok(r) => {
+                    records.insert(id.clone(), Arc::new(r));
+                }
+                Err(e) => {
+                    tracing::warn!(id = %id, cause = %e, "an issued key's record cannot be read: skipped")
+                }
+            }
+        }
+        let held = self.held();
+        if let Ok(mut t) = self.table.write() {
+            if t.generation != generation {
+                return;
+            }
+            *t = Table {
+                version,
+                generation,
+                records,
+                by_digest: HashMap::new(),
+            };
+            for r in held {
+                newer(&mut t.records, r);
+            }
+            t.index();
+        }
+    }
+
+    /// Puts a record that is newer than the one known.
+    pub(super) fn put(&self, record: KeyRecord) {
+        if let Ok(mut t) = self.table.write() {
+            t.generation += 1;
+            newer(&mut t.records, record);
+            t.index();
+        }
+    }
+
+    /// The compare-and-set of a store that is this process's own.
+    pub(super) fn swap_local(&self, expected: u64, next: &KeyRecord) -> truth::Swap {
+        let Ok(mut t) = self.table.write() else {
+            return truth::Swap::Changed(0);
+        };
+        let held = t.records.get(&next.key.id).map_or(0, |r| r.version);
+        if held != expected {
+            return truth::Swap::Changed(held);
+        }
+        t.generation += 1;
+        t.records
+            .insert(next.key.id.clone(), Arc::new(next.clone()));
+        t.index();
+        truth::Swap::Done
+    }
+
+    pub(super) fn hold(&self, record: KeyRecord) {
+        if let Ok(mut h) = self.held.lock() {
+            h.retain(|r| r.key.id != record.key.id);
+            h.push(record);
+        }
+    }
+
+    pub(super) fn held(&self) -> Vec<KeyRecord> {
+        self.held.lock().map(|h| h.clone()).unwrap_or_default()
+    }
+
+    pub(super) fn release(&self, record: &KeyRecord) {
+        if let Ok(mut h) = self.held.lock() {
+            h.retain(|r| r.key.id != record.key.id || r.version > record.version);
+        }
+    }
+
+    pub(super) fn version(&self) -> u64 {
+        self.table.read().map_or(0, |t| t.version)
+    }
+}
+
+fn newer(records: &mut HashMap<String, Arc<KeyRecord>>, r: KeyRecord) {
+    if records
+        .get(&r.key.id)
+        .is_none_or(|held| held.version < r.version)
+    {
+        records.insert(r.key.id.clone(), Arc::new(r));
+    }
+}

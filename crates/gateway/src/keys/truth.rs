@@ -1,0 +1,326 @@
+//! Where the keys' one truth is kept, and a change committed to it as one compare-and-set: the
+//! spend ledger when there is one (the store holds a copy, written after, never ahead, so that a
+//! rebuild from the ledger cannot bring back what was changed); otherwise Redis; otherwise this
+//! process's own table (the memory store). A change whose outcome the truth did not tell is
+//! read back before it is answered: an answer of 503 means that nothing changed.
+
+use std::time::Duration;
+
+use tollgate_redis::{KeyPut, KeyWrite, RedisStore};
+
+use super::life::KeyRecord;
+use super::{KeyError, now_ms, step};
+use crate::gateway::Gateway;
+
+/// What a compare-and-set found.
+#[derive(Debug)]
+pub(super) enum Swap {
+    /// Written.
+    Done,
+    /// Another change came first: the truth holds this version now.
+    Changed(u64),
+}
+
+/// Key `id`'s record in the truth, and the instant after which a write from it is refused
+/// (the store's, where Redis is the truth).
+pub(super) async fn read(gw: &Gateway, id: &str) -> Result<(Option<KeyRecord>, u64), KeyError> {
+    let parse = |json: Option<String>| -> Result<Option<KeyRecord>, KeyError> {
+        json.map(|j| serde_json::from_str::<KeyRecord>(&j))
+            .transpose()
+            .map_err(|e| KeyError::Unavailable(format!("key {id:?}'s record cannot be read: {e}")))
+    };
+    if let Some(books) = &gw.books {
+        let held = books
+            .ledger
+            .key_record(id)
+            .await
+            .map_err(|e| KeyError::Unavailable(format!("the spend ledger: {e}")))?;
+        return Ok((parse(held.map(|(_, r)| r))?, 0));
+    }
+    if let Some(redis) = gw.store.redis() {
+        let (_, record, at) = redis.key_record(id).await.map_err(unavailable)?;
+        let deadline = at.saturating_add(millis(redis.call_timeout()));
+        return Ok((parse(record)?, deadline));
+    }
+    Ok((gw.keys.record(id).map(|r| (*r).clone()), 0))
+}
+
+/// Writes `next` if the truth holds `expected` (0: no record), then the store's copy; applies
+/// it to this instance's table. `deadline`: from [`read`].
+pub(super) async fn commit(
+    gw: &Gateway,
+    expected: u64,
+    next: &KeyRecord,
+    deadline: u64,
+) -> Result<Swap, KeyError> {
+    let json = serde_json::to_string(next).map_err(|e| KeyError::Invalid(e.to_string()))?;
+    let id = next.key.id.as_str();
+    let swap = if let Some(books) = &gw.books {
+        // The store first: while it is unreachable or rebuilding, nothing is changed.
+        if let Some(redis) = gw.store.redis() {
+            usable(redis).await?;
+        }
+        let at = i64::try_from(now_ms()).unwrap_or(i64::MAX);
+        match books
+            .ledger
+            .swap_key(id, expected, (next.version, &json), at)
+            .await
+        {
+            Ok(tollgate_ledger::Swap::Done) => Swap::Done,
+            Ok(tollgate_ledger::Swap::Changed(v)) => Swap::Changed(v),
+            Err(e) => ledger_outcome(gw, next, e).await?,
+        }
+    } else if let Some(redis) = gw.store.redis() {
+        let how = KeyWrite::Swap { expected, deadline };
+        match redis.put_key(id, (next.version, &json), how, step()?).await {
+            Ok(KeyPut::Done) => Swap::Done,
+            Ok(KeyPut::Changed(v)) => Swap::Changed(v),
+            Ok(KeyPut::Late) => return Err(late()),
+            Ok(KeyPut::Lost) => return Err(rebuilding()),
+            Err(e) => store_outcome(redis, next, deadline, e).await?,
+        }
+    } else {
+        gw.keys.swap_local(expected, next)
+    };
+    if let Swap::Done = swap {
+        if gw.books.is_some() {
+            copy(gw, next, &json).await;
+        }
+        gw.keys.put(next.clone());
+    }
+    Ok(swap)
+}
+
+/// Writes the ledger's record into the store, which holds a copy; a copy the store did not take
+/// is written again by the refresh, and by the rebuild of a store that forgot.
+async fn copy(gw: &Gateway, next: &KeyRecord, json: &str) {
+    let Some(redis) = gw.store.redis() else {
+        return;
+    };
+    let Ok(step) = step() else { return };
+    match redis
+        .put_key(&next.key.id, (next.version, json), KeyWrite::Copy, step)
+        .await
+    {
+        Ok(KeyPut::Done | KeyPut::Changed(_) | KeyPut::Lost) => {}
+        Ok(KeyPut::Late) | Err(_) => {
+            tracing::warn!(id = %next.key.id, version = next.version,
+                "a key's change is in the spend ledger, not yet in the store: written again \
+                 within a second of the store answering");
+            gw.keys.hold(next.clone());
+        }
+    }
+}
+
+/// The copies the store did not take, written again (by the refresh).
+pub(super) async fn copy_held(gw: &Gateway) {
+    for record in gw.keys.held() {
+        let Ok(json) = serde_json::to_string(&record) else {
+            continue;
+        };
+        let Some(redis) = gw.store.redis() else {
+            return;
+        };
+        let Ok(step) = step() else { return };
+        if let Ok(KeyPut::Done | KeyPut::Changed(_) | KeyPut::Lost) = redis
+            .put_key(
+                &record.key.id,
+                (record.version, &json),
+                KeyWrite::Copy,
+                step,
+            )
+            .await
+        {
+            gw.keys.release(&record);
+        }
+    }
+}
+
+/// Every record of the ledger written into the store where it is behind (at start: a copy an
+/// instance that stopped did not write, keys carried over from the older keeping); with
+/// `rebuild`, into a store whose loss is not yet lifted. Answers how many were behind.
+pub(crate) async fn copy_all(
+    ledger: &tollgate_ledger::Ledger,
+    redis: &RedisStore,
+    rebuild: bool,
+) -> Result<usize, String> {
+    let records = ledger.key_records().await.map_err(|e| e.to_string())?;
+    let how = if rebuild {
+        KeyWrite::Rebuild
+    } else {
+        KeyWrite::Copy
+    };
+    let mut behind = 0;
+    for (id, version, json) in records {
+        let step = step().map_err(|e| e.to_string())?;
+        if redis
+            .put_key(&id, (version, &json), how, step)
+            .await
+            .map_err(|e| e.to_string())?
+            == KeyPut::Done
+        {
+            behind += 1;
+        }
+    }
+    Ok(behind)
+}
+
+/// Writes `changes` (field, record or deletion) of the limits set at run time: where a ledger
+/// is the truth, once the store answers and is not rebuilding, to the ledger, then to the store
+/// (which, missing it, is written again from the ledger by the refresh); otherwise to the
+/// store. Applies them to this instance's table.
+pub(crate) async fn write_limits(
+    gw: &Gateway,
+    changes: &[(String, Option<String>)],
+) -> Result<(), KeyError> {
+    use tollgate_ledger::Kept;
+    use tollgate_redis::RecordSet;
+    if let Some(books) = &gw.books {
+        if let Some(redis) = gw.store.redis() {
+            usable(redis).await?;
+        }
+        let at = i64::try_from(now_ms()).unwrap_or(i64::MAX);
+        books
+            .ledger
+            .put_records(Kept::Limits, changes, at)
+            .await
+            .map_err(|e| KeyError::Unavailable(format!("the spend ledger: {e}")))?;
+        if let Some(redis) = gw.store.redis() {
+            if let Err(e) = redis
+                .write_records(RecordSet::Limits, changes, step()?)
+                .await
+            {
+                tracing::warn!(cause = %e, "a limit set is in the spend ledger, not yet in the \
+                    store: written again within a second of the store answering");
+                gw.overrides
+                    .behind
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    } else if let Some(redis) = gw.store.redis() {
+        redis
+            .write_records(RecordSet::Limits, changes, step()?)
+            .await
+            .map_err(unavailable)?;
+    }
+    gw.overrides.apply_locally(changes);
+    Ok(())
+}
+
+/// The store's limits made the ledger's again, when it missed a change (by the refresh).
+pub(super) async fn sync_limits(gw: &Gateway) {
+    use std::sync::atomic::Ordering;
+    use tollgate_ledger::Kept;
+    use tollgate_redis::RecordSet;
+    let (Some(books), Some(redis)) = (&gw.books, gw.store.redis()) else {
+        return;
+    };
+    if !gw.overrides.behind.load(Ordering::Relaxed) {
+        return;
+    }
+    let (Ok(truth), Ok(Some((_, held)))) = (
+        books.ledger.records(Kept::Limits).await,
+        redis.records(RecordSet::Limits, u64::MAX).await,
+    ) else {
+        return;
+    };
+    let mut changes: Vec<(String, Option<String>)> = held
+        .into_iter()
+        .filter(|(f, _)| !truth.iter().any(|(t, _)| t == f))
+        .map(|(f, _)| (f, None))
+        .collect();
+    changes.extend(truth.into_iter().map(|(f, r)| (f, Some(r))));
+    let Ok(step) = step() else { return };
+    if redis
+        .write_records(RecordSet::Limits, &changes, step)
+        .await
+        .is_ok()
+    {
+        gw.overrides.behind.store(false, Ordering::Relaxed);
+    }
+}
+
+/// The store answers and is not rebuilding.
+async fn usable(redis: &RedisStore) -> Result<(), KeyError> {
+    match redis.state().await.map_err(unavailable)? {
+        tollgate_core::StoreState::Lost => Err(rebuilding()),
+        _ => Ok(()),
+    }
+}
+
+/// The ledger failed to answer a change: read back whether it was made.
+async fn ledger_outcome(
+    gw: &Gateway,
+    next: &KeyRecord,
+    e: tollgate_ledger::LedgerError,
+) -> Result<Swap, KeyError> {
+    let Some(books) = &gw.books else {
+        return Err(KeyError::Unavailable(e.to_string()));
+    };
+    match books.ledger.key_record(&next.key.id).await {
+        Ok(Some((_, json))) if ours(&json, next) => Ok(Swap::Done),
+        Ok(_) => Err(KeyError::Unavailable(format!(
+            "the spend ledger: {e}; nothing was changed"
+        ))),
+        Err(again) => Err(KeyError::Unknown(format!(
+            "the spend ledger did not answer the change ({e}), nor whether it was made \
+             ({again}): read the key before changing it again"
+        ))),
+    }
+}
+
+/// Redis failed to answer a change: once its deadline has passed on the store's clock (a write
+/// that arrives later is refused), read back whether it was made.
+async fn store_outcome(
+    redis: &RedisStore,
+    next: &KeyRecord,
+    deadline: u64,
+    e: tollgate_core::StoreError,
+) -> Result<Swap, KeyError> {
+    for _ in 0..4 {
+        match redis.key_record(&next.key.id).await {
+            Ok((_, json, at)) if at > deadline => {
+                return match json {
+                    Some(j) if ours(&j, next) => Ok(Swap::Done),
+                    _ => Err(KeyError::Unavailable(format!(
+                        "the store did not answer in time ({e}); nothing was changed"
+                    ))),
+                };
+            }
+            Ok((_, _, at)) => {
+                tokio::time::sleep(Duration::from_millis(deadline - at + 1)).await;
+            }
+            Err(_) => tokio::time::sleep(redis.call_timeout()).await,
+        }
+    }
+    Err(KeyError::Unknown(format!(
+        "the store did not answer the change ({e}), nor whether it was made: read the key \
+         before changing it again"
+    )))
+}
+
+fn ours(json: &str, next: &KeyRecord) -> bool {
+    serde_json::from_str::<KeyRecord>(json).is_ok_and(|r| r.change == next.change)
+}
+
+fn unavailable(e: tollgate_core::StoreError) -> KeyError {
+    KeyError::Unavailable(format!("{e}; nothing was changed"))
+}
+
+fn rebuilding() -> KeyError {
+    KeyError::Unavailable(
+        "the store forgot its books and is being rebuilt from the spend ledger; nothing was \
+         changed: try again in a few seconds"
+            .into(),
+    )
+}
+
+fn late() -> KeyError {
+    KeyError::Unavailable(
+        "the store took the change too late to make it; nothing was changed".into(),
+    )
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
