@@ -575,6 +575,7 @@ pub fn charge(unit: Unit, price: Option<Price>, usage: &Usage) -> u64 {
 }
 
 mod checks;
+mod peek;
 use crate::controls::{budget, concurrency};
 use checks::expired_usage;
 

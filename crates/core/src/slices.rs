@@ -299,6 +299,21 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
         }
     }
 
+    /// A plan that reads rate windows: the store's reading, with the attempts of this
+    /// instance's slices not yet made given back (the store counts a slice as used).
+    async fn peek(&self, plan: &Plan) -> Result<Decision, StoreError> {
+        let mut d = self.inner.admit(plan).await?;
+        if let Decision::Admit(a) = &mut d {
+            let st = self.lock()?;
+            for q in &mut a.quotas {
+                if let Some(Kind::Peek(c)) = plan.checks.get(q.check).map(|c| &c.kind) {
+                    q.remaining = q.remaining.saturating_add(st.book.unused(c)).min(c.limit);
+                }
+            }
+        }
+        Ok(d)
+    }
+
     /// The store forgot everything, slices included: the requests admitted here end in an
     /// engine of their own, their settlements answered as the store's would be (unknown).
     fn lost(&self, st: &mut State<C>) {
@@ -316,6 +331,9 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
         plan: &Plan,
         shadow: Option<&Plan>,
     ) -> Result<(Decision, Option<ShadowOutcome>), StoreError> {
+        if plan.peeks().next().is_some() {
+            return Ok((self.peek(plan).await?, None));
+        }
         let mut counted: Option<Vec<Quota>> = None;
         let mut gate = None;
         // Slices are grown at most four times for one request; short after that, it goes to

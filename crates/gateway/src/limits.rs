@@ -1,8 +1,9 @@
 //! `GET /v1/limits`: what the caller's own key may still spend, so that an application can show
 //! its users what is left. Every scope of the policy that applies to the key is listed with its
 //! limit, what is used and reserved, what remains and when it resets, in the policy's units
-//! (with a person's reading beside each amount). The call is an attempt like any other: it is
-//! counted by the request-rate rules and refused by them.
+//! (with a person's reading beside each amount), every instant by the store's clock. The call
+//! counts in a bucket of its own per key ([`READS_PER_WINDOW`]), not in the request rate, whose
+//! windows it reads without counting: a caller that is limited can still read when it resets.
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Query, State};
@@ -12,9 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tollgate_core::decision::Admitted;
 use tollgate_core::policy::ScopeRule;
-use tollgate_core::{
-    Clock, Decision, Dimension, Identity, Reason, RequestFacts, ScopeKey, Store, SystemClock, Usage,
-};
+use tollgate_core::{Decision, Dimension, Identity, Reason, RequestFacts, ScopeKey, Store, Usage};
 
 use crate::admin::words;
 use crate::gateway::Shared;
@@ -70,7 +69,7 @@ async fn answer(
     if let Some(m) = &q.model {
         identity = identity.with(Dimension::Model, m.clone());
     }
-    let rates = counted(gw, &cfg, &key, &identity).await?;
+    let read = counted(gw, &cfg, &key, &identity).await?;
     let classes = &cfg.policy.classes;
     let class = classes.of(key.class.as_deref(), Some(&key.tenant));
     let mut out = Vec::new();
@@ -83,46 +82,90 @@ async fn answer(
             scope: &scope,
             class: (class, classes.weight(class)),
         };
-        out.extend(rows(gw, at, &rates).await?);
+        out.extend(rows(gw, at, &read).await?);
     }
+    let reads = read.reads.map(|q| {
+        let reset = read.now.saturating_add(q.reset_after_ms.unwrap_or(0));
+        json!({"limit": q.limit, "remaining": q.remaining, "window": "1m",
+            "resets_at_ms": reset, "resets_at": words::instant_ms(reset)})
+    });
     Ok(
         json!({"object": "limits", "key": key.key_id, "tenant": key.tenant, "class": class,
-        "policy_version": &*cfg.policy.version, "limits": out}),
+        "policy_version": &*cfg.policy.version, "now_ms": read.now, "reads": reads,
+        "limits": out}),
     )
 }
 
-/// Counts this call in the request-rate scopes (a refusal is the answer); what each then has
-/// left, by scope id.
+/// How many `/v1/limits` calls a key may make per [`READS_WINDOW_MS`]: a bucket of their own,
+/// apart from the request rate, so that a caller whose requests are limited can still read
+/// when they reset.
+pub const READS_PER_WINDOW: u64 = 120;
+/// The window of [`READS_PER_WINDOW`].
+pub const READS_WINDOW_MS: u64 = 60_000;
+
+/// What one admission found: the store's time, the reads bucket's quota, and the request-rate
+/// windows read (not counted), by scope id.
+struct Read {
+    now: u64,
+    reads: Option<tollgate_core::decision::Quota>,
+    rates: Vec<(String, tollgate_core::decision::Quota)>,
+}
+
+/// Counts this call in the key's bucket of reads (its refusal is the answer), and reads the
+/// request-rate windows that apply without counting in them; one admission.
 async fn counted(
     gw: &Shared,
     cfg: &crate::config::GatewayConfig,
     key: &crate::config::KeyConfig,
     identity: &Identity,
-) -> Result<Vec<(String, tollgate_core::decision::Quota)>, ApiError> {
-    if key.exempt.contains(&Reason::RequestRateLimit) {
-        return Ok(Vec::new());
-    }
+) -> Result<Read, ApiError> {
+    use tollgate_core::pipeline::{Check, Kind, RateCheck};
     let facts = RequestFacts {
         request_id: format!("{}~limits", gw.next_id()),
         identity: identity.clone(),
         ..RequestFacts::default()
     };
-    let mut p = tollgate_core::rate_plan(&cfg.policy, &facts);
+    let mut p = tollgate_core::rate_plan(&cfg.policy, &facts).peeking();
     gw.overrides.apply(&mut p);
-    if p.checks.is_empty() {
-        return Ok(Vec::new());
+    if key.exempt.contains(&Reason::RequestRateLimit) {
+        p.checks.clear();
     }
+    // `~` is in no rule's name: the bucket is no rule's scope.
+    let scope = ScopeKey::derive("~limits", &[Dimension::Key], identity)
+        .ok_or_else(|| ApiError::invalid("invalid_key", "the key has no id"))?;
+    let reads = RateCheck {
+        scope,
+        limit: READS_PER_WINDOW,
+        window_ms: READS_WINDOW_MS,
+    };
+    p.checks.insert(
+        0,
+        Check {
+            reason: Reason::RequestRateLimit,
+            kind: Kind::Count(reads),
+        },
+    );
     match gw.store.admit(&p).await {
-        Ok(Decision::Admit(Admitted { quotas, .. })) => {
+        Ok(Decision::Admit(Admitted {
+            quotas, expires_at, ..
+        })) => {
             let _ = gw
                 .store
                 .release(&p.request_id, Some(Usage::default()))
                 .await;
-            Ok(quotas
-                .into_iter()
-                .filter(|q| q.reason == Reason::RequestRateLimit)
-                .filter_map(|q| Some((p.scope_of(&q)?.id().to_owned(), q)))
-                .collect())
+            let mut read = Read {
+                now: expires_at.saturating_sub(p.ttl_ms),
+                reads: None,
+                rates: Vec::with_capacity(quotas.len()),
+            };
+            for q in quotas {
+                if q.check == 0 {
+                    read.reads = Some(q);
+                } else if let Some(s) = p.scope_of(&q) {
+                    read.rates.push((s.id().to_owned(), q));
+                }
+            }
+            Ok(read)
         }
         Ok(refused) => Err(respond::refusal(&refused)),
         Err(e) => Err(crate::path::admit::store_error(e)),
@@ -141,10 +184,11 @@ struct Row<'a> {
 async fn rows(
     gw: &Shared,
     Row { rule, scope, class }: Row<'_>,
-    rates: &[(String, tollgate_core::decision::Quota)],
+    read: &Read,
 ) -> Result<Vec<Value>, ApiError> {
     use crate::overrides::Control;
-    let now = SystemClock.now();
+    // The store's time, as admission decides by it.
+    let now = read.now;
     let base =
         |control: &str| json!({"rule": &*rule.name, "scope": scope.key(), "control": control});
     // The limits set at run time for this scope, layered over the rule's.
@@ -157,7 +201,7 @@ async fn rows(
             humantime::format_duration(std::time::Duration::from_millis(r.window_ms.get()))
                 .to_string()
         );
-        if let Some((_, q)) = rates.iter().find(|(id, _)| id == scope.id()) {
+        if let Some((_, q)) = read.rates.iter().find(|(id, _)| id == scope.id()) {
             let reset = now.saturating_add(q.reset_after_ms.unwrap_or(0));
             row["remaining"] = json!(q.remaining);
             row["resets_at_ms"] = json!(reset);

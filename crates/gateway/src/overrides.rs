@@ -254,7 +254,7 @@ impl Overrides {
         // concurrency's with the reserved share kept off the limit set.
         for c in &mut plan.checks {
             match (&mut c.kind, c.reason.control()) {
-                (Kind::Count(r), Reason::RequestRateLimit) => {
+                (Kind::Count(r) | Kind::Peek(r), Reason::RequestRateLimit) => {
                     if let Some(l) = set(&r.scope, Control::Requests) {
                         r.limit = layered(r.limit, l);
                     }

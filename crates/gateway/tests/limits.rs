@@ -44,7 +44,8 @@ fn row<'a>(v: &'a Value, rule: &str, control: &str) -> &'a Value {
 }
 
 /// Two instances on Redis: what one spends, the other's `/v1/limits` shows; the rules that do
-/// not apply to the key are not listed; the call counts against the request rate.
+/// not apply to the key are not listed; the call does not count against the request rate, and
+/// answers when it is spent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_holder_reads_what_is_left() {
     let (sim, redis) = (sim().await, RedisServer::start());
@@ -62,7 +63,7 @@ async fn a_key_holder_reads_what_is_left() {
     );
     assert_eq!(spend["limit_shown"], "10,000 tokens");
     assert!(spend["resets_at"].as_str().unwrap().ends_with('Z'));
-    assert_eq!(row(&before, "per-key", "requests")["remaining"], 5);
+    assert_eq!(row(&before, "per-key", "requests")["remaining"], 6);
     assert_eq!(row(&before, "per-key", "concurrency")["limit"], 2);
     assert_eq!(row(&before, "per-key", "output_tokens")["limit"], 500);
     assert!(
@@ -80,18 +81,69 @@ async fn a_key_holder_reads_what_is_left() {
             .unwrap(),
         10000 - used
     );
-    // The chat request and two calls so far: three more calls, then the rate refuses.
-    assert_eq!(row(&after, "per-key", "requests")["remaining"], 3);
-    for _ in 0..3 {
-        assert_eq!(limits(&b, "sk-acme").await.0, 200);
+    // The chat request counted; the calls did not: they have a bucket of their own.
+    assert_eq!(row(&after, "per-key", "requests")["remaining"], 5);
+    for _ in 0..5 {
+        assert_eq!(a.ask("acme").await.0, 200);
     }
-    let (status, refused, retry) = limits(&a, "sk-acme").await;
-    assert_eq!(status, 429, "{refused}");
-    assert_eq!(refused["error"]["code"], "request_rate_limit");
-    assert!(retry.is_some());
+    assert_eq!(a.ask("acme").await.0, 429);
+    // Limited, the key holder still reads when it resets, by the store's clock.
+    let (status, limited, _) = limits(&b, "sk-acme").await;
+    assert_eq!(status, 200, "{limited}");
+    let rate = row(&limited, "per-key", "requests");
+    assert_eq!(rate["remaining"], 0, "{limited}");
+    let now = limited["now_ms"].as_u64().unwrap();
+    let reset = rate["resets_at_ms"].as_u64().unwrap();
+    assert!(reset > now && reset <= now + 60_000, "{limited}");
+    assert_eq!(limited["reads"]["limit"], 120, "{limited}");
 
     // beta sees its own rule, and a key that is not one is refused.
     let (_, beta, _) = limits(&a, "sk-beta").await;
     assert_eq!(row(&beta, "beta-only", "budget")["limit"], 5);
     assert_eq!(limits(&a, "sk-nobody").await.0, 401);
+}
+
+/// `/v1/limits` has a bucket of its own per key (120 a minute): spent, the call is refused 429
+/// with a Retry-After, while the key's requests still pass; on both stores.
+mod reads {
+    use super::*;
+
+    async fn reads_have_a_bucket_of_their_own(text: &str, redis: bool) {
+        let sim = sim().await;
+        let gw = Instance::start_with(&sim, text, SCOPES).await;
+        if redis {
+            gw.admin("POST", "/admin/store/init", None).await;
+        }
+        for i in 0..120 {
+            let (status, v, _) = limits(&gw, "sk-gamma").await;
+            assert_eq!(status, 200, "call {i}: {v}");
+        }
+        let (status, refused, retry) = limits(&gw, "sk-gamma").await;
+        assert_eq!(
+            (status, refused["error"]["code"].as_str()),
+            (429, Some("request_rate_limit"))
+        );
+        assert!(retry.is_some());
+        assert_eq!(
+            gw.ask("gamma").await.0,
+            200,
+            "the requests have their own rate"
+        );
+        assert_eq!(
+            limits(&gw, "sk-acme").await.0,
+            200,
+            "each key its own bucket"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_memory() {
+        reads_have_a_bucket_of_their_own("", false).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_redis() {
+        let redis = RedisServer::start();
+        reads_have_a_bucket_of_their_own(&redis_text(&redis), true).await;
+    }
 }

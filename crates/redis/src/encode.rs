@@ -86,7 +86,7 @@ fn check_arg_count(plan: &Plan) -> usize {
         .map(|c| {
             CheckLayout::LEN
                 + match c.kind {
-                    Kind::Count(_) => RateScope::LEN,
+                    Kind::Count(_) | Kind::Peek(_) => RateScope::LEN,
                     Kind::Lease(_) => LeaseScope::LEN,
                     Kind::Reserve(_) => BudgetScope::LEN,
                     Kind::Verdict(_) => 0,
@@ -137,6 +137,7 @@ fn check_args(prefix: &str, plan: &Plan, now: u64, keys: &mut Strs, args: &mut S
                 CheckLayout::Kind => args.push(match c.kind {
                     Kind::Count(_) if plan.attempt_counted => "k",
                     Kind::Count(_) => "r",
+                    Kind::Peek(_) => "q",
                     Kind::Lease(_) => "l",
                     Kind::Reserve(_) => "b",
                     Kind::Verdict(_) => "v",
@@ -144,7 +145,7 @@ fn check_args(prefix: &str, plan: &Plan, now: u64, keys: &mut Strs, args: &mut S
             }
         }
         match &c.kind {
-            Kind::Count(r) => rate_args(prefix, r, keys, args),
+            Kind::Count(r) | Kind::Peek(r) => rate_args(prefix, r, keys, args),
             Kind::Lease(l) => lease_args(prefix, l, keys, args),
             Kind::Reserve(b) => budget_args(prefix, plan, (b, now), keys, args),
             Kind::Verdict(_) => {}

@@ -262,6 +262,7 @@ fn script_replies_are_the_named_ones() {
         include_str!("lua/usage_v2.lua"),
         include_str!("lua/sweep_v2.lua"),
         include_str!("lua/keys_v1.lua"),
+        include_str!("lua/records_v1.lua"),
     ];
     let mut kinds = std::collections::BTreeSet::new();
     for line in sources.iter().flat_map(|s| s.lines()) {

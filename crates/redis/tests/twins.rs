@@ -87,6 +87,32 @@ fn rate_case() -> impl Strategy<Value = (u64, u64, u64, u64, u64, u64)> {
         })
 }
 
+/// The scripts' arguments of rate cases, six numbers each.
+fn rate_args(cases: &[(u64, u64, u64, u64, u64, u64)]) -> Vec<String> {
+    cases
+        .iter()
+        .flat_map(|&(s, c, p, now, win, lim)| [s, c, p, now, win, lim])
+        .map(|n| n.to_string())
+        .collect()
+}
+
+/// A rate case's check and window, as Rust holds them.
+fn rate_window(
+    (start, current, previous, _, window_ms, limit): (u64, u64, u64, u64, u64, u64),
+) -> (rate::RateCheck, (u64, RateWindow)) {
+    let check = rate::RateCheck {
+        scope: key(),
+        limit,
+        window_ms,
+    };
+    let w = RateWindow {
+        start,
+        current,
+        previous,
+    };
+    (check, (window_ms, w))
+}
+
 #[test]
 fn rate_lua_counts_as_rust_does() {
     let server = RedisServer::start();
@@ -102,27 +128,10 @@ fn rate_lua_counts_as_rust_does() {
         end
         return out";
     run(prop::collection::vec(rate_case(), 64), |cases| {
-        let args: Vec<String> = cases
-            .iter()
-            .flat_map(|&(s, c, p, now, win, lim)| [s, c, p, now, win, lim])
-            .map(|n| n.to_string())
-            .collect();
-        let lua = eval(&server, RATE, harness, &args);
-        for (i, &(start, current, previous, now, window_ms, limit)) in cases.iter().enumerate() {
-            let check = rate::RateCheck {
-                scope: key(),
-                limit,
-                window_ms,
-            };
-            let mut w = (
-                window_ms,
-                RateWindow {
-                    start,
-                    current,
-                    previous,
-                },
-            );
-            let c = rate::count(&mut w, &check, now);
+        let lua = eval(&server, RATE, harness, &rate_args(&cases));
+        for (i, &case) in cases.iter().enumerate() {
+            let (check, mut w) = rate_window(case);
+            let c = rate::count(&mut w, &check, case.3);
             let rust = [
                 i64::from(c.over),
                 c.remaining as i64,
@@ -133,6 +142,40 @@ fn rate_lua_counts_as_rust_does() {
                 w.1.previous as i64,
             ];
             assert_eq!(lua[i * 7..i * 7 + 7], rust, "case {:?}", cases[i]);
+        }
+    });
+}
+
+/// A read of a window (`/v1/limits`): the same attempts left and reset as Rust's, and the
+/// window unchanged on both sides.
+#[test]
+fn rate_lua_peeks_as_rust_does() {
+    let server = RedisServer::start();
+    let harness = r"
+        local out = {}
+        for i = 1, #ARGV, 6 do
+          local w = {tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])}
+          local now, window, limit = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])
+          local left, reset = rate_peek(w, now, window, limit)
+          for _, x in ipairs({left, reset, w[1], w[2], w[3]}) do
+            out[#out + 1] = string.format('%d', x)
+          end
+        end
+        return out";
+    run(prop::collection::vec(rate_case(), 64), |cases| {
+        let lua = eval(&server, RATE, harness, &rate_args(&cases));
+        for (i, &case) in cases.iter().enumerate() {
+            let (check, w) = rate_window(case);
+            let c = rate::peek(&w, &check, case.3);
+            assert!(!c.over);
+            let rust = [
+                c.remaining as i64,
+                c.reset_after_ms as i64,
+                w.1.start as i64,
+                w.1.current as i64,
+                w.1.previous as i64,
+            ];
+            assert_eq!(lua[i * 5..i * 5 + 5], rust, "case {:?}", cases[i]);
         }
     });
 }

@@ -50,6 +50,7 @@ macro_rules! conformance_tests {
             shadow_holds_end_with_the_request, a_refused_request_holds_no_shadow,
             checks_are_walked_in_the_plans_order,
             a_verdict_refuses_at_its_place_after_every_count,
+            a_peek_reads_a_window_without_counting,
             a_request_over_its_cost_cap_is_refused_before_anything_is_held,
             a_reserve_keeps_its_share_for_its_class,
             a_calendar_day_resets_at_its_local_time_across_dst,

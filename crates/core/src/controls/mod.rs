@@ -223,6 +223,9 @@ pub enum Kind {
     /// check is decided, whatever refuses the request; a count over its limit refuses at its
     /// place in the plan.
     Count(RateCheck),
+    /// A sliding window read, not counted: it never refuses, and reports what is left (what
+    /// a caller that is limited may still read of its limits).
+    Peek(RateCheck),
     /// One lease more in a scope, held until the request ends when every check passes.
     Lease(ConcurrencyCheck),
     /// An amount reserved in a scope's period, settled when the request ends.
@@ -235,7 +238,7 @@ impl Check {
     /// The scope a stateful check is made in (`None` for a verdict).
     pub fn scope(&self) -> Option<&ScopeKey> {
         match &self.kind {
-            Kind::Count(c) => Some(&c.scope),
+            Kind::Count(c) | Kind::Peek(c) => Some(&c.scope),
             Kind::Lease(c) => Some(&c.scope),
             Kind::Reserve(c) => Some(&c.scope),
             Kind::Verdict(_) => None,
@@ -253,7 +256,7 @@ impl Check {
         at: Millis,
     ) -> Option<Quota> {
         let (limit, window_ms, reset_after_ms) = match &self.kind {
-            Kind::Count(c) => (c.limit, Some(c.window_ms), reset_after_ms),
+            Kind::Count(c) | Kind::Peek(c) => (c.limit, Some(c.window_ms), reset_after_ms),
             Kind::Lease(c) => (c.limit, None, None),
             Kind::Reserve(b) => (b.limit, Some(period_len(b.period, at)), reset_after_ms),
             Kind::Verdict(_) => return None,
@@ -276,7 +279,7 @@ impl Check {
         reset_after_ms: Option<u64>,
     ) -> Deny {
         let (scope, limit, requested) = match &self.kind {
-            Kind::Count(c) => (&c.scope, c.limit, 1),
+            Kind::Count(c) | Kind::Peek(c) => (&c.scope, c.limit, 1),
             Kind::Lease(c) => (&c.scope, c.limit, 1),
             Kind::Reserve(c) => (&c.scope, c.limit, c.amount),
             Kind::Verdict(d) => return d.clone(),

@@ -79,6 +79,24 @@ pub fn count(w: &mut (u64, RateWindow), c: &RateCheck, now: Millis) -> Counted {
     }
 }
 
+/// What a window has left at `now`, read, not counted (its twin: `rate_peek` in `rate.lua`):
+/// never over, the attempts left and the time until the fixed window ends. A window of
+/// another length (the policy changed) reads as empty, as counting would start it again.
+pub fn peek(w: &(u64, RateWindow), c: &RateCheck, now: Millis) -> Counted {
+    let mut win = if w.0 == c.window_ms {
+        w.1
+    } else {
+        RateWindow::default()
+    };
+    win.roll(now, c.window_ms);
+    Counted {
+        over: false,
+        remaining: win.remaining(now, c.window_ms, c.limit),
+        reset_after_ms: (win.start + c.window_ms).saturating_sub(now),
+        retry_after_ms: 0,
+    }
+}
+
 /// The refusal of an attempt that `counted` found over the limit of `c`, for `reason` (the
 /// rate's, or a repeat's).
 pub fn deny(c: &RateCheck, counted: Counted, reason: Reason) -> Deny {

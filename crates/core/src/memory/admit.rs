@@ -136,6 +136,7 @@ impl State {
                     }
                 },
                 Kind::Verdict(d) => Some(d.clone()),
+                Kind::Peek(_) => None,
                 Kind::Lease(c) => self.check_lease(check.reason, i, c, now, seen, quotas),
                 Kind::Reserve(c) => {
                     let p = self.check_reserve(check.reason, i, c, now, seen, quotas);
@@ -176,6 +177,16 @@ impl State {
         quotas: &mut Vec<Quota>,
     ) -> Result<Option<(usize, Deny)>, StoreError> {
         let mut first_over = None;
+        for (i, reason, c) in plan.peeks() {
+            let slot = self.slot(&c.scope, seen);
+            let Some(scope) = self.slots.get(slot) else {
+                return Err(lost_slot());
+            };
+            let window = scope.rate.unwrap_or((c.window_ms, RateWindow::default()));
+            if reason.reports_quota() {
+                quotas.push(rate::quota(reason, i, c, rate::peek(&window, c, now)));
+            }
+        }
         if plan.attempt_counted {
             return Ok(None);
         }

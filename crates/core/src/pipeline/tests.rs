@@ -428,6 +428,7 @@ fn a_plan_lists_its_checks_in_the_controls_order() {
         .map(|c| {
             let kind = match c.kind {
                 Kind::Count(_) => "count",
+                Kind::Peek(_) => "peek",
                 Kind::Lease(_) => "lease",
                 Kind::Reserve(_) => "reserve",
                 Kind::Verdict(_) => "verdict",

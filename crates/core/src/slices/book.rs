@@ -534,6 +534,11 @@ impl Book {
         Decision::Admit(a)
     }
 
+    /// The attempts of `c`'s rate slice here not yet made (0 without one).
+    pub fn unused(&self, c: &crate::pipeline::RateCheck) -> u64 {
+        self.rate.get(&Self::rate_key(c)).map_or(0, |s| s.left)
+    }
+
     /// Takes in an attempt of `plan` the store counted (one call of its own): the rate
     /// slices' windows count it too, so that their quotas stay the store's.
     pub fn learn_attempt(&mut self, plan: &Plan) {

@@ -291,7 +291,7 @@ local function take_budgets(A, ab, n, bud, now, ttl, retention, v, nv, shadow)
 end
 
 -- The arguments a check takes after its `check` layout, by its kind.
-local CHECK_ARGS = {r = @rate#, k = @rate#, l = @lease#, b = @budget#, v = 0}
+local CHECK_ARGS = {r = @rate#, k = @rate#, q = @rate#, l = @lease#, b = @budget#, v = 0}
 
 -- Counts one attempt in the count whose `rate` layout starts at A[a]: whether it went over,
 -- what is left, the time to the reset and the wait.
@@ -313,6 +313,14 @@ local function count_at(A, a, now)
     w[4] = window_arg
   end
   return rate_count(w, now, window, limit)
+end
+
+-- The window at A[a] read, not counted nor written (another length, or none, reads empty).
+local function peek_at(A, a, now)
+  local key, window_arg = A[a + @rate.key], A[a + @rate.window]
+  local w = RATE[key] or redis.call('HMGET', key, 's', 'c', 'p', 'w')
+  if w[4] ~= window_arg then w = {0, 0, 0} end
+  return rate_peek(w, now, num(window_arg), num(A[a + @rate.limit]))
 end
 
 -- The lease check whose `lease` layout starts at A[a]: the leases left after it, or nil and the
@@ -451,6 +459,7 @@ local function admit_one(A, a, now, kills, probe, shadow, known)
       local went_over, left, reset, retry = count_at(A, a, now)
       if went_over and refused == nil then refused = deny(i - 1, 0, retry, reset) end
       out[q + @quota.remaining], out[q + @quota.reset] = left, reset
+    elseif kind == 'q' then out[q + @quota.remaining], out[q + @quota.reset] = peek_at(A, a, now)
     elseif refused ~= nil then
       -- Past a refusal: nothing but the counts.
     elseif kind == 'k' then

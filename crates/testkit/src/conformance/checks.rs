@@ -162,3 +162,62 @@ pub async fn a_request_over_its_cost_cap_is_refused_before_anything_is_held<H: H
     unpriced.identity = unpriced.identity.with(Dimension::Model, "house-model");
     assert!(tollgate_core::plan(&p, &unpriced).is_err());
 }
+
+/// A read of a rate window (`Kind::Peek`) counts nothing and never refuses: it reports what the
+/// window has left, the same before and after, and over the limit reads 0 left and the reset.
+pub async fn a_peek_reads_a_window_without_counting<H: Harness>(h: &H) {
+    let (s, _) = setup(h).await;
+    let counted = |id: &str| {
+        rearranged(id, "p", |c| {
+            let mut n = of_kind(&c, count);
+            if let Kind::Count(r) = &mut n.kind {
+                r.limit = 3;
+            }
+            vec![n]
+        })
+    };
+    let peek = |id: &str| counted(id).peeking();
+    let left = |d: Decision| match d {
+        Decision::Admit(a) => {
+            let q = a
+                .quotas
+                .first()
+                .cloned()
+                .unwrap_or_else(|| panic!("no quota"));
+            (
+                q.remaining,
+                q.reset_after_ms.is_some_and(|r| r > 0 && r <= 60_000),
+            )
+        }
+        other => panic!("a peek is admitted, got {other:?}"),
+    };
+    let ask = |p: Plan| {
+        let s = &s;
+        async move { s.admit(&p).await.unwrap_or_else(|e| panic!("{e}")) }
+    };
+    assert_eq!(
+        left(ask(peek("p0")).await),
+        (3, true),
+        "nothing counted yet"
+    );
+    assert!(matches!(ask(counted("c1")).await, Decision::Admit(_)));
+    for id in ["p1", "p2"] {
+        assert_eq!(
+            left(ask(peek(id)).await),
+            (2, true),
+            "a peek counts nothing"
+        );
+    }
+    for id in ["c2", "c3"] {
+        assert!(matches!(ask(counted(id)).await, Decision::Admit(_)));
+    }
+    assert_eq!(
+        refusal(ask(counted("c4")).await).reason,
+        Reason::RequestRateLimit
+    );
+    assert_eq!(
+        left(ask(peek("p3")).await),
+        (0, true),
+        "over: a peek still answers"
+    );
+}

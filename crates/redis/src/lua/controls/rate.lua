@@ -48,3 +48,12 @@ local function rate_count(w, now, window, limit)
   if over then retry = retry_after(w, now, window, limit) end
   return over, math.max(limit - math.ceil(count / 10000), 0), w[1] + window - now, retry
 end
+
+-- What the window w has left at now, read, not counted (twin: rate::peek): the attempts left
+-- and the time until the fixed window ends. Rolls a copy only (of numbers or their strings).
+local function rate_peek(w, now, window, limit)
+  local c = {0 + (w[1] or 0), 0 + (w[2] or 0), 0 + (w[3] or 0)}
+  roll(c, now, window)
+  local count = scaled(c, now, window)
+  return math.max(limit - math.ceil(count / 10000), 0), c[1] + window - now
+end
