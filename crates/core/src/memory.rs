@@ -18,6 +18,7 @@ mod keys;
 pub use keys::{MAX_KEPT_BYTES, MAX_KEYS};
 mod slices;
 mod state;
+mod usage;
 use state::{Fresh, PeriodCache, Resolved};
 mod tickets;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -361,26 +362,6 @@ impl<C: Clock> MemoryStore<C> {
         Ok(())
     }
 
-    /// [`Store::usage`], synchronously.
-    pub fn usage_sync(
-        &self,
-        scope_id: &str,
-        period: Option<Period>,
-    ) -> Result<ScopeUsage, StoreError> {
-        let (st, now) = self.lock()?;
-        let scope = st.scopes.get(scope_id).and_then(|&i| st.slots.get(i));
-        let leases = scope.map_or(0, |s| s.leases);
-        let cell = period
-            .and_then(|p| scope?.cell((p, p.at(now).0)).copied())
-            .unwrap_or_default();
-        Ok(ScopeUsage {
-            settled: cell.settled,
-            reserved: cell.reserved,
-            carried: cell.carry,
-            leases,
-        })
-    }
-
     /// [`Store::claim_key`], synchronously.
     pub fn claim_key_sync(
         &self,
@@ -527,6 +508,14 @@ impl<C: Clock> Store for MemoryStore<C> {
         period: Option<Period>,
     ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
         std::future::ready(self.usage_sync(scope_id, period))
+    }
+    fn usage_carrying(
+        &self,
+        scope_id: &str,
+        period: Period,
+        carry: (u64, u64),
+    ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
+        std::future::ready(self.usage_sync_carrying(scope_id, Some(period), Some(carry)))
     }
     fn set_kill(
         &self,

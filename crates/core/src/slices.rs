@@ -299,21 +299,6 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
         }
     }
 
-    /// A plan that reads rate windows: the store's reading, with the attempts of this
-    /// instance's slices not yet made given back (the store counts a slice as used).
-    async fn peek(&self, plan: &Plan) -> Result<Decision, StoreError> {
-        let mut d = self.inner.admit(plan).await?;
-        if let Decision::Admit(a) = &mut d {
-            let st = self.lock()?;
-            for q in &mut a.quotas {
-                if let Some(Kind::Peek(c)) = plan.checks.get(q.check).map(|c| &c.kind) {
-                    q.remaining = q.remaining.saturating_add(st.book.unused(c)).min(c.limit);
-                }
-            }
-        }
-        Ok(d)
-    }
-
     /// The store forgot everything, slices included: the requests admitted here end in an
     /// engine of their own, their settlements answered as the store's would be (unknown).
     fn lost(&self, st: &mut State<C>) {
@@ -584,28 +569,5 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
             return o.renew_sync(id);
         }
         self.inner.renew(id).await
-    }
-
-    async fn usage_here(
-        &self,
-        scope_id: &str,
-        period: Option<Period>,
-    ) -> Result<ScopeUsage, StoreError> {
-        let mut u = self.inner.usage(scope_id, period).await?;
-        let c = {
-            let mut st = self.lock()?;
-            let State { book, engine, .. } = &mut *st;
-            book.correction(engine, scope_id, period, self.clock.now())?
-        };
-        u.leases = u
-            .leases
-            .saturating_sub(c.slice_leases)
-            .saturating_add(c.local_leases);
-        u.reserved = u
-            .reserved
-            .saturating_sub(c.slice_amount)
-            .saturating_add(c.local_reserved);
-        u.settled = u.settled.saturating_add(c.unreported);
-        Ok(u)
     }
 }

@@ -190,6 +190,9 @@ pub struct ScopeUsage {
     pub leases: u64,
     /// What the current period carries over from the one before (added to its limit).
     pub carried: u64,
+    /// The store's time when it was read (ms since the epoch): the instant a reset is counted
+    /// from, as admissions count by it.
+    pub at_ms: u64,
 }
 
 /// A place to keep counters, leases and reservations. Each method is one atomic transition,
@@ -247,6 +250,16 @@ pub trait Store: Send + Sync {
         &self,
         scope_id: &str,
         period: Option<crate::ledger::Period>,
+    ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send;
+
+    /// [`Store::usage`] of a budget whose periods carry over at most `cap` of their `limit`
+    /// (`carry`): a period no admission has started yet shows what it will carry from the one
+    /// before, as its first admission counts it.
+    fn usage_carrying(
+        &self,
+        scope_id: &str,
+        period: crate::ledger::Period,
+        carry: (u64, u64),
     ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send;
 
     /// Claims an idempotency key for a request, or says who has it (see [`KeyClaim`]), in one
@@ -320,6 +333,15 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         period: Option<crate::ledger::Period>,
     ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
         (**self).usage(scope_id, period)
+    }
+
+    fn usage_carrying(
+        &self,
+        scope_id: &str,
+        period: crate::ledger::Period,
+        carry: (u64, u64),
+    ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
+        (**self).usage_carrying(scope_id, period, carry)
     }
 
     fn claim_key(

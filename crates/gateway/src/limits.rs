@@ -221,10 +221,10 @@ async fn rows(
             out.push(row);
         }
     }
-    let period = rule.budget.map(|b| b.period);
-    let u = gw
-        .store
-        .usage(scope.id(), period)
+    let budget = rule
+        .budget
+        .map(|b| (b, own(Control::Budget, b.limit.get())));
+    let u = usage(gw, scope.id(), budget)
         .await
         .map_err(crate::path::admit::store_error)?;
     if let Some(c) = rule.concurrency {
@@ -252,12 +252,10 @@ async fn rows(
     }
     if let Some(t) = rule.tool_calls {
         let id = format!("{}?tool_calls", scope.id());
-        let tu = gw
-            .store
-            .usage(&id, Some(t.period))
+        let limit = own(Control::ToolCalls, t.limit.get());
+        let tu = usage(gw, &id, Some((t, limit)))
             .await
             .map_err(crate::path::admit::store_error)?;
-        let limit = own(Control::ToolCalls, t.limit.get());
         out.push(amounts(base("tool_calls"), (t, limit), &tu, now));
     }
     Ok(out)
@@ -290,4 +288,22 @@ fn amounts(
     row["resets_at_ms"] = json!(end);
     row["resets_at"] = json!(words::instant_ms(end));
     row
+}
+
+/// The usage of `scope_id`, with its budget's period and limit in force when it has one: a
+/// budget that carries over shows what a period no admission has started will carry, as its
+/// first admission counts it.
+pub(crate) async fn usage(
+    gw: &crate::gateway::Gateway,
+    scope_id: &str,
+    budget: Option<(tollgate_core::policy::BudgetLimit, u64)>,
+) -> Result<tollgate_core::ScopeUsage, tollgate_core::StoreError> {
+    match budget {
+        Some((b, limit)) if b.carry_cap > 0 => {
+            gw.store
+                .usage_carrying(scope_id, b.period, (b.carry_cap, limit))
+                .await
+        }
+        b => gw.store.usage(scope_id, b.map(|(b, _)| b.period)).await,
+    }
 }

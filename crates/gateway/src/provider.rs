@@ -227,6 +227,46 @@ fn duration_ms(v: &str) -> Option<u64> {
     finite_ms(total)
 }
 
+/// Whether the answer tells the provider's limits and none is used up or short: the
+/// provider's latest word, which lifts a hold an earlier answer asked for.
+pub(crate) fn room(status: StatusCode, h: &HeaderMap, now: SystemTime) -> bool {
+    let told = h.keys().any(|k| {
+        let k = k.as_str();
+        k.starts_with("x-ratelimit-remaining-") || k.starts_with("anthropic-ratelimit-")
+    });
+    told && status.is_success() && hold(status, h, now).is_none()
+}
+
+/// How often one instance lifts a model's hold on an answer that shows room: a store call per
+/// model per second at most, however many answers come.
+const LIFT_EVERY: Duration = Duration::from_secs(1);
+
+/// When this instance last lifted each model's hold.
+#[derive(Debug, Default)]
+pub(crate) struct Lifts(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
+
+/// Lifts `model`'s hold on every instance (an answer showed room: the provider's latest word
+/// wins, after a tier upgrade or an early reset), at most once per [`LIFT_EVERY`] here.
+pub(crate) fn lift(store: &AnyStore, lifts: &Lifts, model: &str) {
+    let now = std::time::Instant::now();
+    let Ok(mut last) = lifts.0.lock() else { return };
+    if last
+        .get(model)
+        .is_some_and(|at| now.duration_since(*at) < LIFT_EVERY)
+    {
+        return;
+    }
+    last.insert(model.to_owned(), now);
+    drop(last);
+    let store = store.clone();
+    let target = format!("provider:{model}");
+    tokio::spawn(async move {
+        if let Err(e) = store.set_kill(&target, None).await {
+            tracing::warn!(cause = %e, "a provider's hold could not be lifted in the store");
+        }
+    });
+}
+
 /// Holds `model` for `ms` on every instance, and says so once in the log (a hold of large
 /// requests only, which every answer may renew while few tokens are left, at debug level).
 pub(crate) fn hold_model(store: &AnyStore, model: &str, Hold { ms, over, why }: Hold) {

@@ -258,6 +258,14 @@ impl Store for AnyStore {
     async fn usage(&self, scope: &str, period: Option<Period>) -> Result<ScopeUsage, StoreError> {
         both!(self, s => s.usage(scope, period))
     }
+    async fn usage_carrying(
+        &self,
+        scope: &str,
+        period: Period,
+        carry: (u64, u64),
+    ) -> Result<ScopeUsage, StoreError> {
+        both!(self, s => s.usage_carrying(scope, period, carry))
+    }
     async fn set_kill(&self, target: &str, reason: Option<&str>) -> Result<(), StoreError> {
         both!(self, s => s.set_kill(target, reason))
     }

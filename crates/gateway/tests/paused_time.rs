@@ -272,3 +272,81 @@ async fn a_queued_request_is_not_its_own_loop() {
     let r = chat(&app, 5, false).await;
     assert_eq!((r.status, r.code.as_str()), (429, "loop_detected"));
 }
+
+/// `GET` of `path` on `app` with `bearer`: the JSON answer.
+async fn read(app: &Router, path: &str, bearer: &str) -> serde_json::Value {
+    let mut req = Request::get(path)
+        .header("authorization", format!("Bearer {bearer}"))
+        .body(Body::empty())
+        .unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo("127.0.0.1:5000".parse::<SocketAddr>().unwrap()));
+    let r = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(r.status(), 200, "{path}");
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// The numbers a person reads are the store's: on a store whose clock is eleven months from the
+/// instance's, `/v1/limits` and `/admin/usage` give the reset of the store's period, and both
+/// count what the period carries over from the one before, as admission does: the same
+/// remaining, the same instant.
+#[tokio::test(start_paused = true)]
+async fn usage_is_read_by_the_stores_clock_with_its_carry() {
+    const HOUR: u64 = 3_600_000;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token"), "paused-admin-token-0123456789").unwrap();
+    let sections = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n[[policy.scopes]]\n\
+         name = \"hourly\"\nkey = \"tenant\"\n\
+         budget = {{ tokens = 1000, period = \"1h\", carry_over = \"50%\" }}\n",
+        dir.path().join("token").display()
+    );
+    let sim = SimConfig {
+        output_tokens: 5,
+        ..SimConfig::default()
+    };
+    let clock = TokioClock::at(T0 + HOUR - 600_000);
+    let text = format!(
+        "{sections}\n[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+         [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n",
+        Sim::start(sim).await.unwrap().base_url(),
+        tollgate_gateway::hash_key(KEY),
+    );
+    let config = GatewayConfig::from_toml(&text).unwrap_or_else(|e| panic!("{e}"));
+    let admin_config = config.admin.clone().unwrap();
+    let shared: SharedClock = Arc::new(clock);
+    let store = AnyStore::Memory(Arc::new(MemoryStore::with_clock(shared)));
+    let gw = Arc::new(Gateway::new(config, store));
+    let (app, admin) = (
+        tollgate_gateway::router(gw.clone()),
+        tollgate_gateway::admin::router(gw, admin_config),
+    );
+    assert_eq!(chat(&app, 20, false).await.status, 200);
+    // The next hour: the first left most of its 1,000 unused, of which 500 carry over.
+    advance(Duration::from_millis(600_000)).await;
+    let limits = read(&app, "/v1/limits", KEY).await;
+    let usage = read(
+        &admin,
+        "/admin/usage?scope=hourly%7Ctenant%3Aacme",
+        "paused-admin-token-0123456789",
+    )
+    .await;
+    let row = limits["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["control"] == "budget")
+        .unwrap()
+        .clone();
+    assert_eq!(row["carried_over"], 500, "{limits}");
+    assert_eq!(row["remaining"], 1500, "{limits}");
+    assert_eq!(usage["budget"]["remaining"], 1500, "{usage}");
+    assert_eq!(usage["budget"]["carried_over"], 500, "{usage}");
+    let end = T0 + 2 * HOUR;
+    assert_eq!(row["resets_at_ms"], end, "{limits}");
+    assert_eq!(usage["budget"]["resets_at_ms"], end, "{usage}");
+    assert_eq!(usage["budget"]["resets_at"], "2026-01-01T02:00:00Z");
+    assert_eq!(limits["now_ms"], clock.now(), "{limits}");
+    assert_eq!(usage["now_ms"], clock.now(), "{usage}");
+}

@@ -45,7 +45,7 @@ async fn env_rate(redis: bool, rate: Rate, extra: &str) -> (Env, String) {
     let (sim, redis_server, store) =
         common::upstream_and_store(redis, common::SIM_KEY, sim, "provider").await;
     let text = format!(
-        "{store}\n{extra}\n[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
+        "{store}\n{extra}\n[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\", \"claude-sonnet-4\"]\n\
          [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n[[policy.scopes]]\nkey = \"tenant\"\n\
          budget = {{ tokens = 100000, period = \"day\" }}\n",
         sim.base_url(),
@@ -247,8 +247,90 @@ async fn instances_on_one_redis_share_a_providers_hold() {
     );
 }
 
+/// A request of `max` output tokens in Anthropic's format.
+async fn ask_anthropic(env: &Env, max: u64) -> Reply {
+    let body = json!({"model": "claude-sonnet-4", "max_tokens": max,
+        "messages": [{"role": "user", "content": "hi"}]});
+    env.post_oneshot(
+        "/v1/messages",
+        &[
+            ("x-api-key", KEY.to_owned()),
+            ("anthropic-version", "2023-06-01".to_owned()),
+        ],
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await
+}
+
+/// A request of `max` output tokens in OpenAI's format, or Anthropic's.
+async fn send(env: &Env, anthropic: bool, max: u64) -> Reply {
+    match anthropic {
+        true => ask_anthropic(env, max).await,
+        false => ask(env, max).await,
+    }
+}
+
+/// Whether `env`'s store still holds the model.
+async fn holds(env: &Env, model: &str) -> bool {
+    let target = format!("provider:{model}");
+    env.store
+        .kills()
+        .await
+        .unwrap()
+        .iter()
+        .any(|(t, _)| *t == target)
+}
+
+/// A tier upgrade (10,000 tokens a minute, then 2,000,000): the hold the first answer asked
+/// for is lifted by the next answer that shows room, in OpenAI's headers and in Anthropic's;
+/// on Redis, an answer to one instance lifts the hold of another.
+async fn a_later_answer_with_room_lifts_the_hold(redis: bool) {
+    let rate = |tokens| Rate {
+        requests: 100,
+        tokens: Some(tokens),
+        window: Duration::from_secs(60),
+    };
+    for (anthropic, model) in [(false, "gpt-4o"), (true, "claude-sonnet-4")] {
+        let (first, text) = env_rate(redis, rate(10_000), "").await;
+        let second = match redis {
+            true => Some(Env::start(&text, common::SIM_KEY, first.sim.clone(), None).await),
+            false => None,
+        };
+        let other = second.as_ref().unwrap_or(&first);
+        let first = &first;
+        assert_eq!(send(first, anthropic, 8_000).await.status, 200);
+        for _ in 0..300 {
+            if holds(first, model).await {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let r = send(first, anthropic, 3_000).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (429, "upstream_rate_limited".into()),
+            "{model}"
+        );
+        // The provider upgrades the tier; the next small request's answer shows room.
+        first.sim.set_rate(rate(2_000_000));
+        assert_eq!(send(other, anthropic, 500).await.status, 200, "{model}");
+        for _ in 0..300 {
+            if !holds(first, model).await {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            !holds(first, model).await,
+            "{model}: the hold was not lifted"
+        );
+        assert_eq!(send(first, anthropic, 3_000).await.status, 200, "{model}");
+    }
+}
+
 mod both {
     on_both_stores!(
+        a_later_answer_with_room_lifts_the_hold,
         a_provider_with_no_requests_left_gets_none,
         a_held_request_waits_in_the_queue_for_the_reset,
         a_hold_past_the_queues_wait_is_refused_at_once,

@@ -175,6 +175,7 @@ async fn shadow_rules_never_change_answers(redis: bool) {
             reserved: 0,
             leases: 0,
             carried: 0,
+            at_ms: budget.at_ms,
         }
     );
     assert!(first_settled > 0 && first_settled <= 30);

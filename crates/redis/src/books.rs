@@ -16,6 +16,57 @@ use crate::shard_of;
 pub type ExpiryTag = (usize, String);
 
 impl crate::RedisStore {
+    /// [`tollgate_core::Store::usage`], and with `carry` (the cap and the limit),
+    /// [`tollgate_core::Store::usage_carrying`] (`usage_v2.lua`).
+    pub(crate) fn usage_of(
+        &self,
+        scope_id: &str,
+        period: Option<Period>,
+        carry: Option<(u64, u64)>,
+    ) -> impl std::future::Future<Output = Result<tollgate_core::ScopeUsage, StoreError>> + Send
+    {
+        use crate::encode::{Invocation, num, period_arg};
+        let p = &self.shards[shard_of(scope_id, self.shards.len())];
+        let (len, label) = period.map_or(("-1".to_owned(), String::new()), |per| {
+            period_arg(per, self.wall_now())
+        });
+        let (cap, limit) = carry.unwrap_or((0, 0));
+        let inv = Invocation::of(
+            &[
+                &key(p, "l", scope_id),
+                &key(p, "b", scope_id),
+                &format!("{p}:x"),
+                &format!("{p}:clock"),
+            ],
+            &[
+                p,
+                &num(self.now_arg()),
+                &len,
+                &label,
+                &num(self.config.retention_ms),
+                &num(cap),
+                &num(limit),
+            ],
+        );
+        async move {
+            let reply = self.call(crate::conn::Function::Usage, inv).await?;
+            let n = |i: usize| {
+                reply
+                    .get(i)
+                    .map(crate::decode::int)
+                    .transpose()
+                    .map(|v| v.unwrap_or(0).max(0) as u64)
+            };
+            Ok(tollgate_core::ScopeUsage {
+                settled: n(0)?,
+                reserved: n(1)?,
+                leases: n(2)?,
+                carried: n(3)?,
+                at_ms: n(4)?,
+            })
+        }
+    }
+
     /// Adds `amount` to what budget scope `scope_id` has settled in the period `field`
     /// (`<label>@<period id>`), kept until `expire_at_ms` (the period's end) plus the retention
     /// at least: the books rebuilt from a ledger, and charges of requests the store forgot.

@@ -77,8 +77,8 @@ pub use slices::{SLICE_REPLIES, SLICE_TICKETS, slice_invocation};
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};
 use conn::{Conn, Function, fcall, no_answer, unavailable};
-use decode::{decision, finish_reply, int, items, shadowed};
-use encode::{admit_shadowed_invocation, finish_invocation, key, num, period_arg};
+use decode::{decision, finish_reply, items, shadowed};
+use encode::{admit_shadowed_invocation, finish_invocation, key, num};
 
 /// The Redis [`Store`]. Cheap to clone: clones share one multiplexed connection and the batch
 /// queues.
@@ -536,41 +536,16 @@ impl Store for RedisStore {
         scope_id: &str,
         period: Option<Period>,
     ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
-        let p = &self.shards[shard_of(scope_id, self.shards.len())];
-        let (len, label) = period.map_or(("-1".to_owned(), String::new()), |per| {
-            period_arg(per, self.wall_now())
-        });
-        let inv = Invocation::of(
-            &[
-                &key(p, "l", scope_id),
-                &key(p, "b", scope_id),
-                &format!("{p}:x"),
-                &format!("{p}:clock"),
-            ],
-            &[
-                p,
-                &num(self.now_arg()),
-                &len,
-                &label,
-                &num(self.config.retention_ms),
-            ],
-        );
-        async move {
-            let reply = self.call(Function::Usage, inv).await?;
-            let n = |i: usize| {
-                reply
-                    .get(i)
-                    .map(int)
-                    .transpose()
-                    .map(|v| v.unwrap_or(0).max(0) as u64)
-            };
-            Ok(ScopeUsage {
-                settled: n(0)?,
-                reserved: n(1)?,
-                leases: n(2)?,
-                carried: n(3)?,
-            })
-        }
+        self.usage_of(scope_id, period, None)
+    }
+
+    fn usage_carrying(
+        &self,
+        scope_id: &str,
+        period: Period,
+        carry: (u64, u64),
+    ) -> impl Future<Output = Result<ScopeUsage, StoreError>> + Send {
+        self.usage_of(scope_id, Some(period), Some(carry))
     }
 
     fn claim_key(

@@ -167,7 +167,7 @@ impl Sim {
             stats: Mutex::new(SimStats::default()),
             contexts: Mutex::new(HashMap::new()),
             cached_prompts: Mutex::new(std::collections::HashSet::new()),
-            window: Mutex::new(None),
+            window: Mutex::new((None, None)),
         });
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -205,7 +205,13 @@ fn router(state: Arc<SimState>) -> Router {
         )
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
-        .route("/v1/messages", post(anthropic::messages))
+        .route(
+            "/v1/messages",
+            post(anthropic::messages).layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                limits::layer,
+            )),
+        )
         .route("/v1/responses", post(responses::responses))
         .route("/v1/models", get(models))
         .route("/sim/stats", get(stats_json))

@@ -1,8 +1,10 @@
-//! The provider's own rate, as OpenAI applies it: requests and tokens per window, told in every
-//! answer (`x-ratelimit-{limit,remaining,reset}-{requests,tokens}`), and a 429
-//! `rate_limit_exceeded` with `retry-after` past either, which does no work and bills nothing.
-//! A request's tokens are counted as OpenAI counts them against its rate when it arrives: its
-//! body's characters over four, plus its output cap.
+//! The provider's own rate, as OpenAI and Anthropic apply it: requests and tokens per window,
+//! told in every answer (OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, the
+//! reset a duration; Anthropic's `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`
+//! on `/v1/messages`, the reset an RFC 3339 instant), and a 429 with `retry-after` past either,
+//! which does no work and bills nothing. A request's tokens are counted against the rate when
+//! it arrives: its body's characters over four, plus its output cap. The rate can change while
+//! it runs (a tier upgrade: [`crate::Sim::set_rate`]); the window under way keeps its counts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,8 +29,18 @@ pub struct Rate {
     pub window: Duration,
 }
 
-/// The current window: when it started, the requests and the tokens it has admitted.
-pub(crate) type Window = std::sync::Mutex<Option<(tokio::time::Instant, u64, u64)>>;
+/// The current window (when it started, the requests and the tokens it has admitted), and the
+/// rate set while running, in place of the configuration's.
+pub(crate) type Window = std::sync::Mutex<(Option<(tokio::time::Instant, u64, u64)>, Option<Rate>)>;
+
+impl crate::Sim {
+    /// Changes the provider's rate from now on (a tier upgrade, a downgrade).
+    pub fn set_rate(&self, rate: Rate) {
+        if let Ok(mut w) = self.state.window.lock() {
+            w.1 = Some(rate);
+        }
+    }
+}
 
 /// Admits a request within the window's limits, and tells their state in the answer's headers.
 pub(crate) async fn layer(
@@ -36,9 +48,11 @@ pub(crate) async fn layer(
     req: Request,
     next: Next,
 ) -> Response {
-    let Some(rate) = state.config.rate else {
+    let now_set = state.window.lock().ok().and_then(|w| w.1);
+    let Some(rate) = now_set.or(state.config.rate) else {
         return next.run(req).await;
     };
+    let anthropic = req.uri().path() == "/v1/messages";
     let (parts, body) = req.into_parts();
     let Ok(bytes) = to_bytes(body, 16 << 20).await else {
         return error(
@@ -51,7 +65,7 @@ pub(crate) async fn layer(
     let req = Request::from_parts(parts, Body::from(bytes));
     let now = tokio::time::Instant::now();
     let taken = state.window.lock().ok().map(|mut w| {
-        let (start, n, used) = match *w {
+        let (start, n, used) = match w.0 {
             Some((start, n, used)) if now < start + rate.window => (start, n, used),
             _ => (now, 0, 0),
         };
@@ -61,7 +75,7 @@ pub(crate) async fn layer(
             true => (n + 1, used.saturating_add(size)),
             false => (n, used),
         };
-        *w = Some((start, n, used));
+        w.0 = Some((start, n, used));
         (
             admitted,
             n,
@@ -91,16 +105,29 @@ pub(crate) async fn layer(
         set(&mut r, "retry-after", &format!("{secs}"));
         r
     };
-    let reset = format!("{}ms", reset.as_millis().max(1));
+    // Anthropic's instant is whole seconds: rounded up, never before the window ends.
+    let at = std::time::SystemTime::now() + reset + Duration::from_millis(999);
+    let reset = match anthropic {
+        true => humantime::format_rfc3339_seconds(at).to_string(),
+        false => format!("{}ms", reset.as_millis().max(1)),
+    };
     let mut tell = |kind: &str, limit: u64, spent: u64| {
-        set(
-            &mut r,
-            &format!("x-ratelimit-limit-{kind}"),
-            &limit.to_string(),
-        );
         let left = limit.saturating_sub(spent).to_string();
-        set(&mut r, &format!("x-ratelimit-remaining-{kind}"), &left);
-        set(&mut r, &format!("x-ratelimit-reset-{kind}"), &reset);
+        let (l, n, t) = match anthropic {
+            true => (
+                format!("anthropic-ratelimit-{kind}-limit"),
+                format!("anthropic-ratelimit-{kind}-remaining"),
+                format!("anthropic-ratelimit-{kind}-reset"),
+            ),
+            false => (
+                format!("x-ratelimit-limit-{kind}"),
+                format!("x-ratelimit-remaining-{kind}"),
+                format!("x-ratelimit-reset-{kind}"),
+            ),
+        };
+        set(&mut r, &l, &limit.to_string());
+        set(&mut r, &n, &left);
+        set(&mut r, &t, &reset);
     };
     tell("requests", rate.requests, n);
     if let Some(t) = rate.tokens {

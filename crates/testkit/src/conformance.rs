@@ -57,6 +57,7 @@ macro_rules! conformance_tests {
             a_clock_stepping_back_does_not_reopen_a_calendar_period,
             unused_budget_carries_over_to_the_next_period,
             a_carry_is_capped_and_only_from_the_period_before,
+            a_carry_is_read_before_the_period_starts,
             a_provider_hold_refuses_its_model_until_it_ends,
             a_providers_token_hold_refuses_only_larger_requests,
             fees_are_reserved_settled_and_charged_on_expiry,

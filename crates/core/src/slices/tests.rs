@@ -361,6 +361,14 @@ impl Store for Forgetful {
     async fn usage(&self, scope: &str, p: Option<Period>) -> Result<ScopeUsage, StoreError> {
         self.inner.usage_sync(scope, p)
     }
+    async fn usage_carrying(
+        &self,
+        scope: &str,
+        p: Period,
+        carry: (u64, u64),
+    ) -> Result<ScopeUsage, StoreError> {
+        self.inner.usage_sync_carrying(scope, Some(p), Some(carry))
+    }
     async fn claim_key(&self, k: KeyUse<'_>) -> Result<KeyClaim, StoreError> {
         self.inner.claim_key_sync(k)
     }

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::Deserialize;
 use serde_json::json;
-use tollgate_core::{Clock, Store, SystemClock};
+use tollgate_core::Store;
 
 use crate::gateway::Shared;
 
@@ -406,18 +406,31 @@ async fn usage(
             .into_response();
     }
     let q = UsageQuery { scope, at: q.at };
-    let period = rule.budget.map(|b| b.period);
     if let Some(at) = &q.at {
         return past_usage(&gw, &q.scope, at, rule.budget).await;
     }
-    match gw.store.usage(&q.scope, period).await {
+    let in_force = |c, n| gw.overrides.in_force(&q.scope, c, n);
+    let budget = rule.budget.map(|b| {
+        (
+            b,
+            in_force(crate::overrides::Control::Budget, b.limit.get()),
+        )
+    });
+    match crate::limits::usage(&gw, &q.scope, budget).await {
         Ok(u) => {
             let mut body = json!({"scope": q.scope, "policy_version": &*cfg.policy.version, "settled": u.settled, "reserved": u.reserved, "leases": u.leases});
-            if let Some(b) = rule.budget {
-                let (_, _, end) = b.period.at(SystemClock.now());
-                body["budget"] = json!({"limit": b.limit.get(), "unit": b.unit.as_str(),
-                    "remaining": b.limit.get().saturating_sub(u.settled.saturating_add(u.reserved)),
-                    "resets_in_ms": end.saturating_sub(SystemClock.now()),
+            // Instants by the store's clock, as admissions count; what the period carries
+            // over from the one before is this period's to spend too.
+            body["now_ms"] = json!(u.at_ms);
+            body["carried_over"] = json!(u.carried);
+            if let Some((b, limit)) = budget {
+                let (_, _, end) = b.period.at(u.at_ms);
+                let spent = u.settled.saturating_add(u.reserved);
+                body["budget"] = json!({"limit": limit, "unit": b.unit.as_str(),
+                    "carried_over": u.carried,
+                    "remaining": limit.saturating_add(u.carried).saturating_sub(spent),
+                    "resets_in_ms": end.saturating_sub(u.at_ms),
+                    "resets_at_ms": end,
                     "resets_at": words::instant_ms(end)});
             }
             if let Some(c) = rule.concurrency {
@@ -426,12 +439,15 @@ async fn usage(
             // Tool calls are counted in a scope of their own, under the rule's.
             if let Some(t) = rule.tool_calls {
                 let id = format!("{}?tool_calls", q.scope);
-                if let Ok(tu) = gw.store.usage(&id, Some(t.period)).await {
-                    let (_, _, end) = t.period.at(SystemClock.now());
-                    body["tool_calls"] = json!({"limit": t.limit.get(), "settled": tu.settled,
-                        "reserved": tu.reserved,
-                        "remaining": t.limit.get().saturating_sub(tu.settled.saturating_add(tu.reserved)),
-                        "resets_in_ms": end.saturating_sub(SystemClock.now())});
+                let limit = in_force(crate::overrides::Control::ToolCalls, t.limit.get());
+                if let Ok(tu) = crate::limits::usage(&gw, &id, Some((t, limit))).await {
+                    let (_, _, end) = t.period.at(tu.at_ms);
+                    let spent = tu.settled.saturating_add(tu.reserved);
+                    body["tool_calls"] = json!({"limit": limit, "settled": tu.settled,
+                        "reserved": tu.reserved, "carried_over": tu.carried,
+                        "remaining": limit.saturating_add(tu.carried).saturating_sub(spent),
+                        "resets_in_ms": end.saturating_sub(tu.at_ms),
+                        "resets_at_ms": end, "resets_at": words::instant_ms(end)});
                 }
             }
             axum::Json(body).into_response()

@@ -13,7 +13,7 @@ use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
-use tollgate_core::{Clock, ScopeUsage, Store, SystemClock};
+use tollgate_core::{ScopeUsage, Store};
 
 use crate::gateway::Shared;
 
@@ -107,16 +107,31 @@ pub(crate) async fn page(
             None => return problem(StatusCode::NOT_FOUND, &format!("No rule {rule_name:?}.")),
         }
     }
+    let budget_of = |rule: &tollgate_core::policy::ScopeRule, id: &str| {
+        let in_force = |n| {
+            gw.overrides
+                .in_force(id, crate::overrides::Control::Budget, n)
+        };
+        rule.budget.map(|b| (b, in_force(b.limit.get())))
+    };
     let reads = scopes
         .iter()
-        .map(|(rule, id)| gw.store.usage(id, rule.budget.map(|b| b.period)));
+        .map(|(rule, id)| crate::limits::usage(&gw, id, budget_of(rule, id)));
     let usages = futures_util::future::join_all(reads).await;
     let (mut budgets, mut leases) = (Vec::new(), Vec::new());
     for ((rule, id), u) in scopes.iter().zip(usages) {
         let u = u.unwrap_or(ScopeUsage::default());
         if let Some(b) = rule.budget {
-            let (_, _, end) = b.period.at(SystemClock.now());
-            budgets.push(budget_row(id, b.unit, b.limit.get(), u, end));
+            // The store's clock, as admissions count.
+            let (_, _, end) = b.period.at(u.at_ms);
+            let limit = budget_of(rule, id).map_or(b.limit.get(), |(_, l)| l);
+            budgets.push(budget_row(
+                id,
+                b.unit,
+                limit.saturating_add(u.carried),
+                u,
+                end,
+            ));
         }
         if let Some(c) = rule.concurrency {
             let (rule, value) = id.split_once('|').unwrap_or((id, ""));
@@ -191,7 +206,7 @@ fn budget_row(
             80.. => "warn",
             _ => "ok",
         },
-        resets: super::words::reset(end.saturating_sub(SystemClock.now())),
+        resets: super::words::reset_at(end, u.at_ms),
     }
 }
 

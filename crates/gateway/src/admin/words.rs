@@ -46,6 +46,16 @@ pub fn period(p: Period) -> String {
 
 /// A reset `ms` from now, in words and as an instant: `in 6h 46m (2026-12-05T00:00:00Z)`.
 pub fn reset(ms: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    reset_at(now.saturating_add(ms), now)
+}
+
+/// A reset at `end_ms`, read at `now_ms` (both of one clock: the store's), in words and as an
+/// instant.
+pub fn reset_at(end_ms: u64, now_ms: u64) -> String {
+    let ms = end_ms.saturating_sub(now_ms);
     let secs = ms / 1000;
     let words = if secs >= 3600 {
         format!("{}h {:02}m", secs / 3600, secs / 60 % 60)
@@ -54,8 +64,7 @@ pub fn reset(ms: u64) -> String {
     } else {
         format!("{secs}s")
     };
-    let at = SystemTime::now() + Duration::from_millis(ms);
-    format!("in {words} ({})", instant(at))
+    format!("in {words} ({})", instant_ms(end_ms))
 }
 
 /// An instant, RFC 3339 to the second.

@@ -151,9 +151,13 @@ pub(crate) async fn forward_and_settle(f: Forward) -> Result<Response, ApiError>
         };
     let status = up.status();
     f.ticket.upstream_status(status.as_u16());
-    // The provider's own limit, as its answer tells it: held on every instance until it resets.
-    if let Some(h) = crate::provider::hold(status, up.headers(), std::time::SystemTime::now()) {
+    // The provider's own limit, as its answer tells it: held on every instance until it
+    // resets, or until a later answer shows room.
+    let now = std::time::SystemTime::now();
+    if let Some(h) = crate::provider::hold(status, up.headers(), now) {
         crate::provider::hold_model(&f.gw.store, &f.model, h);
+    } else if crate::provider::room(status, up.headers(), now) {
+        crate::provider::lift(&f.gw.store, &f.gw.lifts, &f.model);
     }
     if !status.is_success() {
         let content_type = up.headers().get("content-type").cloned();
