@@ -147,6 +147,11 @@ pub fn alert(event: &str) {
     counter!("tollgate_alerts_total", "event" => event.to_owned()).increment(1);
 }
 
+/// An admin call presented no token or a wrong one (`route`: one of a fixed set).
+pub fn admin_login_failed(route: &'static str) {
+    counter!("tollgate_admin_login_failures_total", "route" => route).increment(1);
+}
+
 /// An alert was dropped: its queue was full.
 pub fn alert_dropped() {
     counter!("tollgate_alerts_dropped_total").increment(1);
@@ -436,6 +441,11 @@ pub fn register(policy: &tollgate_core::Policy) {
         "tollgate_fail_open_total",
     ] {
         counter!(name).increment(0);
+    }
+    for route in [
+        "keys", "limits", "usage", "kill", "status", "ui", "store", "reload", "metrics", "other",
+    ] {
+        counter!("tollgate_admin_login_failures_total", "route" => route).increment(0);
     }
     for op in ["admit", "settle", "release"] {
         counter!("tollgate_store_errors_total", "op" => op).increment(0);

@@ -375,3 +375,34 @@ async fn a_tenant_token_only_tightens() {
         gw.stop().await;
     }
 }
+
+/// A revoked key's limits went with it, for good: setting one again is 409 `key_changed`, and
+/// one for a key that was never issued is 404; nothing is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_keys_limits_stay_gone() {
+    let sim = sim().await;
+    let gw = Instance::start_with(&sim, "", LAYERED).await;
+    let (id, _) = create(&gw).await;
+    let body = |v: &str| json!({"value": format!("key:{v}"), "control": "requests", "limit": 5});
+    assert_eq!(
+        gw.admin("PUT", "/admin/limits", Some(body(&id))).await.0,
+        200
+    );
+    assert_eq!(revoke(&gw, &id).await.0, 200);
+    let (status, v) = gw.admin("PUT", "/admin/limits", Some(body(&id))).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (409, Some("key_changed")),
+        "{v}"
+    );
+    let (status, v) = gw
+        .admin("PUT", "/admin/limits", Some(body("vk_0000000000000000")))
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (404, Some("key_not_found")),
+        "{v}"
+    );
+    let (_, listed) = gw.admin("GET", "/admin/limits", None).await;
+    assert_eq!(listed["limits"], json!([]), "{listed}");
+}

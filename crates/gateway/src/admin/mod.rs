@@ -2,6 +2,7 @@
 //! and policy reload, and the operator's status page ([`page`]). Every instance sharing the
 //! store sees a kill switch at once (it is checked inside the atomic admission).
 
+mod door;
 mod keys;
 mod overrides;
 mod page;
@@ -72,6 +73,11 @@ pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
                 async move {
                     let Some(scope) = given_token(&headers).and_then(|g| scope_of(&g, &admin))
                     else {
+                        let peer = req
+                            .extensions()
+                            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                            .map(|c| c.0.ip());
+                        door::failed_login(peer, req.uri().path());
                         let mut r = crate::respond::admin_unauthorized().into_response();
                         // A browser asks for it: any user name, the token as the password.
                         r.headers_mut().insert(
@@ -87,6 +93,9 @@ pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
                             return crate::respond::admin_scope_forbidden(t).into_response();
                         }
                     }
+                    if let Some(r) = door::refusal(req.method(), req.uri().path(), &headers) {
+                        return r;
+                    }
                     req.extensions_mut().insert(scope);
                     req.extensions_mut().insert(form);
                     next.run(req).await
@@ -95,6 +104,10 @@ pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
         ))
         .route("/healthz", get(crate::server::healthz))
         .route("/readyz", get(crate::server::readyz))
+        .layer(middleware::map_response(|mut r: Response| async move {
+            door::seal(&mut r);
+            r
+        }))
         .with_state(gw)
 }
 
@@ -123,9 +136,19 @@ impl AdminScope {
     pub fn owns_scope(&self, id: &str) -> bool {
         match self {
             AdminScope::All => true,
+            // Read as the scope's dimensions: exactly one tenant, this one, and no dimension
+            // named twice (`tenant:beta/tenant:acme` is no scope of acme's).
             AdminScope::Tenant(t) => id.split_once('|').is_some_and(|(_, key)| {
-                key.split('/')
-                    .any(|part| part.strip_prefix("tenant:") == Some(t.as_str()))
+                let parts: Vec<(&str, &str)> =
+                    key.split('/').filter_map(|p| p.split_once(':')).collect();
+                let mut names: Vec<&str> = parts.iter().map(|(d, _)| *d).collect();
+                names.sort_unstable();
+                names.dedup();
+                names.len() == parts.len()
+                    && parts.len() == key.split('/').count()
+                    && parts
+                        .iter()
+                        .any(|(d, v)| *d == "tenant" && *v == t.as_str())
             }),
         }
     }
@@ -154,10 +177,15 @@ fn tenant_may(path: &str) -> bool {
 fn given_token(headers: &HeaderMap) -> Option<String> {
     use base64::Engine;
     let v = headers.get("authorization")?.to_str().ok()?;
-    if let Some(t) = v.strip_prefix("Bearer ") {
-        return Some(t.to_owned());
+    // Schemes are case-insensitive (RFC 9110 11.1).
+    let (scheme, rest) = v.split_once(' ')?;
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return Some(rest.trim().to_owned());
     }
-    let b = v.strip_prefix("Basic ")?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let b = rest;
     let raw = base64::engine::general_purpose::STANDARD
         .decode(b.trim())
         .ok()?;

@@ -168,6 +168,9 @@ pub(super) async fn set(
     let Some(rule) = cfg.policy.scopes.iter().find(|r| *r.name == *rule_name) else {
         return bad(format!("no rule {rule_name:?}"));
     };
+    if let Err(r) = key_open(&gw, &t.value).await {
+        return r;
+    }
     let text = match &t.limit {
         Some(serde_json::Value::String(s)) => s.clone(),
         Some(serde_json::Value::Number(n)) => n.to_string(),
@@ -304,4 +307,39 @@ pub(crate) fn tightens(
         ),
     )
     .into_response())
+}
+
+/// A limit for a key issued at run time (`key:vk_…`) is set only while the key is open: 404
+/// when no key has the id, 409 `key_changed` once it is revoked (for good, its limits with it).
+async fn key_open(gw: &crate::gateway::Gateway, value: &str) -> Result<(), Response> {
+    let Some(id) = value
+        .split('/')
+        .find_map(|part| part.strip_prefix("key:"))
+        .filter(|id| id.starts_with("vk_"))
+    else {
+        return Ok(());
+    };
+    let _ = crate::keys::refresh(gw).await;
+    let refused = |status, code: &str, message: String| {
+        ApiError::new(
+            Class::Client(status),
+            "invalid_request_error",
+            code,
+            message,
+        )
+        .into_response()
+    };
+    match gw.keys.record(id) {
+        None => Err(refused(
+            Fault::NotFound,
+            "key_not_found",
+            format!("No issued key has the id {id:?}."),
+        )),
+        Some(r) if r.revoked_at_ms.is_some() => Err(refused(
+            Fault::Conflict,
+            "key_changed",
+            format!("Key {id:?} was revoked: its limits went with it, for good."),
+        )),
+        Some(_) => Ok(()),
+    }
 }

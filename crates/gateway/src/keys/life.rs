@@ -195,6 +195,22 @@ pub fn carried_over(entries: &[(String, String)]) -> Vec<KeyRecord> {
     out
 }
 
+/// A key for tests: `vk_1` of acme, expiring at 50 s.
+#[cfg(test)]
+pub(super) fn sample() -> Issued {
+    Issued {
+        id: "vk_1".into(),
+        name: "k".into(),
+        tenant: "acme".into(),
+        user: None,
+        allow_user: false,
+        models: None,
+        created_at_ms: 0,
+        expires_at_ms: Some(50_000),
+        metadata: Default::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -202,17 +218,7 @@ mod tests {
     use super::*;
 
     fn key() -> Issued {
-        Issued {
-            id: "vk_1".into(),
-            name: "k".into(),
-            tenant: "acme".into(),
-            user: None,
-            allow_user: false,
-            models: None,
-            created_at_ms: 0,
-            expires_at_ms: Some(50_000),
-            metadata: Default::default(),
-        }
+        sample()
     }
 
     #[derive(Debug, Clone)]

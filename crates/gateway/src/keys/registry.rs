@@ -103,6 +103,14 @@ impl Registry {
             if t.generation != generation {
                 return;
             }
+            // A record the store shows at a lower version than this instance knew is not news
+            // (a store that went back, a replica that lagged): the newer one stays, so that a
+            // revoked key is not brought back. A record the store no longer holds goes.
+            for (id, r) in &mut records {
+                if let Some(known) = t.records.get(id).filter(|k| k.version > r.version) {
+                    *r = known.clone();
+                }
+            }
             *t = Table {
                 version,
                 generation,
@@ -169,5 +177,38 @@ fn newer(records: &mut HashMap<String, Arc<KeyRecord>>, r: KeyRecord) {
         .is_none_or(|held| held.version < r.version)
     {
         records.insert(r.key.id.clone(), Arc::new(r));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Issued;
+
+    fn entry(r: &KeyRecord) -> (String, String) {
+        let json = serde_json::to_string(r).unwrap_or_default();
+        (r.key.id.clone(), format!("{} {json}", r.version))
+    }
+
+    /// A store that shows an older record (a lagged replica) does not bring a revoked secret
+    /// back; a newer one is taken; a record the store no longer holds goes.
+    #[test]
+    fn a_lower_version_is_not_news() {
+        let issued = Issued {
+            expires_at_ms: None,
+            ..crate::keys::life::sample()
+        };
+        let live = KeyRecord::new(issued, "d1".into(), "c1".into());
+        let revoked = live
+            .revoke(5, "c2".into())
+            .unwrap_or_else(|| unreachable!());
+        let reg = Registry::default();
+        reg.replace(reg.generation(), 1, &[entry(&revoked)]);
+        assert!(reg.lookup("d1", 10).is_none());
+        reg.replace(reg.generation(), 2, &[entry(&live)]);
+        assert!(reg.lookup("d1", 10).is_none(), "the older record was taken");
+        assert_eq!(reg.record("vk_1").map(|r| r.version), Some(2));
+        reg.replace(reg.generation(), 3, &[]);
+        assert!(reg.record("vk_1").is_none());
     }
 }

@@ -165,8 +165,8 @@ pub(crate) async fn copy_all(
     Ok(behind)
 }
 
-/// Writes `changes` (field, record or deletion) of the limits set at run time: where a ledger
-/// is the truth, once the store answers and is not rebuilding, to the ledger, then to the store
+/// Writes `changes` (field, record or deletion) of the limits set at run time, once the store
+/// answers and is not rebuilding: where a ledger is the truth, to the ledger, then to the store
 /// (which, missing it, is written again from the ledger by the refresh); otherwise to the
 /// store. Applies them to this instance's table.
 pub(crate) async fn write_limits(
@@ -198,6 +198,7 @@ pub(crate) async fn write_limits(
             }
         }
     } else if let Some(redis) = gw.store.redis() {
+        usable(redis).await?;
         redis
             .write_records(RecordSet::Limits, changes, step()?)
             .await

@@ -1,0 +1,195 @@
+//! The admin listener attacked as a web-security reviewer would: a page of another site making a
+//! logged-in operator's browser post (its Basic credentials sent by the browser itself), wrong
+//! tokens by the thousand, lower-case schemes, a scope named twice. Each request is sent as the
+//! browser sends it, headers and all.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[macro_use]
+mod common;
+
+use common::instance::{Instance, TOKEN, sim};
+use serde_json::{Value, json};
+
+/// One admin call with exactly these headers: (status, headers, JSON answer).
+async fn call(
+    on: &Instance,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, http::HeaderMap, Value) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", on.admin));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = client
+        .request(
+            req.body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_owned(),
+            )))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (status, h) = (r.status().as_u16(), r.headers().clone());
+    let body = http_body_util::BodyExt::collect(r.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (
+        status,
+        h,
+        serde_json::from_slice(&body).unwrap_or(Value::Null),
+    )
+}
+
+fn basic() -> String {
+    use base64::Engine;
+    let creds = base64::engine::general_purpose::STANDARD.encode(format!("operator:{TOKEN}"));
+    format!("Basic {creds}")
+}
+
+/// A page of another site cannot make the operator's browser change anything through the JSON
+/// API: a `text/plain` or form body (what a page may post anywhere) is refused, and so is any
+/// request that says it comes from another site (`Sec-Fetch-Site`, `Origin`); nothing is
+/// created, and a loss is not acknowledged. The operator's own calls still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_site_cannot_write_through_the_operators_browser() {
+    let sim = sim().await;
+    let gw = Instance::start(&sim, "").await;
+    let auth = basic();
+    let key = r#"{"tenant":"acme","name":"x"}"#;
+    let host = gw.admin.to_string();
+    for (headers, code) in [
+        (vec![("content-type", "text/plain")], "json_required"),
+        (
+            vec![("content-type", "application/x-www-form-urlencoded")],
+            "json_required",
+        ),
+        (
+            vec![
+                ("content-type", "application/json"),
+                ("sec-fetch-site", "cross-site"),
+            ],
+            "cross_site_request",
+        ),
+        (
+            vec![
+                ("content-type", "application/json"),
+                ("origin", "https://evil.example"),
+            ],
+            "cross_site_request",
+        ),
+    ] {
+        let mut h = headers.clone();
+        h.push(("authorization", &auth));
+        let (status, _, v) = call(&gw, "POST", "/admin/keys", &h, key).await;
+        assert_eq!(v["error"]["code"], code, "{headers:?}: {v}");
+        assert!(status == 400 || status == 403, "{status}");
+        let (status, _, v) = call(&gw, "POST", "/admin/store/acknowledge-loss", &h, "{}").await;
+        assert!(status == 400 || status == 403, "{headers:?}: {v}");
+    }
+    let (_, listed) = gw.admin("GET", "/admin/keys", None).await;
+    assert_eq!(listed["keys"], json!([]), "nothing was created");
+    // The operator's own: JSON, from the listener's own origin, or from no page at all.
+    let origin = format!("http://{host}");
+    let (status, h, v) = call(
+        &gw,
+        "POST",
+        "/admin/keys",
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+            ("origin", &origin),
+            ("sec-fetch-site", "same-origin"),
+        ],
+        key,
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    // An answer that carries a secret is never kept by a cache, nor sniffed.
+    assert_eq!(h["cache-control"], "no-store");
+    assert_eq!(h["x-content-type-options"], "nosniff");
+}
+
+/// Auth schemes are case-insensitive; wrong tokens are counted by route in the metrics (and
+/// logged, at most once a second); a tenant's token cannot read a scope that names its tenant
+/// beside another's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logins_are_read_as_the_standard_says_and_failures_are_seen() {
+    let sim = sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let acme = "acme-admin-token-0123456789";
+    std::fs::write(dir.path().join("acme"), acme).unwrap();
+    let text = format!(
+        "[[admin.tenants]]\ntenant = \"acme\"\ntoken_file = \"{}\"\n",
+        dir.path().join("acme").display()
+    );
+    let gw = Instance::start(&sim, &text).await;
+    let lower = format!("bearer {TOKEN}");
+    let (status, h, _) = call(
+        &gw,
+        "GET",
+        "/admin/status",
+        &[("authorization", &lower)],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    let failures = |metrics: &str| -> u64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("tollgate_admin_login_failures_total{route=\"keys\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let metrics = || async {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<bytes::Bytes>>();
+        let req = hyper::Request::get(format!("http://{}/metrics", gw.admin))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let r = client.request(req).await.unwrap();
+        let b = http_body_util::BodyExt::collect(r.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        String::from_utf8_lossy(&b).into_owned()
+    };
+    let before = failures(&metrics().await);
+    for i in 0..50 {
+        let wrong = format!("Bearer wrong-token-{i:04}-0123456789");
+        let (status, _, _) =
+            call(&gw, "GET", "/admin/keys", &[("authorization", &wrong)], "").await;
+        assert_eq!(status, 401);
+    }
+    assert!(failures(&metrics().await) >= before + 50);
+
+    let bearer = format!("Bearer {acme}");
+    for scope in [
+        "tenant%7Ctenant%3Abeta%2Ftenant%3Aacme",
+        "tenant%7Ctenant%3Abeta",
+    ] {
+        let path = format!("/admin/usage?scope={scope}");
+        let (status, _, v) = call(&gw, "GET", &path, &[("authorization", &bearer)], "").await;
+        assert_eq!(status, 403, "{scope}: {v}");
+    }
+    let (status, _, v) = call(
+        &gw,
+        "GET",
+        "/admin/usage?scope=tenant%7Ctenant%3Aacme",
+        &[("authorization", &bearer)],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+}
