@@ -318,7 +318,10 @@ impl Books {
             .records(tollgate_ledger::Kept::Limits)
             .await
             .map_err(|e| e.to_string())?;
-        if let (false, Some(redis)) = (limits.is_empty(), store.redis()) {
+        // Written even when there are none: the set's version then tells every instance that
+        // the store holds the ledger's limits again (an instance keeps what it knew while the
+        // set is missing, which an empty set would look like forever).
+        if let Some(redis) = store.redis() {
             let changes: Vec<(String, Option<String>)> =
                 limits.into_iter().map(|(d, r)| (d, Some(r))).collect();
             let step = crate::keys::step().map_err(|e| e.to_string())?;

@@ -193,3 +193,71 @@ async fn logins_are_read_as_the_standard_says_and_failures_are_seen() {
     .await;
     assert_eq!(status, 200, "{v}");
 }
+
+/// A tenant's token stalling bodies on many connections does not lock the operator out: four
+/// of its calls are in flight at most (the others are answered 429 `admin_busy` at once and
+/// their connections closed), each stalled body is answered 408 within the listener's
+/// `body_timeout` and its connection closed, and the operator's kill switch goes through
+/// meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_bodies_do_not_lock_the_operator_out() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sim = sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let acme = "acme-admin-token-0123456789";
+    std::fs::write(dir.path().join("acme"), acme).unwrap();
+    let text = format!(
+        "[server]\nbody_timeout = \"1s\"\n\
+         [[admin.tenants]]\ntenant = \"acme\"\ntoken_file = \"{}\"\n",
+        dir.path().join("acme").display()
+    );
+    let gw = Instance::start(&sim, &text).await;
+    let mut stalled = Vec::new();
+    for _ in 0..12 {
+        let mut s = tokio::net::TcpStream::connect(gw.admin).await.unwrap();
+        let head = format!(
+            "POST /admin/keys HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {acme}\r\n\
+             content-type: application/json\r\ncontent-length: 100\r\n\r\n{{",
+            gw.admin
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        stalled.push(s);
+    }
+    let started = std::time::Instant::now();
+    // Meanwhile, the operator gets in.
+    let (status, v) = gw
+        .admin(
+            "POST",
+            "/admin/kill",
+            Some(json!({"target": "tenant:beta", "reason": "the operator got in"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let mut answers = Vec::new();
+    for mut s in stalled {
+        let mut answer = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            s.read_to_end(&mut answer),
+        )
+        .await
+        .expect("the connection is closed")
+        .unwrap();
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let code = ["body_timeout", "admin_busy"]
+            .into_iter()
+            .find(|c| answer.contains(c))
+            .unwrap_or_else(|| panic!("{answer}"));
+        answers.push((answer[9..12].to_owned(), code));
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(3));
+    let timed_out = answers
+        .iter()
+        .filter(|a| *a == &("408".to_owned(), "body_timeout"))
+        .count();
+    let busy = answers
+        .iter()
+        .filter(|a| *a == &("429".to_owned(), "admin_busy"))
+        .count();
+    assert_eq!((timed_out, busy), (4, 8), "{answers:?}");
+}

@@ -376,8 +376,9 @@ async fn a_tenant_token_only_tightens() {
     }
 }
 
-/// A revoked key's limits went with it, for good: setting one again is 409 `key_changed`, and
-/// one for a key that was never issued is 404; nothing is set.
+/// Setting a key's own limit is a change of the key: a rotation from the version before it is
+/// 409. A revoked key's limits went with it, for good: setting one again is 409 `key_changed`,
+/// and one for a key that was never issued is 404; nothing is set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_keys_limits_stay_gone() {
     let sim = sim().await;
@@ -387,6 +388,14 @@ async fn a_revoked_keys_limits_stay_gone() {
     assert_eq!(
         gw.admin("PUT", "/admin/limits", Some(body(&id))).await.0,
         200
+    );
+    let from_before = json!({"version": 1});
+    let path = format!("/admin/keys/{id}/rotate");
+    let (status, v) = gw.admin("POST", &path, Some(from_before)).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (409, Some("key_changed")),
+        "{v}"
     );
     assert_eq!(revoke(&gw, &id).await.0, 200);
     let (status, v) = gw.admin("PUT", "/admin/limits", Some(body(&id))).await;

@@ -76,6 +76,76 @@ pub(super) fn refusal(method: &Method, path: &str, headers: &HeaderMap) -> Optio
     None
 }
 
+/// The request with its body read, within the listener's `body_timeout` and `max_body_bytes`
+/// as on the public listener: a body that stalls is 408 and its connection closed, so that
+/// stalled bodies cannot hold the listener's connections (any tenant's token could).
+pub(super) async fn read(
+    cfg: &crate::config::GatewayConfig,
+    req: axum::extract::Request,
+) -> Result<axum::extract::Request, Response> {
+    if !changes(req.method()) {
+        return Ok(req);
+    }
+    let (parts, body) = req.into_parts();
+    match crate::path::intake::read_body(cfg, body, &parts.headers).await {
+        Ok(bytes) => Ok(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::from(bytes),
+        )),
+        Err(e) => {
+            let mut r = e.into_response();
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            Err(r)
+        }
+    }
+}
+
+/// How many calls one tenant's token may have in flight on the admin listener: what its
+/// connections can hold (a body being read, a change being made) is bounded, whatever the
+/// operator's connections need. The operator's token is not counted.
+pub(super) const TENANT_IN_FLIGHT: usize = 4;
+
+/// Each tenant's calls in flight.
+#[derive(Debug, Default)]
+pub(super) struct InFlight(
+    std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Semaphore>>>,
+);
+
+impl InFlight {
+    /// A turn for one call of `tenant`'s, held until it is answered; past
+    /// [`TENANT_IN_FLIGHT`], 429 and the connection closed.
+    pub(super) fn enter(
+        &self,
+        tenant: &str,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, Response> {
+        let sem = self.0.lock().ok().map(|mut m| {
+            m.entry(tenant.to_owned())
+                .or_insert_with(|| {
+                    std::sync::Arc::new(tokio::sync::Semaphore::new(TENANT_IN_FLIGHT))
+                })
+                .clone()
+        });
+        sem.and_then(|s| s.try_acquire_owned().ok()).ok_or_else(|| {
+            let mut r = ApiError::new(
+                Class::Refused(crate::respond::Refusal::Limit),
+                "rate_limit_error",
+                "admin_busy",
+                format!(
+                    "Tenant {tenant:?} has {TENANT_IN_FLIGHT} admin calls in flight already: \
+                     try again when one is answered."
+                ),
+            )
+            .into_response();
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            r
+        })
+    }
+}
+
 /// Puts the headers every admin answer carries.
 pub(super) fn seal(r: &mut Response) {
     let h = r.headers_mut();

@@ -11,7 +11,7 @@ use crate::gateway::Shared;
 use crate::keys::{self, KeyError};
 use crate::respond::{ApiError, Class, Fault};
 
-fn refused(e: KeyError) -> Response {
+pub(super) fn refused(e: KeyError) -> Response {
     let (class, kind, code) = match &e {
         KeyError::Invalid(_) => (
             Class::Client(Fault::Invalid),

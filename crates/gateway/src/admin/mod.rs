@@ -43,6 +43,8 @@ pub(crate) fn token_matches(given: &str, token: &str) -> bool {
 pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
     let form = page::FormToken::of(&admin.token);
     let admin = std::sync::Arc::new(admin);
+    let reader = gw.clone();
+    let busy = std::sync::Arc::new(door::InFlight::default());
     Router::new()
         .route("/admin/ui", get(page::page))
         .route("/admin/ui/kill", post(page::kill))
@@ -68,8 +70,9 @@ pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
         )
         .route("/metrics", get(crate::telemetry::metrics))
         .layer(middleware::from_fn(
-            move |headers: HeaderMap, mut req: axum::extract::Request, next: Next| {
-                let (admin, form) = (admin.clone(), form.clone());
+            move |headers: HeaderMap, req: axum::extract::Request, next: Next| {
+                let (admin, form, gw) = (admin.clone(), form.clone(), reader.clone());
+                let busy = busy.clone();
                 async move {
                     let Some(scope) = given_token(&headers).and_then(|g| scope_of(&g, &admin))
                     else {
@@ -96,6 +99,18 @@ pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
                     if let Some(r) = door::refusal(req.method(), req.uri().path(), &headers) {
                         return r;
                     }
+                    // A tenant's calls in flight are few; the operator's are not counted.
+                    let _turn = match &scope {
+                        AdminScope::Tenant(t) => match busy.enter(t) {
+                            Ok(turn) => Some(turn),
+                            Err(r) => return r,
+                        },
+                        AdminScope::All => None,
+                    };
+                    let mut req = match door::read(&gw.config(), req).await {
+                        Ok(r) => r,
+                        Err(r) => return r,
+                    };
                     req.extensions_mut().insert(scope);
                     req.extensions_mut().insert(form);
                     next.run(req).await

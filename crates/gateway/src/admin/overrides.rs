@@ -309,8 +309,9 @@ pub(crate) fn tightens(
     .into_response())
 }
 
-/// A limit for a key issued at run time (`key:vk_…`) is set only while the key is open: 404
-/// when no key has the id, 409 `key_changed` once it is revoked (for good, its limits with it).
+/// A limit for a key issued at run time (`key:vk_…`) is a transition of the key
+/// ([`crate::keys::set_limits`]): 404 when no key has the id, 409 `key_changed` once it is
+/// revoked (for good, its limits with it) or when another change of it came first.
 async fn key_open(gw: &crate::gateway::Gateway, value: &str) -> Result<(), Response> {
     let Some(id) = value
         .split('/')
@@ -319,27 +320,8 @@ async fn key_open(gw: &crate::gateway::Gateway, value: &str) -> Result<(), Respo
     else {
         return Ok(());
     };
-    let _ = crate::keys::refresh(gw).await;
-    let refused = |status, code: &str, message: String| {
-        ApiError::new(
-            Class::Client(status),
-            "invalid_request_error",
-            code,
-            message,
-        )
-        .into_response()
-    };
-    match gw.keys.record(id) {
-        None => Err(refused(
-            Fault::NotFound,
-            "key_not_found",
-            format!("No issued key has the id {id:?}."),
-        )),
-        Some(r) if r.revoked_at_ms.is_some() => Err(refused(
-            Fault::Conflict,
-            "key_changed",
-            format!("Key {id:?} was revoked: its limits went with it, for good."),
-        )),
-        Some(_) => Ok(()),
-    }
+    crate::keys::set_limits(gw, id, None)
+        .await
+        .map(|_| ())
+        .map_err(super::keys::refused)
 }

@@ -91,6 +91,14 @@ impl KeyRecord {
         }
     }
 
+    /// A change of the key's own limits at `now_ms`: the record is the same, at the next
+    /// version, so that a change made from an earlier version (a rotation given its version)
+    /// finds it; refused once the key has ended.
+    pub fn limits_set(&self, now_ms: u64, change: String) -> Result<Self, Refusal> {
+        self.open(now_ms)?;
+        Ok(self.next(change))
+    }
+
     /// A rotation at `now_ms`: `digest` becomes the current secret; the others work until
     /// `grace_ms` from now (or their own earlier end), and are dropped once ended.
     pub fn rotate(

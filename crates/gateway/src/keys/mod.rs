@@ -310,6 +310,21 @@ pub async fn revoke(gw: &Gateway, id: &str, only: Option<&str>) -> Result<KeyRec
     )))
 }
 
+/// Key `id`'s own limits are about to change: a transition of the key, from the version the
+/// truth holds, so that it races a rotation or a revocation as they race each other (409 for
+/// the loser). 404 when no key has the id; 409 once it is revoked or expired.
+pub async fn set_limits(gw: &Gateway, id: &str, only: Option<&str>) -> Result<KeyRecord, KeyError> {
+    let (held, deadline) = truth::read(gw, id).await?;
+    let held = owned(held, id, only)?;
+    let next = held
+        .limits_set(now_ms(), change()?)
+        .map_err(|e| ended(id, &e))?;
+    match truth::commit(gw, held.version, &next, deadline).await? {
+        truth::Swap::Done => Ok(next),
+        truth::Swap::Changed(v) => Err(changed(id, held.version, v)),
+    }
+}
+
 /// A revoked key's own limits go with it.
 async fn drop_limits(gw: &Gateway, id: &str) -> Result<(), KeyError> {
     let own = format!("key:{id}");

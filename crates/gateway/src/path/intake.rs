@@ -153,7 +153,7 @@ pub(crate) fn forwarded_ip(entry: &str) -> Option<IpAddr> {
 
 /// The body, refused past `max_body_bytes` (by its declared length before it is read) or
 /// `body_timeout`.
-async fn read_body(
+pub(crate) async fn read_body(
     cfg: &GatewayConfig,
     body: Body,
     headers: &HeaderMap,
