@@ -66,7 +66,8 @@ async fn settled_usage(env: &Env, scope: &str) -> ScopeUsage {
     loop {
         let u = env.store.usage(scope, DAY).await.unwrap();
         if (u.reserved == 0 && u.leases == 0) || Instant::now() > deadline {
-            return u;
+            // The reading's instant is not what is compared.
+            return ScopeUsage { at_ms: 0, ..u };
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -175,7 +176,7 @@ async fn shadow_rules_never_change_answers(redis: bool) {
             reserved: 0,
             leases: 0,
             carried: 0,
-            at_ms: budget.at_ms,
+            at_ms: 0,
         }
     );
     assert!(first_settled > 0 && first_settled <= 30);
