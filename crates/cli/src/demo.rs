@@ -146,7 +146,7 @@ Try:
   from gpt-4o-mini, charged at its price, with x-tollgate-degraded-from: gpt-4o: past 1% of
   its $0.01 a day, the key's gpt-4o requests are degraded to the cheaper model.
 
-  Priority classes: what each key may use (a call counts in its key's rate). The demo key may
+  Priority classes: what each key may use (the call is not counted in the key's rate). The demo key may
   hold 2 of gpt-4o's 4 slots (a third request in flight waits up to 5 s in the queue, then
   gets 429 capacity_reserved); the VIP key may hold all 4, and in the queue it is served three
   turns for each of the demo key's one.
