@@ -50,8 +50,6 @@ pub struct Gateway {
     pub overrides: crate::overrides::Overrides,
     /// Set once [`crate::server::prepare`] has run.
     pub(crate) prepared: std::sync::atomic::AtomicBool,
-    /// When this instance last lifted each model's provider hold.
-    pub(crate) lifts: crate::provider::Lifts,
 }
 
 impl Gateway {
@@ -85,7 +83,6 @@ impl Gateway {
             contexts: Contexts::default(),
             keys: crate::keys::Registry::default(),
             prepared: std::sync::atomic::AtomicBool::new(false),
-            lifts: crate::provider::Lifts::default(),
             overrides: crate::overrides::Overrides::default(),
         }
     }

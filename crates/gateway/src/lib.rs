@@ -53,6 +53,7 @@ pub mod store;
 pub mod telemetry;
 pub mod upstream;
 pub mod upstream_tools;
+mod usage;
 pub mod watch;
 
 pub use config::{GatewayConfig, hash_key};

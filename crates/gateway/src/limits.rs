@@ -224,7 +224,7 @@ async fn rows(
     let budget = rule
         .budget
         .map(|b| (b, own(Control::Budget, b.limit.get())));
-    let u = usage(gw, scope.id(), budget)
+    let u = crate::usage::of(&gw.store, scope.id(), budget)
         .await
         .map_err(crate::path::admit::store_error)?;
     if let Some(c) = rule.concurrency {
@@ -253,7 +253,7 @@ async fn rows(
     if let Some(t) = rule.tool_calls {
         let id = format!("{}?tool_calls", scope.id());
         let limit = own(Control::ToolCalls, t.limit.get());
-        let tu = usage(gw, &id, Some((t, limit)))
+        let tu = crate::usage::of(&gw.store, &id, Some((t, limit)))
             .await
             .map_err(crate::path::admit::store_error)?;
         out.push(amounts(base("tool_calls"), (t, limit), &tu, now));
@@ -288,22 +288,4 @@ fn amounts(
     row["resets_at_ms"] = json!(end);
     row["resets_at"] = json!(words::instant_ms(end));
     row
-}
-
-/// The usage of `scope_id`, with its budget's period and limit in force when it has one: a
-/// budget that carries over shows what a period no admission has started will carry, as its
-/// first admission counts it.
-pub(crate) async fn usage(
-    gw: &crate::gateway::Gateway,
-    scope_id: &str,
-    budget: Option<(tollgate_core::policy::BudgetLimit, u64)>,
-) -> Result<tollgate_core::ScopeUsage, tollgate_core::StoreError> {
-    match budget {
-        Some((b, limit)) if b.carry_cap > 0 => {
-            gw.store
-                .usage_carrying(scope_id, b.period, (b.carry_cap, limit))
-                .await
-        }
-        b => gw.store.usage(scope_id, b.map(|(b, _)| b.period)).await,
-    }
 }

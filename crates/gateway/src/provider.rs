@@ -241,15 +241,20 @@ pub(crate) fn room(status: StatusCode, h: &HeaderMap, now: SystemTime) -> bool {
 /// model per second at most, however many answers come.
 const LIFT_EVERY: Duration = Duration::from_secs(1);
 
-/// When this instance last lifted each model's hold.
-#[derive(Debug, Default)]
-pub(crate) struct Lifts(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
+type Lifts = std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>;
+
+/// When this process last lifted each model's hold (a gateway of its own needs no more: a lift
+/// is idempotent, and this only spares the store calls).
+fn lifts() -> &'static Lifts {
+    static LIFTS: std::sync::OnceLock<Lifts> = std::sync::OnceLock::new();
+    LIFTS.get_or_init(Lifts::default)
+}
 
 /// Lifts `model`'s hold on every instance (an answer showed room: the provider's latest word
 /// wins, after a tier upgrade or an early reset), at most once per [`LIFT_EVERY`] here.
-pub(crate) fn lift(store: &AnyStore, lifts: &Lifts, model: &str) {
+pub(crate) fn lift(store: &AnyStore, model: &str) {
     let now = std::time::Instant::now();
-    let Ok(mut last) = lifts.0.lock() else { return };
+    let Ok(mut last) = lifts().lock() else { return };
     if last
         .get(model)
         .is_some_and(|at| now.duration_since(*at) < LIFT_EVERY)

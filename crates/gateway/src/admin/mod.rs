@@ -459,7 +459,7 @@ async fn usage(
             in_force(crate::overrides::Control::Budget, b.limit.get()),
         )
     });
-    match crate::limits::usage(&gw, &q.scope, budget).await {
+    match crate::usage::of(&gw.store, &q.scope, budget).await {
         Ok(u) => {
             let mut body = json!({"scope": q.scope, "policy_version": &*cfg.policy.version, "settled": u.settled, "reserved": u.reserved, "leases": u.leases});
             // Instants by the store's clock, as admissions count; what the period carries
@@ -483,7 +483,7 @@ async fn usage(
             if let Some(t) = rule.tool_calls {
                 let id = format!("{}?tool_calls", q.scope);
                 let limit = in_force(crate::overrides::Control::ToolCalls, t.limit.get());
-                if let Ok(tu) = crate::limits::usage(&gw, &id, Some((t, limit))).await {
+                if let Ok(tu) = crate::usage::of(&gw.store, &id, Some((t, limit))).await {
                     let (_, _, end) = t.period.at(tu.at_ms);
                     let spent = tu.settled.saturating_add(tu.reserved);
                     body["tool_calls"] = json!({"limit": limit, "settled": tu.settled,

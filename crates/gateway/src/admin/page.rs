@@ -116,7 +116,7 @@ pub(crate) async fn page(
     };
     let reads = scopes
         .iter()
-        .map(|(rule, id)| crate::limits::usage(&gw, id, budget_of(rule, id)));
+        .map(|(rule, id)| crate::usage::of(&gw.store, id, budget_of(rule, id)));
     let usages = futures_util::future::join_all(reads).await;
     let (mut budgets, mut leases) = (Vec::new(), Vec::new());
     for ((rule, id), u) in scopes.iter().zip(usages) {

@@ -157,7 +157,7 @@ pub(crate) async fn forward_and_settle(f: Forward) -> Result<Response, ApiError>
     if let Some(h) = crate::provider::hold(status, up.headers(), now) {
         crate::provider::hold_model(&f.gw.store, &f.model, h);
     } else if crate::provider::room(status, up.headers(), now) {
-        crate::provider::lift(&f.gw.store, &f.gw.lifts, &f.model);
+        crate::provider::lift(&f.gw.store, &f.model);
     }
     if !status.is_success() {
         let content_type = up.headers().get("content-type").cloned();
