@@ -45,14 +45,11 @@ async fn the_admin_cli_reads_and_switches_a_running_gateway() {
     let config = dir.path().join("gateway.toml");
     let text = |version: &str| {
         format!(
-            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
-             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
-             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+            "{}[[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
              [policy]\nversion = \"{version}\"\n[[policy.scopes]]\nkey = \"tenant\"\n\
              requests = {{ limit = 60, window = \"1m\" }}\n\
              budget = {{ tokens = 5000, period = \"day\" }}\n",
-            token_file.display(),
-            sim.base_url(),
+            common::admin_head(&token_file, &sim.base_url()),
             tollgate_gateway::hash_key("sk-acme"),
         )
     };
@@ -202,12 +199,9 @@ async fn keys_are_issued_rotated_and_revoked_from_the_shell() {
     std::fs::write(
         &config,
         format!(
-            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
-             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
-             [policy]\n[[policy.scopes]]\nkey = \"tenant\"\n\
+            "{}[policy]\n[[policy.scopes]]\nkey = \"tenant\"\n\
              requests = {{ limit = 60, window = \"1m\" }}\n",
-            token_file.display(),
-            sim.base_url(),
+            common::admin_head(&token_file, &sim.base_url()),
         ),
     )
     .unwrap();

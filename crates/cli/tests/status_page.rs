@@ -152,9 +152,7 @@ async fn the_status_page_shows_the_books_and_switches_kill_switches() {
     std::fs::write(
         &config,
         format!(
-            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
-             [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n\
-             [[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
+            "{}[[keys]]\nhash = \"{}\"\ntenant = \"acme\"\n\
              [policy]\nversion = \"page-v7\"\n\
              [[policy.scopes]]\nname = \"all\"\nkey = \"global\"\nbudget = {{ tokens = 1000, period = \"day\" }}\n\
              [[policy.scopes]]\nname = \"small\"\nkey = \"global\"\nbudget = {{ tokens = 85, period = \"day\" }}\n\
@@ -162,8 +160,7 @@ async fn the_status_page_shows_the_books_and_switches_kill_switches() {
              requests = {{ limit = 3, window = \"1m\" }}\nconcurrency = {{ limit = 2 }}\n\
              [[policy.scopes]]\nname = \"watch\"\nkey = \"tenant\"\nmode = \"shadow\"\n\
              budget = {{ tokens = 10, period = \"day\" }}\n",
-            token_file.display(),
-            sim.base_url(),
+            common::admin_head(&token_file, &sim.base_url()),
             tollgate_gateway::hash_key(KEY),
         ),
     )
@@ -258,14 +255,25 @@ async fn the_status_page_shows_the_books_and_switches_kill_switches() {
         !dom.contains("<script") && !dom.contains("src=\"http") && !dom.contains("href=\"http")
     );
 
-    // A form without the page's token is refused; with it, the switch is set.
+    // A form without the page's token is refused; with it, the switch is set. The token is the
+    // session's: the page sets a session cookie, and another session's token is refused.
     let basic = format!("Basic {}", base64_of(&format!("operator:{TOKEN}")));
+    let (status, text) = http(
+        &admin,
+        "GET",
+        "/admin/ui",
+        &[("authorization", basic.clone())],
+        "",
+    );
+    assert_eq!(status, 200);
+    let cookie = set_cookie(&text);
     let form_headers = [
         ("authorization", basic.clone()),
         (
             "content-type",
             "application/x-www-form-urlencoded".to_owned(),
         ),
+        ("cookie", cookie.clone()),
     ];
     let (status, _) = http(
         &admin,
@@ -275,7 +283,15 @@ async fn the_status_page_shows_the_books_and_switches_kill_switches() {
         "csrf=forged&target=tenant%3Aacme&reason=x",
     );
     assert_eq!(status, 403);
-    let csrf = form_token(&dom);
+    let browsers = form_token(&dom);
+    let csrf = form_token(&text);
+    assert_ne!(browsers, csrf, "each session has its own token");
+    let body = format!("csrf={browsers}&target=tenant%3Aacme&reason=x");
+    let (status, _) = http(&admin, "POST", "/admin/ui/kill", &form_headers, &body);
+    assert_eq!(status, 403, "another session's token");
+    let body = format!("csrf={csrf}&target=tenant%3Aacme&reason=x");
+    let (status, _) = http(&admin, "POST", "/admin/ui/kill", &form_headers[..2], &body);
+    assert_eq!(status, 403, "the right token without its session");
     let body = format!("csrf={csrf}&target=tenant%3Aacme&reason=%3Cb%3Erunaway%3C%2Fb%3E");
     let (status, text) = http(&admin, "POST", "/admin/ui/kill", &form_headers, &body);
     assert_eq!(status, 303, "{text}");
@@ -302,7 +318,91 @@ async fn the_status_page_shows_the_books_and_switches_kill_switches() {
     assert!(text.contains("Unknown target"), "{text}");
 }
 
+/// The `name=value` of the session cookie an answer sets, checked to be one a browser keeps to
+/// this site (`HttpOnly`, `SameSite=Strict`).
+fn set_cookie(answer: &str) -> String {
+    let line = answer
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no session cookie: {answer}"));
+    assert!(
+        line.contains("HttpOnly") && line.contains("SameSite=Strict"),
+        "{line}"
+    );
+    let value = line.split_once(':').unwrap().1.trim();
+    value.split(';').next().unwrap().to_owned()
+}
+
 fn base64_of(s: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// Serves `html` on a loopback port of its own, to every request, until the test ends: another
+/// site's page.
+fn another_site(html: String) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\
+                 connection: close\r\n\r\n{html}",
+                html.len()
+            );
+            let _ = s.write_all(answer.as_bytes());
+        }
+    });
+    port
+}
+
+/// A page of another site posts to the admin API from the operator's browser, as Chromium sends
+/// it: a `text/plain` key creation (a JSON body by the back door), the status page's kill form,
+/// a loss acknowledged. The credentials ride in the form's address, which Chromium sends as
+/// Basic after the listener's challenge, as it sends credentials it holds: each answer the
+/// browser shows is the cross-site refusal (a request without them would be 401), and nothing
+/// changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sites_page_cannot_write_through_the_operators_browser() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let (dir, token_file) = common::admin_token_file(TOKEN);
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(&config, common::admin_head(&token_file, &sim.base_url())).unwrap();
+    let (_gateway, urls) = start_instance_with(&config, &["admin"]);
+    let admin = urls[1].trim_start_matches("http://").to_owned();
+    let target = format!("http://operator:{TOKEN}@{admin}");
+    let forms = [
+        format!(
+            "<form method=\"post\" enctype=\"text/plain\" action=\"{target}/admin/keys\">\
+             <input name='{{\"tenant\":\"acme\",\"name\":\"planted\",\"x\":\"' value='\"}}'></form>"
+        ),
+        format!(
+            "<form method=\"post\" action=\"{target}/admin/ui/kill\">\
+             <input name=\"csrf\" value=\"guess\"><input name=\"target\" value=\"all\">\
+             <input name=\"reason\" value=\"planted\"></form>"
+        ),
+        format!("<form method=\"post\" action=\"{target}/admin/store/acknowledge-loss\"></form>"),
+    ];
+    let profile = tempfile::tempdir().unwrap();
+    for form in forms {
+        let html = format!(
+            "<!doctype html><html><body>{form}\
+             <script>document.forms[0].submit()</script></body></html>"
+        );
+        // `localhost` is another site than `127.0.0.1`.
+        let page = format!("http://localhost:{}/", another_site(html));
+        let dom = browse(
+            profile.path(),
+            &["--virtual-time-budget=5000".into(), "--dump-dom".into()],
+            &page,
+        );
+        assert!(dom.contains("cross_site_request"), "{form}\n{dom}");
+    }
+    assert_eq!(api(&admin, "/admin/keys")["keys"], Value::Array(vec![]));
+    assert_eq!(api(&admin, "/admin/kill")["kills"], Value::Array(vec![]));
 }

@@ -3,6 +3,12 @@
 //! detection included), and how long it may sit idle between requests. A connection that says
 //! nothing is closed at its deadline, so silent sockets cannot hold the listener full.
 //!
+//! A full admin or metrics listener closes its longest-idle connection (one that has not sent a
+//! complete request head, or sits between requests) to take a new one: silent sockets and idle
+//! keep-alives cannot keep the operator out, whoever opened them. A connection serving a request
+//! is never closed for another; what a tenant's token may hold that way is bounded by the admin
+//! routes.
+//!
 //! HTTP/1.1 only unless HTTP/2 is configured: detecting the version waits for bytes before any
 //! HTTP/1 timeout applies, and cleartext HTTP/2 has none of its own; both are bounded here by
 //! the same deadlines, whatever the protocol.
@@ -48,6 +54,8 @@ pub struct Limits {
     pub exempt: Vec<IpAddr>,
     /// HTTP/2 served too, with this many streams per connection.
     pub http2_max_streams: Option<u32>,
+    /// When full, close the longest-idle connection to take a new one (rather than refuse it).
+    pub evict_idle: bool,
 }
 
 impl Limits {
@@ -60,10 +68,12 @@ impl Limits {
             per_ip: cfg.max_connections_per_ip,
             exempt: cfg.trusted_proxies.clone(),
             http2_max_streams: cfg.http2_max_streams,
+            evict_idle: false,
         }
     }
 
-    /// The admin and metrics listeners': the same deadlines, fewer connections, HTTP/1.1.
+    /// The admin and metrics listeners': the same deadlines, fewer connections, HTTP/1.1, and
+    /// room made for a new connection by closing the longest-idle one.
     pub fn private(cfg: &GatewayConfig) -> Self {
         Self {
             header_timeout: cfg.header_timeout,
@@ -72,6 +82,7 @@ impl Limits {
             per_ip: PRIVATE_CONNECTIONS_PER_IP,
             exempt: Vec::new(),
             http2_max_streams: None,
+            evict_idle: true,
         }
     }
 }
@@ -117,6 +128,7 @@ pub async fn accept(
     let limits = Arc::new(limits);
     let total = Arc::new(Semaphore::new(limits.max_connections));
     let per_ip = Arc::new(PerIp::default());
+    let open = Arc::new(Open::default());
     let (drain, drain_rx) = watch::channel(false);
     let mut set = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -130,20 +142,39 @@ pub async fn accept(
             },
             () = &mut shutdown => break,
         };
-        // Over a limit: close at once rather than queue without bound.
-        let Ok(permit) = total.clone().try_acquire_owned() else {
-            crate::telemetry::connection_refused("max_connections");
-            continue;
+        // Over a limit: close at once rather than queue without bound, unless an idle
+        // connection may make room.
+        let places = match enter(&total, &per_ip, peer.ip(), &limits) {
+            Ok(p) => Ok(p),
+            Err(full) if limits.evict_idle => open
+                .make_room(full, peer.ip(), || {
+                    enter(&total, &per_ip, peer.ip(), &limits)
+                })
+                .await
+                .map_err(|_| full),
+            Err(full) => Err(full),
         };
-        let Some(slot) = per_ip.enter(peer.ip(), &limits) else {
-            crate::telemetry::connection_refused("max_connections_per_ip");
-            continue;
+        let (permit, slot) = match places {
+            Ok(p) => p,
+            Err(full) => {
+                crate::telemetry::connection_refused(full.limit());
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
-        let conn = serve(stream, peer, app.clone(), limits.clone(), drain_rx.clone());
+        let activity = Activity::new(Instant::now() + limits.header_timeout, limits.idle_timeout);
+        let entry = open.add(network(peer.ip()), &activity);
+        let conn = serve(
+            stream,
+            peer,
+            app.clone(),
+            limits.clone(),
+            activity,
+            drain_rx.clone(),
+        );
         set.spawn(async move {
             conn.await;
-            drop((permit, slot));
+            drop((permit, slot, entry));
         });
     }
     Connections { set, drain }
@@ -155,9 +186,9 @@ async fn serve(
     peer: SocketAddr,
     app: Router,
     limits: Arc<Limits>,
+    activity: Activity,
     mut drain: watch::Receiver<bool>,
 ) {
-    let activity = Activity::new(Instant::now() + limits.header_timeout, limits.idle_timeout);
     let idle = activity.expired();
     let svc = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
         let busy = activity.begin();
@@ -210,6 +241,111 @@ async fn drive<C, E>(
     if draining {
         graceful(conn.as_mut());
         let _ = conn.await;
+    }
+}
+
+/// Which limit a connection found full.
+#[derive(Debug, Clone, Copy)]
+enum Full {
+    Total,
+    PerIp,
+}
+
+impl Full {
+    fn limit(self) -> &'static str {
+        match self {
+            Self::Total => "max_connections",
+            Self::PerIp => "max_connections_per_ip",
+        }
+    }
+}
+
+/// A connection's places in both limits.
+type Places = (tokio::sync::OwnedSemaphorePermit, IpSlot);
+
+fn enter(
+    total: &Arc<Semaphore>,
+    per_ip: &Arc<PerIp>,
+    ip: IpAddr,
+    limits: &Limits,
+) -> Result<Places, Full> {
+    let permit = total.clone().try_acquire_owned().map_err(|_| Full::Total)?;
+    let slot = per_ip.enter(ip, limits).ok_or(Full::PerIp)?;
+    Ok((permit, slot))
+}
+
+/// The connections open on a listener, by network, with their activity: for closing the
+/// longest-idle one when the listener is full.
+#[derive(Default)]
+struct Open {
+    next: std::sync::atomic::AtomicU64,
+    conns: Mutex<HashMap<u64, (IpAddr, Watched)>>,
+    /// Told when a connection ends.
+    freed: tokio::sync::Notify,
+}
+
+/// A connection's activity, as [`Open`] watches it.
+type Watched = Arc<watch::Sender<State>>;
+
+/// A connection's entry in [`Open`]; dropping it removes the entry and says a place is free.
+struct Entry(Arc<Open>, u64);
+
+impl Open {
+    fn add(self: &Arc<Self>, net: IpAddr, activity: &Activity) -> Entry {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut c) = self.conns.lock() {
+            c.insert(id, (net, activity.tx.clone()));
+        }
+        Entry(self.clone(), id)
+    }
+
+    /// Closes the idle connection (of `peer`'s network when that is what is full) nearest its
+    /// deadline, and waits a moment for its place; then `enter` again.
+    async fn make_room(
+        &self,
+        full: Full,
+        peer: IpAddr,
+        enter: impl Fn() -> Result<Places, Full>,
+    ) -> Result<Places, Full> {
+        let net = network(peer);
+        let victim = self.conns.lock().ok().and_then(|c| {
+            c.values()
+                .filter(|(n, _)| matches!(full, Full::Total) || *n == net)
+                .map(|(_, tx)| (tx.borrow().deadline, tx.clone()))
+                .filter(|(_, tx)| tx.borrow().busy == 0)
+                .min_by_key(|(deadline, _)| *deadline)
+                .map(|(_, tx)| tx)
+        });
+        let Some(victim) = victim else {
+            return Err(full);
+        };
+        let deadline = Instant::now() + Duration::from_millis(250);
+        victim.send_if_modified(|s| {
+            let idle = s.busy == 0;
+            s.cut |= idle;
+            idle
+        });
+        crate::telemetry::connection_evicted();
+        loop {
+            // Listening before looking, so that no place freed between the two is missed.
+            let freed = self.freed.notified();
+            match enter() {
+                Ok(p) => return Ok(p),
+                Err(f) if Instant::now() >= deadline => return Err(f),
+                Err(_) => {
+                    let _ = tokio::time::timeout_at(deadline, freed).await;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.0.conns.lock() {
+            c.remove(&self.1);
+        }
+        self.0.freed.notify_waiters();
     }
 }
 
@@ -277,6 +413,8 @@ fn network(ip: IpAddr) -> IpAddr {
 struct State {
     busy: usize,
     deadline: Instant,
+    /// Closed to make room for another connection (only while idle).
+    cut: bool,
 }
 
 /// A connection's activity, shared by its requests and its watchdog.
@@ -292,7 +430,11 @@ struct Busy(Activity);
 
 impl Activity {
     fn new(deadline: Instant, idle_timeout: Duration) -> Self {
-        let (tx, _) = watch::channel(State { busy: 0, deadline });
+        let (tx, _) = watch::channel(State {
+            busy: 0,
+            deadline,
+            cut: false,
+        });
         Self {
             tx: Arc::new(tx),
             idle_timeout,
@@ -310,6 +452,9 @@ impl Activity {
         async move {
             loop {
                 let s = *rx.borrow_and_update();
+                if s.cut {
+                    return;
+                }
                 if s.busy > 0 {
                     if rx.changed().await.is_err() {
                         return std::future::pending().await;

@@ -147,9 +147,11 @@ pub fn alert(event: &str) {
     counter!("tollgate_alerts_total", "event" => event.to_owned()).increment(1);
 }
 
-/// An admin call presented no token or a wrong one (`route`: one of a fixed set).
-pub fn admin_login_failed(route: &'static str) {
-    counter!("tollgate_admin_login_failures_total", "route" => route).increment(1);
+/// An admin call refused its credentials (`route`: one of a fixed set; `principal`: `none`
+/// presented, an `unknown` token, or a `tenant`'s token beyond its tenant).
+pub fn admin_login_failed(route: &'static str, principal: &'static str) {
+    counter!("tollgate_admin_login_failures_total", "route" => route, "principal" => principal)
+        .increment(1);
 }
 
 /// An alert was dropped: its queue was full.
@@ -351,6 +353,11 @@ pub fn connection_refused(limit: &'static str) {
     counter!("tollgate_connections_refused_total", "limit" => limit).increment(1);
 }
 
+/// An idle connection of a full admin or metrics listener closed to take a new one.
+pub fn connection_evicted() {
+    counter!("tollgate_connections_evicted_total").increment(1);
+}
+
 /// Keeps the budget gauges of the operator's fixed scopes (global rules and fully matched ones)
 /// fresh: every `[metrics] refresh`, all of them read from the store at once (concurrent calls,
 /// which the Redis store's one connection sends together), so a scrape never calls the store
@@ -445,7 +452,10 @@ pub fn register(policy: &tollgate_core::Policy) {
     for route in [
         "keys", "limits", "usage", "kill", "status", "ui", "store", "reload", "metrics", "other",
     ] {
-        counter!("tollgate_admin_login_failures_total", "route" => route).increment(0);
+        for principal in ["none", "unknown", "tenant"] {
+            counter!("tollgate_admin_login_failures_total", "route" => route, "principal" => principal)
+                .increment(0);
+        }
     }
     for op in ["admit", "settle", "release"] {
         counter!("tollgate_store_errors_total", "op" => op).increment(0);

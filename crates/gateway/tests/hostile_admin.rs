@@ -48,6 +48,24 @@ async fn call(
     )
 }
 
+/// One admin call without a body, with `authorization`.
+async fn authed(
+    on: &Instance,
+    method: &str,
+    path: &str,
+    authorization: &str,
+) -> (u16, http::HeaderMap, Value) {
+    call(on, method, path, &[("authorization", authorization)], "").await
+}
+
+/// The operator sets a kill switch, which is answered 200.
+async fn operator_kills(gw: &Instance) {
+    let reason = "the operator got in";
+    let kill = json!({"target": "tenant:beta", "reason": reason});
+    let (status, v) = gw.admin("POST", "/admin/kill", Some(kill)).await;
+    assert_eq!(status, 200, "{v}");
+}
+
 fn basic() -> String {
     use base64::Engine;
     let creds = base64::engine::general_purpose::STANDARD.encode(format!("operator:{TOKEN}"));
@@ -132,20 +150,18 @@ async fn logins_are_read_as_the_standard_says_and_failures_are_seen() {
     );
     let gw = Instance::start(&sim, &text).await;
     let lower = format!("bearer {TOKEN}");
-    let (status, h, _) = call(
-        &gw,
-        "GET",
-        "/admin/status",
-        &[("authorization", &lower)],
-        "",
-    )
-    .await;
+    let (status, h, _) = authed(&gw, "GET", "/admin/status", &lower).await;
     assert_eq!(status, 200);
     assert_eq!(h["x-content-type-options"], "nosniff");
-    let failures = |metrics: &str| -> u64 {
+    // Failed logins on a route by a kind of principal.
+    let failures = |metrics: &str, route: &str, principal: &str| -> u64 {
         metrics
             .lines()
-            .find(|l| l.starts_with("tollgate_admin_login_failures_total{route=\"keys\"}"))
+            .find(|l| {
+                l.starts_with("tollgate_admin_login_failures_total{")
+                    && l.contains(&format!("route=\"{route}\""))
+                    && l.contains(&format!("principal=\"{principal}\""))
+            })
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|n| n.parse().ok())
             .unwrap_or(0)
@@ -165,14 +181,19 @@ async fn logins_are_read_as_the_standard_says_and_failures_are_seen() {
             .to_bytes();
         String::from_utf8_lossy(&b).into_owned()
     };
-    let before = failures(&metrics().await);
+    let before = failures(&metrics().await, "keys", "unknown");
     for i in 0..50 {
         let wrong = format!("Bearer wrong-token-{i:04}-0123456789");
         let (status, _, _) =
             call(&gw, "GET", "/admin/keys", &[("authorization", &wrong)], "").await;
         assert_eq!(status, 401);
     }
-    assert!(failures(&metrics().await) >= before + 50);
+    assert!(failures(&metrics().await, "keys", "unknown") >= before + 50);
+    // A tenant's token beyond its tenant is counted under its kind.
+    assert_eq!(failures(&metrics().await, "reload", "tenant"), 0);
+    let (status, _, _) = authed(&gw, "POST", "/admin/reload", &format!("Bearer {acme}")).await;
+    assert_eq!(status, 403);
+    assert_eq!(failures(&metrics().await, "reload", "tenant"), 1);
 
     let bearer = format!("Bearer {acme}");
     for scope in [
@@ -183,12 +204,11 @@ async fn logins_are_read_as_the_standard_says_and_failures_are_seen() {
         let (status, _, v) = call(&gw, "GET", &path, &[("authorization", &bearer)], "").await;
         assert_eq!(status, 403, "{scope}: {v}");
     }
-    let (status, _, v) = call(
+    let (status, _, v) = authed(
         &gw,
         "GET",
         "/admin/usage?scope=tenant%7Ctenant%3Aacme",
-        &[("authorization", &bearer)],
-        "",
+        &bearer,
     )
     .await;
     assert_eq!(status, 200, "{v}");
@@ -225,14 +245,7 @@ async fn stalled_bodies_do_not_lock_the_operator_out() {
     }
     let started = std::time::Instant::now();
     // Meanwhile, the operator gets in.
-    let (status, v) = gw
-        .admin(
-            "POST",
-            "/admin/kill",
-            Some(json!({"target": "tenant:beta", "reason": "the operator got in"})),
-        )
-        .await;
-    assert_eq!(status, 200, "{v}");
+    operator_kills(&gw).await;
     let mut answers = Vec::new();
     for mut s in stalled {
         let mut answer = Vec::new();
@@ -260,4 +273,47 @@ async fn stalled_bodies_do_not_lock_the_operator_out() {
         .filter(|a| *a == &("429".to_owned(), "admin_busy"))
         .count();
     assert_eq!((timed_out, busy), (4, 8), "{answers:?}");
+}
+
+/// Silent sockets and idle keep-alives fill the admin listener (sixty-four connections from
+/// four addresses that never finish a request head, within a long `header_timeout`), and the
+/// operator's kill switch still goes through: a full listener closes its longest-idle
+/// connection to take a new one. One of the silent sockets is the one closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sockets_do_not_keep_the_operator_out() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sim = sim().await;
+    let gw = Instance::start(&sim, "[server]\nheader_timeout = \"60s\"\n").await;
+    let mut silent = Vec::new();
+    for n in 2..=5u8 {
+        for _ in 0..16 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket
+                .bind(std::net::SocketAddr::from(([127, 0, 0, n], 0)))
+                .unwrap();
+            let mut s = socket.connect(gw.admin).await.unwrap();
+            s.write_all(b"GET /admin/status HTTP/1.1\r\n")
+                .await
+                .unwrap();
+            silent.push(s);
+        }
+    }
+    // Every place is taken (the listener holds 64): one more address is turned away, unless
+    // an idle connection makes room.
+    operator_kills(&gw).await;
+    let (status, v) = gw.admin("GET", "/admin/kill", None).await;
+    assert_eq!(
+        (status, v["kills"][0]["target"].clone()),
+        (200, json!("tenant:beta"))
+    );
+    let mut closed = 0;
+    for s in &mut silent {
+        let mut buf = [0u8; 64];
+        if let Ok(Ok(0)) =
+            tokio::time::timeout(std::time::Duration::from_millis(20), s.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!((1..=2).contains(&closed), "{closed} silent sockets closed");
 }

@@ -83,6 +83,16 @@ pub fn start_instance_logging(
 }
 
 /// A temporary directory holding the admin token `token` in a file: (the directory, the file).
+/// The start of a configuration with an admin listener on a free port (its token in
+/// `token_file`) and one upstream, the simulator at `sim_url`, serving `gpt-4o`.
+pub fn admin_head(token_file: &std::path::Path, sim_url: &str) -> String {
+    format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
+         [[upstreams]]\nname = \"sim\"\nbase_url = \"{sim_url}\"\nmodels = [\"gpt-4o\"]\n",
+        token_file.display()
+    )
+}
+
 pub fn admin_token_file(token: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("admin-token");

@@ -170,13 +170,14 @@ fn route(path: &str) -> &'static str {
     ROUTES.into_iter().find(|r| *r == first).unwrap_or("other")
 }
 
-/// A failed login: counted by route, and logged with its source and route at most once a
+/// A failed login: counted by route and principal (`none` presented, an `unknown` token, a
+/// `tenant`'s token beyond its tenant), and logged with its source and route at most once a
 /// second (with how many were not logged since).
-pub(super) fn failed_login(peer: Option<IpAddr>, path: &str) {
+pub(super) fn failed_login(peer: Option<IpAddr>, path: &str, principal: &'static str) {
     static LAST_SECOND: AtomicU64 = AtomicU64::new(0);
     static UNLOGGED: AtomicU64 = AtomicU64::new(0);
     let route = route(path);
-    crate::telemetry::admin_login_failed(route);
+    crate::telemetry::admin_login_failed(route, principal);
     let second = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -188,8 +189,9 @@ pub(super) fn failed_login(peer: Option<IpAddr>, path: &str) {
     {
         let unlogged = UNLOGGED.swap(0, Ordering::Relaxed);
         let source = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
-        tracing::warn!(%source, route, unlogged,
-            "an admin call presented no token, or a wrong one: refused");
+        tracing::warn!(%source, route, principal, unlogged,
+            "an admin call's credentials were refused (none, a wrong token, or a tenant's \
+             beyond its tenant)");
     } else {
         UNLOGGED.fetch_add(1, Ordering::Relaxed);
     }

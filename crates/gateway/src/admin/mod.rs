@@ -74,13 +74,14 @@ pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
                 let (admin, form, gw) = (admin.clone(), form.clone(), reader.clone());
                 let busy = busy.clone();
                 async move {
-                    let Some(scope) = given_token(&headers).and_then(|g| scope_of(&g, &admin))
-                    else {
-                        let peer = req
-                            .extensions()
-                            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                            .map(|c| c.0.ip());
-                        door::failed_login(peer, req.uri().path());
+                    let peer = req
+                        .extensions()
+                        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                        .map(|c| c.0.ip());
+                    let given = given_token(&headers);
+                    let Some(scope) = given.as_ref().and_then(|g| scope_of(g, &admin)) else {
+                        let principal = if given.is_some() { "unknown" } else { "none" };
+                        door::failed_login(peer, req.uri().path(), principal);
                         let mut r = crate::respond::admin_unauthorized().into_response();
                         // A browser asks for it: any user name, the token as the password.
                         r.headers_mut().insert(
@@ -93,6 +94,7 @@ pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
                     };
                     if let AdminScope::Tenant(t) = &scope {
                         if !tenant_may(req.uri().path()) {
+                            door::failed_login(peer, req.uri().path(), "tenant");
                             return crate::respond::admin_scope_forbidden(t).into_response();
                         }
                     }

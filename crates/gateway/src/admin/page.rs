@@ -4,22 +4,29 @@
 //! kill switches with forms to set and lift them, and the rules in force. One HTML document, no
 //! script, no external assets; every value is escaped by the template.
 //!
-//! The forms carry a token derived from the admin token, so that another site cannot make a
-//! browser that holds the credentials post them (a cross-site request cannot read the page).
+//! The forms carry a token bound to the viewer's session: the page sets a random session cookie
+//! (`HttpOnly`, `SameSite=Strict`, so another site's request never carries it) and the token is
+//! a digest of that session and the admin token. Another site cannot read the page, nor send
+//! the cookie; a token seen in one browser (a screenshot, a proxy's log) is worth nothing in
+//! another. Instances sharing the admin token accept each other's sessions.
 
 use askama::Template;
 use axum::Form;
 use axum::extract::{Extension, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use tollgate_core::{ScopeUsage, Store};
 
 use crate::gateway::Shared;
 
-/// The forms' token: derived from the admin token, never the token itself.
+/// The forms' key: derived from the admin token, never the token itself; a session's form
+/// token is derived from it ([`FormToken::for_session`]).
 #[derive(Debug, Clone)]
-pub(crate) struct FormToken(pub String);
+pub(crate) struct FormToken(String);
+
+/// The status page's session cookie.
+const SESSION: &str = "tollgate_admin_session";
 
 impl FormToken {
     pub(crate) fn of(admin_token: &str) -> Self {
@@ -28,9 +35,37 @@ impl FormToken {
         Self(crate::config::hex(&d))
     }
 
-    fn matches(&self, given: &str) -> bool {
-        super::token_matches(given, &self.0)
+    /// The form token of `session`.
+    fn for_session(&self, session: &str) -> String {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(format!("{}\0{session}", self.0).as_bytes());
+        crate::config::hex(&d)
     }
+
+    /// Whether `given` is the form token of the session `headers` carry.
+    fn matches(&self, headers: &HeaderMap, given: &str) -> bool {
+        session_of(headers).is_some_and(|s| super::token_matches(given, &self.for_session(&s)))
+    }
+}
+
+/// The session a request's cookie names, if it is one this page could have set (32 hex digits).
+fn session_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == SESSION)
+        .map(|(_, v)| v.to_owned())
+        .filter(|v| v.len() == 32 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// A new session, or `None` when the system has no randomness to give.
+fn new_session() -> Option<String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).ok()?;
+    Some(crate::config::hex(&b))
 }
 
 #[derive(Debug)]
@@ -92,8 +127,16 @@ pub(crate) struct PageQuery {
 pub(crate) async fn page(
     State(gw): State<Shared>,
     Extension(form): Extension<FormToken>,
+    headers: HeaderMap,
     Query(q): Query<PageQuery>,
 ) -> Response {
+    let (session, fresh) = match session_of(&headers) {
+        Some(s) => (s, false),
+        None => match new_session() {
+            Some(s) => (s, true),
+            None => return problem(StatusCode::SERVICE_UNAVAILABLE, NO_RANDOMNESS),
+        },
+    };
     let cfg = gw.config();
     let (store, kills) = super::store_state(&gw).await;
     let mut scopes: Vec<_> = crate::telemetry::fixed_scopes(&cfg.policy)
@@ -148,7 +191,7 @@ pub(crate) async fn page(
         version: cfg.policy.version.to_string(),
         store,
         in_flight: crate::path::settle::open_tickets(),
-        csrf: form.0,
+        csrf: form.for_session(&session),
         budgets,
         leases,
         minutes: crate::telemetry::RECENT_MINUTES,
@@ -174,10 +217,24 @@ pub(crate) async fn page(
         shadow: crate::telemetry::shadow_refusals(),
         rules: super::rule_rows(&cfg.policy),
     };
-    match page.render() {
+    let r = match page.render() {
         Ok(html) => html_response(StatusCode::OK, html),
         Err(e) => problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    with_session(r, fresh.then_some(&session))
+}
+
+const NO_RANDOMNESS: &str = "The system gave no randomness for a session: try again.";
+
+/// `r`, setting the session cookie when the session is new.
+fn with_session(mut r: Response, new: Option<&String>) -> Response {
+    if let Some(session) = new {
+        let cookie = format!("{SESSION}={session}; Path=/admin/ui; HttpOnly; SameSite=Strict");
+        if let Ok(v) = HeaderValue::from_str(&cookie) {
+            r.headers_mut().insert(header::SET_COOKIE, v);
+        }
     }
+    r
 }
 
 fn budget_row(
@@ -222,25 +279,28 @@ pub(crate) struct KillForm {
 pub(crate) async fn kill(
     State(gw): State<Shared>,
     Extension(form): Extension<FormToken>,
+    headers: HeaderMap,
     Form(f): Form<KillForm>,
 ) -> Response {
-    act(&gw, &form, &f, true).await
+    act(&gw, form.matches(&headers, &f.csrf), &f, true).await
 }
 
 /// See [`kill`].
 pub(crate) async fn lift(
     State(gw): State<Shared>,
     Extension(form): Extension<FormToken>,
+    headers: HeaderMap,
     Form(f): Form<KillForm>,
 ) -> Response {
-    act(&gw, &form, &f, false).await
+    act(&gw, form.matches(&headers, &f.csrf), &f, false).await
 }
 
-async fn act(gw: &Shared, form: &FormToken, f: &KillForm, kill: bool) -> Response {
-    if !form.matches(&f.csrf) {
+/// A form's change, made when its token is its session's (`token_ok`).
+async fn act(gw: &Shared, token_ok: bool, f: &KillForm, kill: bool) -> Response {
+    if !token_ok {
         return problem(
             StatusCode::FORBIDDEN,
-            "The form's token is wrong: reload the page and try again.",
+            "The form's token is not this session's: reload the page and try again.",
         );
     }
     let target = f.target.trim();
