@@ -17,6 +17,7 @@ include!("src/contract.rs");
 /// The ledger's files, in order: the functions every entry point shares.
 const LEDGER: &[&str] = &[
     "common_v7.lua",
+    "seq_v1.lua",
     "controls/rate.lua",
     "controls/concurrency.lua",
     "controls/budget.lua",

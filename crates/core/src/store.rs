@@ -51,6 +51,13 @@ pub enum StoreError {
         /// This version's schema.
         ours: String,
     },
+    /// A change was made, but no replica confirmed it in time: a failover now could undo it
+    /// (the write sequence would then show the store lost).
+    #[error(
+        "the change was made on the store's primary, but no replica confirmed it within {0} ms: \
+         a failover now could undo it"
+    )]
+    NotReplicated(u64),
 }
 
 /// What a store's marker says about what it holds.

@@ -21,11 +21,13 @@ impl Latch {
     }
 
     /// The fault is on: logged with its `cause` and what it means (`effect`) unless it was
-    /// already on.
-    pub fn fail(&self, cause: &dyn Display, effect: &str) {
-        if !self.failing.swap(true, Ordering::AcqRel) {
+    /// already on. True when it begins here.
+    pub fn fail(&self, cause: &dyn Display, effect: &str) -> bool {
+        let begins = !self.failing.swap(true, Ordering::AcqRel);
+        if begins {
             tracing::error!(fault = self.name, cause = %cause, "{effect}");
         }
+        begins
     }
 
     /// The fault is off: its end logged if it was on. A load alone while it is off.

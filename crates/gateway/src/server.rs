@@ -123,7 +123,7 @@ async fn check_keeping(store: &RedisStore, allow_eviction: bool) -> std::io::Res
                 return Err(std::io::Error::other(format!(
                     "Redis has maxmemory-policy {policy}: it may evict budgets and windows, \
                      which would reopen what they held. Set it to noeviction, or [store] \
-                     allow_eviction = true to accept that (docs/redis.md)"
+                     allow_eviction = true to accept that (docs/store-loss.md)"
                 )));
             }
             if !persists {
@@ -136,7 +136,7 @@ async fn check_keeping(store: &RedisStore, allow_eviction: bool) -> std::io::Res
         }
         Ok(None) => warnings.push(
             "could not read Redis's maxmemory-policy and persistence (CONFIG is not allowed): \
-             make sure it neither evicts nor forgets (docs/redis.md)"
+             make sure it neither evicts nor forgets (docs/store-loss.md)"
                 .to_owned(),
         ),
         // The cause first: a TLS or connection fault is what the operator has to mend.

@@ -52,6 +52,33 @@ impl AnyStore {
         }
     }
 
+    /// Why the store was last found lost, for the operator (the memory store cannot be).
+    pub fn loss_cause(&self) -> Option<String> {
+        self.redis()
+            .and_then(RedisStore::loss_cause)
+            .map(|l| l.to_string())
+    }
+
+    /// The store's loss, logged once with its cause and counted by it.
+    pub fn report_loss(&self) {
+        let cause = self.redis().and_then(RedisStore::loss_cause);
+        let why = cause
+            .as_ref()
+            .map_or_else(|| StoreError::StateLost.to_string(), ToString::to_string);
+        let begins = crate::faults::STORE_LOST.fail(
+            &why,
+            "the store has lost its state: admissions are refused (503 store_state_lost) until \
+             its books are rebuilt from the ledger or an operator acknowledges the loss",
+        );
+        if begins {
+            let kind = match cause {
+                Some(tollgate_redis::Loss::Behind { .. }) => "behind",
+                _ => "forgot",
+            };
+            crate::telemetry::store_loss(kind);
+        }
+    }
+
     /// Acknowledges that the store lost its state (a no-op for the memory store, which cannot
     /// forget while the process lives).
     pub async fn acknowledge_loss(&self) -> Result<(), StoreError> {
@@ -205,11 +232,13 @@ impl AnyStore {
                 match s.maintain().await {
                     // The store's own state: logged once as the store's fault, not again here.
                     Err(StoreError::StateLost | StoreError::Uninitialised) => {}
-                    Err(e) => crate::faults::SLICES.fail(
-                        &e,
-                        "slices cannot be reported, renewed or given back; retried every tick \
-                         (admissions against them go on until they expire)",
-                    ),
+                    Err(e) => {
+                        crate::faults::SLICES.fail(
+                            &e,
+                            "slices cannot be reported, renewed or given back; retried every \
+                             tick (admissions against them go on until they expire)",
+                        );
+                    }
                     Ok(_) => crate::faults::SLICES.ok(),
                 }
                 last = crate::telemetry::slices(s.stats(), last);

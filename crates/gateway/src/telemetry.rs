@@ -353,6 +353,12 @@ pub fn connection_refused(limit: &'static str) {
     counter!("tollgate_connections_refused_total", "limit" => limit).increment(1);
 }
 
+/// This instance found the store lost (`cause`: `forgot`, its marker gone; `behind`, its write
+/// sequence behind what an instance had seen).
+pub fn store_loss(cause: &'static str) {
+    counter!("tollgate_store_losses_total", "cause" => cause).increment(1);
+}
+
 /// An idle connection of a full admin or metrics listener closed to take a new one.
 pub fn connection_evicted() {
     counter!("tollgate_connections_evicted_total").increment(1);
@@ -456,6 +462,9 @@ pub fn register(policy: &tollgate_core::Policy) {
             counter!("tollgate_admin_login_failures_total", "route" => route, "principal" => principal)
                 .increment(0);
         }
+    }
+    for cause in ["forgot", "behind"] {
+        counter!("tollgate_store_losses_total", "cause" => cause).increment(0);
     }
     for op in ["admit", "settle", "release"] {
         counter!("tollgate_store_errors_total", "op" => op).increment(0);

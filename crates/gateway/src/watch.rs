@@ -37,10 +37,53 @@ pub async fn start(gw: &Gateway) -> std::io::Result<Found> {
     if gw.store.redis().is_none() {
         return restore_memory(gw).await.map_err(std::io::Error::other);
     }
+    prime_marks(gw).await;
     if let Err(e @ StoreError::OtherSchema { .. }) = gw.store.state().await {
         return Err(std::io::Error::other(e.to_string()));
     }
     Ok(look(gw).await)
+}
+
+/// What the instances before this one saw of the store's write sequence, from the ledger,
+/// taken as seen: a store that went back in time while this instance was down is noticed.
+async fn prime_marks(gw: &Gateway) {
+    let (Some(redis), Some(books)) = (gw.store.redis(), &gw.books) else {
+        return;
+    };
+    match books.ledger.store_marks().await {
+        Ok(marks) => {
+            let mut per_shard = vec![None; redis.high_marks().len()];
+            for (shard, epoch, high) in marks {
+                if let Some(m) = per_shard.get_mut(shard) {
+                    *m = Some((epoch, high));
+                }
+            }
+            redis.prime_marks(&per_shard);
+        }
+        Err(e) => tracing::warn!(cause = %e,
+            "the store's write sequence seen before this start cannot be read from the ledger: \
+             a store that went back in time meanwhile is noticed only by the other instances"),
+    }
+}
+
+/// Writes what this instance has seen of the store's write sequence to the ledger, when it
+/// moved since `last`.
+async fn save_marks(gw: &Gateway, last: &mut Vec<Option<(String, u64)>>) {
+    let (Some(redis), Some(books)) = (gw.store.redis(), &gw.books) else {
+        return;
+    };
+    let now = redis.high_marks();
+    if now == *last {
+        return;
+    }
+    let marks: Vec<_> = now
+        .iter()
+        .enumerate()
+        .filter_map(|(shard, m)| m.clone().map(|(e, h)| (shard, e, h)))
+        .collect();
+    if books.ledger.raise_store_marks(&marks).await.is_ok() {
+        *last = now;
+    }
 }
 
 /// Reads the marker once and acts on it.
@@ -103,11 +146,7 @@ pub async fn look(gw: &Gateway) -> Found {
 
 /// The store forgot: logged and alerted once, and rebuilt from the ledger when there is one.
 fn lost(gw: &Gateway) -> Found {
-    STORE_LOST.fail(
-        &StoreError::StateLost,
-        "the store has lost its state: admissions are refused (503 store_state_lost) until its \
-         books are rebuilt from the ledger or an operator acknowledges the loss",
-    );
+    gw.store.report_loss();
     gw.alerts.store_lost();
     if let Some(b) = &gw.books {
         b.store_lost(&gw.store);
@@ -190,12 +229,14 @@ pub fn spawn(gw: Arc<Gateway>) {
         return;
     }
     tokio::spawn(async move {
+        let mut saved = Vec::new();
         loop {
             tokio::time::sleep(WATCH_EVERY).await;
             if gw.is_draining() {
                 return;
             }
             let _ = look(&gw).await;
+            save_marks(&gw, &mut saved).await;
         }
     });
 }

@@ -166,34 +166,19 @@ async fn logins_are_read_as_the_standard_says_and_failures_are_seen() {
             .and_then(|n| n.parse().ok())
             .unwrap_or(0)
     };
-    let metrics = || async {
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<http_body_util::Full<bytes::Bytes>>();
-        let req = hyper::Request::get(format!("http://{}/metrics", gw.admin))
-            .header("authorization", format!("Bearer {TOKEN}"))
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .unwrap();
-        let r = client.request(req).await.unwrap();
-        let b = http_body_util::BodyExt::collect(r.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
-        String::from_utf8_lossy(&b).into_owned()
-    };
-    let before = failures(&metrics().await, "keys", "unknown");
+    let before = failures(&gw.metrics().await, "keys", "unknown");
     for i in 0..50 {
         let wrong = format!("Bearer wrong-token-{i:04}-0123456789");
         let (status, _, _) =
             call(&gw, "GET", "/admin/keys", &[("authorization", &wrong)], "").await;
         assert_eq!(status, 401);
     }
-    assert!(failures(&metrics().await, "keys", "unknown") >= before + 50);
+    assert!(failures(&gw.metrics().await, "keys", "unknown") >= before + 50);
     // A tenant's token beyond its tenant is counted under its kind.
-    assert_eq!(failures(&metrics().await, "reload", "tenant"), 0);
+    assert_eq!(failures(&gw.metrics().await, "reload", "tenant"), 0);
     let (status, _, _) = authed(&gw, "POST", "/admin/reload", &format!("Bearer {acme}")).await;
     assert_eq!(status, 403);
-    assert_eq!(failures(&metrics().await, "reload", "tenant"), 1);
+    assert_eq!(failures(&gw.metrics().await, "reload", "tenant"), 1);
 
     let bearer = format!("Bearer {acme}");
     for scope in [

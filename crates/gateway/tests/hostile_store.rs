@@ -13,6 +13,7 @@ use common::instance::{Instance, flushall, redis_has, redis_text, sim, until};
 use serde_json::json;
 use tollgate_gateway::GatewayConfig;
 use tollgate_ledger::{Ledger, Settings};
+use tollgate_testkit::failover::Failover;
 use tollgate_testkit::pg_server::PgServer;
 use tollgate_testkit::redis_server::RedisServer;
 
@@ -227,4 +228,237 @@ async fn another_version_on_the_prefix_is_refused_at_start() {
     assert!(e.contains("another version"), "{e}");
     let out = redis.cli().args(["get", "hs:marker"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
+}
+
+/// What a failover run leaves to check: acme's budget spent, gamma switched off and a key of
+/// beta's revoked, all after the replica stopped receiving writes (unless it `caught_up` first),
+/// then the primary lost and the replica promoted. Answers the key's secret.
+async fn spend_then_fail_over(
+    store: &mut Failover,
+    first: &Instance,
+    second: &Instance,
+    caught_up: bool,
+) -> String {
+    let (status, v) = first
+        .admin("POST", "/admin/keys", Some(json!({"tenant": "beta"})))
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let (id, secret) = (
+        v["key"]["id"].as_str().unwrap(),
+        v["secret"].as_str().unwrap(),
+    );
+    // Both instances admit before the lag: each has seen the store's sequence.
+    assert_eq!(first.ask("acme").await.0, 200);
+    until("the key on the second instance", async || {
+        second.ask_with(secret).await.0 == 200
+    })
+    .await;
+    store.catch_up();
+    if !caught_up {
+        store.lag();
+    }
+    first.spend_and_kill().await;
+    let (status, v) = first
+        .admin("DELETE", &format!("/admin/keys/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    until("the revocation on the second instance", async || {
+        second.ask_with(secret).await.0 == 401
+    })
+    .await;
+    if caught_up {
+        store.catch_up();
+    }
+    store.fail_over();
+    secret.to_owned()
+}
+
+/// `t`'s answer once the store answers again after the failover (its link turned).
+async fn answer(on: &Instance, t: &str) -> (u16, String) {
+    let mut r = on.ask(t).await;
+    until("the promoted replica answering", async || {
+        r = on.ask(t).await;
+        r.1 != "store_unavailable"
+    })
+    .await;
+    r
+}
+
+fn failover_text(store: &Failover, ledger: Option<&PgServer>) -> String {
+    let ledger = ledger.map_or_else(String::new, |pg| {
+        format!("[ledger]\nurl = \"{}\"\nflush_every = \"20ms\"\n", pg.url())
+    });
+    format!(
+        "[store]\nurl = \"{}\"\nprefix = \"hs\"\ncall_timeout = \"2s\"\n{ledger}",
+        store.url()
+    )
+}
+
+/// A failover to a replica that lagged, without a ledger: the promoted replica holds the
+/// marker but not the last writes (the spent budget, the kill switch, the revocation). Each
+/// instance's write sequence is ahead of the store's: the store is lost, admissions are refused
+/// (503 `store_state_lost`) on both instances, the operator is told why (`/admin/status`, the
+/// loss's cause with both sequences; a metric), and nothing the replica forgot is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_replica_that_lagged_is_a_loss() {
+    let (sim, mut store) = (sim().await, Failover::start().await);
+    let text = failover_text(&store, None);
+    let first = Instance::start(&sim, &text).await;
+    assert_eq!(first.admin("POST", "/admin/store/init", None).await.0, 200);
+    let second = Instance::start(&sim, &text).await;
+    let secret = spend_then_fail_over(&mut store, &first, &second, false).await;
+    for on in [&first, &second] {
+        for (who, r) in [
+            ("acme", answer(on, "acme").await),
+            ("gamma", on.ask("gamma").await),
+        ] {
+            assert_eq!(r, (503, "store_state_lost".into()), "{who}");
+        }
+        // Each instance keeps the revocation it knew: a lower version is not news.
+        assert_eq!(on.ask_with(&secret).await.0, 401, "the revoked key");
+    }
+    let (status, v) = second.admin("GET", "/admin/status", None).await;
+    assert_eq!((status, v["store"].as_str()), (200, Some("lost")), "{v}");
+    let cause = v["store_loss"].as_str().unwrap_or_default();
+    assert!(cause.contains("behind"), "{v}");
+    let metrics = second.metrics().await;
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("tollgate_store_losses_total{cause=\"behind\"} ")
+                && !l.ends_with(" 0")
+        ),
+        "{metrics}"
+    );
+    // The operator acknowledges: served from what the store holds, as documented.
+    let (status, _) = first
+        .admin("POST", "/admin/store/acknowledge-loss", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(second.ask("acme").await.0, 200);
+}
+
+/// The same failover with a spend ledger: the store is rebuilt from it. The spent budget stays
+/// spent, the kill switch and the revocation hold, on both instances; the upstream is never
+/// asked for more than the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_replica_that_lagged_is_rebuilt_from_the_ledger() {
+    let (sim, mut store, pg) = (sim().await, Failover::start().await, PgServer::start());
+    let text = failover_text(&store, Some(&pg));
+    let first = Instance::start(&sim, &text).await;
+    let second = Instance::start(&sim, &text).await;
+    let secret = spend_then_fail_over(&mut store, &first, &second, false).await;
+    let served = sim.stats().completed;
+    for on in [&first, &second] {
+        until("the budget refusing again", async || {
+            let r = on.ask("acme").await;
+            assert_ne!(r.0, 200, "a spent budget reopened");
+            r == (429, "budget_limit".into())
+        })
+        .await;
+        assert_eq!(on.ask("gamma").await, (503, "kill_switch".into()));
+        assert_eq!(on.ask_with(&secret).await.0, 401, "the revoked key");
+        assert_eq!(on.store_state().await, "ok");
+    }
+    assert_eq!(
+        sim.stats().completed,
+        served,
+        "nothing sent upstream past the budget"
+    );
+}
+
+/// The control: the replica caught up before the failover (`WAIT`), so nothing was lost and
+/// nothing is refused for it; the budget, the kill switch and the revocation hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_replica_that_caught_up_loses_nothing() {
+    let (sim, mut store) = (sim().await, Failover::start().await);
+    let text = failover_text(&store, None);
+    let first = Instance::start(&sim, &text).await;
+    assert_eq!(first.admin("POST", "/admin/store/init", None).await.0, 200);
+    let second = Instance::start(&sim, &text).await;
+    let secret = spend_then_fail_over(&mut store, &first, &second, true).await;
+    for on in [&first, &second] {
+        assert_eq!(answer(on, "acme").await, (429, "budget_limit".into()));
+        assert_eq!(on.ask("gamma").await, (503, "kill_switch".into()));
+        assert_eq!(on.ask_with(&secret).await.0, 401, "the revoked key");
+        assert_eq!(on.store_state().await, "ok");
+    }
+}
+
+/// The store goes back in time while every instance is down: the one that starts next takes
+/// what the ones before it saw of the store's write sequence from the ledger, finds the store
+/// behind it, and rebuilds it; the spent budget and the kill switch hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_went_back_while_no_instance_ran_is_noticed_at_start() {
+    let (sim, mut store, pg) = (sim().await, Failover::start().await, PgServer::start());
+    let text = failover_text(&store, Some(&pg));
+    let first = Instance::start(&sim, &text).await;
+    assert_eq!(first.ask("acme").await.0, 200);
+    store.catch_up();
+    store.lag();
+    first.spend_and_kill().await;
+    let ledger = kill_in_ledger(pg.url()).await;
+    let primary: u64 = store
+        .primary
+        .cli_run(&["HGET", "hs:seq", "n"])
+        .parse()
+        .unwrap();
+    until("the instance's mark in the ledger", async || {
+        let marks = ledger.store_marks().await.unwrap();
+        marks.first().is_some_and(|m| m.2 >= primary)
+    })
+    .await;
+    first.stop().await;
+    store.fail_over();
+    let second = Instance::start(&sim, &text).await;
+    until("the budget refusing again", async || {
+        let r = answer(&second, "acme").await;
+        assert_ne!(r.0, 200, "a spent budget reopened");
+        r == (429, "budget_limit".into())
+    })
+    .await;
+    assert_eq!(second.ask("gamma").await, (503, "kill_switch".into()));
+}
+
+/// A kill switch, a key and a limit wait for the replica to confirm them: while it is frozen
+/// (linked, acknowledging nothing), each change is made on the primary and answered 500 with
+/// a code that says so (`store_not_replicated`, `key_change_unknown`, `limit_change_unknown`)
+/// within the call timeout, rather than 200 or a 503 that would say nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_no_replica_confirms_is_said_so() {
+    let (sim, store) = (sim().await, Failover::start().await);
+    let gw = Instance::start(&sim, &failover_text(&store, None)).await;
+    assert_eq!(gw.admin("POST", "/admin/store/init", None).await.0, 200);
+    let kill = |t: &str| json!({"target": format!("tenant:{t}"), "reason": "runaway"});
+    assert_eq!(
+        gw.admin("POST", "/admin/kill", Some(kill("gamma"))).await.0,
+        200
+    );
+    store.freeze_replica(true);
+    let started = std::time::Instant::now();
+    let (status, v) = gw.admin("POST", "/admin/kill", Some(kill("beta"))).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (500, Some("store_not_replicated")),
+        "{v}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(gw.ask("beta").await, (503, "kill_switch".into()), "made");
+    let (status, v) = gw
+        .admin("POST", "/admin/keys", Some(json!({"tenant": "acme"})))
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (500, Some("key_change_unknown")),
+        "{v}"
+    );
+    let limit = json!({"value": "tenant:acme", "control": "budget", "limit": 100});
+    let (status, v) = gw.admin("PUT", "/admin/limits", Some(limit)).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (500, Some("limit_change_unknown")),
+        "{v}"
+    );
+    store.freeze_replica(false);
+    let (status, v) = gw.admin("DELETE", "/admin/kill/tenant:beta", None).await;
+    assert_eq!(status, 200, "{v}");
 }

@@ -9,6 +9,7 @@
 
 mod conn;
 mod keys;
+mod marks;
 mod report;
 mod schema;
 pub mod spool;
@@ -20,6 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 pub use keys::Swap;
+pub use marks::Mark as StoreMark;
 pub use report::{By, SpendRow};
 pub use writer::AfterWrite;
 

@@ -87,6 +87,13 @@ const MIGRATIONS: &[&str] = &[
         LIMIT 1
     ) c ON true;
     DROP TABLE tollgate_keys;",
+    // 6: per shard of the store, its write sequence's epoch and the highest sequence an
+    // instance has seen, so that a restarted instance notices a store that went back in time.
+    "CREATE TABLE tollgate_store_marks (
+        shard integer PRIMARY KEY,
+        epoch text NOT NULL,
+        high bigint NOT NULL
+    );",
 ];
 
 /// An arbitrary constant: the advisory lock the migrations are run under.

@@ -1,7 +1,7 @@
 //! Batching: admissions and settlements that wait at the same moment travel in one script call
 //! per shard (`batch_v5.lua`), each applied as its own atomic transition, in order.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::marker::Mark;
 use std::sync::{Arc, OnceLock};
 
 use redis::Value;
@@ -42,14 +42,14 @@ pub(crate) fn lanes(config: &RedisConfig, shards: &[String]) -> Arc<[Lane]> {
 /// rest of the call's head.
 pub(crate) struct HeadKeys {
     prefix: String,
-    keys: [String; 5],
+    keys: [String; 6],
 }
 
 impl HeadKeys {
     pub(crate) fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_owned(),
-            keys: ["x", "clock", "kill", "marker", "lost"].map(|k| format!("{prefix}:{k}")),
+            keys: ["x", "clock", "kill", "marker", "lost", "seq"].map(|k| format!("{prefix}:{k}")),
         }
     }
 }
@@ -68,7 +68,7 @@ pub(crate) async fn run_batches(
     slots: Arc<Semaphore>,
     conn: Conn,
     config: Arc<RedisConfig>,
-    marker: Arc<AtomicBool>,
+    marker: Arc<Mark>,
     head: Arc<HeadKeys>,
     clock: Option<Arc<dyn Clock>>,
 ) {
@@ -98,12 +98,12 @@ pub(crate) struct BatchHead<'a> {
     keys: &'a HeadKeys,
     args: [String; 2],
     /// `1` the marker was seen, `0` not yet, `2` not yet and the prefix is new by the caller's
-    /// word (see `batch_v5.lua`).
-    marker: &'static str,
+    /// word (see `batch_v5.lua`), with the write sequence seen (`seq_v1.lua`).
+    marker: String,
 }
 
 impl<'a> BatchHead<'a> {
-    fn new(keys: &'a HeadKeys, now: u64, retention_ms: u64, marker: &'static str) -> Self {
+    fn new(keys: &'a HeadKeys, now: u64, retention_ms: u64, marker: String) -> Self {
         Self {
             keys,
             args: [num(now), num(retention_ms)],
@@ -120,7 +120,7 @@ impl<'a> BatchHead<'a> {
         let mut keys: Vec<&str> = self.keys.keys.iter().map(String::as_str).collect();
         let mut args: Vec<&str> = vec![self.keys.prefix.as_str()];
         args.extend(self.args.iter().map(String::as_str));
-        args.push(self.marker);
+        args.push(&self.marker);
         for (&(op, inv), n) in items.iter().zip(counts) {
             keys.extend(inv.keys.iter());
             args.push(op);
@@ -150,7 +150,7 @@ pub fn batch_invocation<'a>(
         &keys,
         now,
         retention_ms,
-        if marker_seen { "1" } else { "0" },
+        if marker_seen { "1" } else { "0" }.to_owned(),
     );
     let (keys, args) = head.layout(&items, &counts);
     Invocation {
@@ -163,19 +163,19 @@ pub fn batch_invocation<'a>(
 pub(crate) async fn call_items(
     mut conn: Conn,
     config: &RedisConfig,
-    marker: &AtomicBool,
+    marker: &Mark,
     head: &HeadKeys,
     now: u64,
     parts: &[(&str, &Invocation)],
 ) -> Result<Vec<Value>, StoreError> {
     let counts = arg_counts(parts);
-    let seen = marker.load(Ordering::Relaxed);
+    let seen = marker.seen();
     let arg = match (seen, config.initialise_on_first_use) {
         (true, _) => "1",
         (false, true) => "2",
         (false, false) => "0",
     };
-    let head = BatchHead::new(head, now, config.retention_ms, arg);
+    let head = BatchHead::new(head, now, config.retention_ms, marker.arg(arg));
     let (keys, args) = head.layout(parts, &counts);
     // Callers stop waiting at their own timeout; this one only ends calls that never return.
     let replies = tokio::time::timeout(
@@ -186,6 +186,8 @@ pub(crate) async fn call_items(
     .map_err(|_| no_answer(config.call_timeout))
     .and_then(|r| r.map_err(unavailable))
     .and_then(items)?;
+    let mut replies = replies;
+    let sequence = replies.pop();
     if replies.len() != parts.len() {
         return Err(StoreError::Protocol(format!(
             "{} replies to a batch of {}",
@@ -193,6 +195,9 @@ pub(crate) async fn call_items(
             parts.len()
         )));
     }
+    let (epoch, n, why) = sequence_of(sequence)?;
+    marker.saw(&epoch, n);
+    marker.found(&why);
     let admitting = |op: &str| matches!(op, "a" | "p" | "s" | "S");
     if !seen
         && parts
@@ -201,9 +206,24 @@ pub(crate) async fn call_items(
             .any(|((op, _), r)| admitting(op) && !is_lost(r) && !is_uninitialised(r))
     {
         // An admission found the marker: from now on its absence is a loss.
-        marker.store(true, Ordering::Relaxed);
+        marker.set_seen();
     }
     Ok(replies)
+}
+
+/// A batch call's last reply: the store's write sequence and why it is lost, `{epoch, n, why}`
+/// (`seq_v1.lua`).
+pub fn sequence_of(reply: Option<Value>) -> Result<(String, u64, String), StoreError> {
+    let bad = || StoreError::Protocol("a batch call's reply ends without its sequence".into());
+    let parts = items(reply.ok_or_else(bad)?)?;
+    match parts.as_slice() {
+        [epoch, n, why] => Ok((
+            text(epoch)?,
+            u64::try_from(crate::decode::int(n)?).map_err(|_| bad())?,
+            text(why)?,
+        )),
+        _ => Err(bad()),
+    }
 }
 
 /// Whether an item's reply is `{'lost'}`.
@@ -223,7 +243,7 @@ fn is_only(v: &Value, kind: &[u8]) -> bool {
 pub(crate) async fn call_batch(
     conn: Conn,
     config: &RedisConfig,
-    marker: &AtomicBool,
+    marker: &Mark,
     head: &HeadKeys,
     now: u64,
     jobs: Vec<Job>,

@@ -106,8 +106,14 @@ impl crate::RedisStore {
 
     /// Acknowledges that the store lost its state: the marker is written again and the loss
     /// forgotten, on every shard, so admissions resume from what the store holds now (spent
-    /// budgets and kill switches it forgot are then gone for good).
+    /// budgets and kill switches it forgot are then gone for good). The store starts a new
+    /// epoch of its write sequence: what instances saw of the old one no longer applies.
     pub async fn acknowledge_loss(&self) -> Result<(), StoreError> {
+        let epoch = format!(
+            "{}{:04}",
+            self.wall_now().saturating_mul(1000),
+            std::process::id() % 10_000
+        );
         for p in self.shards.iter() {
             let mut conn = self.conn.clone();
             let mut pipe = redis::pipe();
@@ -118,6 +124,13 @@ impl crate::RedisStore {
                 .cmd("SET")
                 .arg(format!("{p}:marker"))
                 .arg(crate::SCHEMA)
+                .ignore()
+                .cmd("HSET")
+                .arg(format!("{p}:seq"))
+                .arg("e")
+                .arg(&epoch)
+                .arg("n")
+                .arg(0)
                 .ignore();
             tokio::time::timeout(self.config.call_timeout, pipe.query_async::<()>(&mut conn))
                 .await

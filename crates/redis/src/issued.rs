@@ -96,12 +96,15 @@ impl RedisStore {
             .arg(&hash)
             .arg(VERSION)
             .arg(u64::from(step.max(1)));
-        let mut conn = self.conn.clone();
+        let seq = format!("{}:seq", self.prefix_of(0));
+        pipe.cmd("HINCRBY").arg(&seq).arg("n").arg(1).ignore();
+        let (mut conn, wait) = self.writer().await?;
         let (version,): (u64,) =
             tokio::time::timeout(self.config.call_timeout, pipe.query_async(&mut conn))
                 .await
                 .map_err(|_| no_answer(self.config.call_timeout))?
                 .map_err(unavailable)?;
+        self.confirm(&mut conn, wait).await?;
         Ok(version)
     }
 }
@@ -140,19 +143,31 @@ pub enum KeyPut {
 }
 
 impl RedisStore {
-    fn record_keys(&self) -> [String; 3] {
+    fn record_keys(&self) -> [String; 4] {
         let p = self.prefix_of(0);
         [
             self.record_hash(RecordSet::IssuedKeys),
             format!("{p}:marker"),
             format!("{p}:lost"),
+            format!("{p}:seq"),
         ]
     }
 
-    async fn records_call(&self, args: &[&str]) -> Result<Vec<Value>, StoreError> {
+    /// One write of `records_v1.lua`; with `confirm`, confirmed by a replica when `done` says
+    /// it wrote (a change, not a copy of the ledger's).
+    async fn records_call(
+        &self,
+        args: &[&str],
+        confirm: bool,
+        done: impl Fn(&[Value]) -> bool,
+    ) -> Result<Vec<Value>, StoreError> {
         let keys = self.record_keys();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let mut conn = self.conn.clone();
+        let (mut conn, wait) = if confirm {
+            self.writer().await?
+        } else {
+            (self.conn.clone(), false)
+        };
         let reply: Value = tokio::time::timeout(
             self.config.call_timeout,
             fcall(&mut conn, Function::Records, &keys, args),
@@ -160,7 +175,9 @@ impl RedisStore {
         .await
         .map_err(|_| no_answer(self.config.call_timeout))?
         .map_err(unavailable)?;
-        items(reply)
+        let reply = items(reply)?;
+        self.confirm(&mut conn, wait && done(&reply)).await?;
+        Ok(reply)
     }
 
     /// Key `id`'s version (0: none) and record, and the store's time (ms): read commands only,
@@ -196,27 +213,26 @@ impl RedisStore {
         how: KeyWrite,
         step: u32,
     ) -> Result<KeyPut, StoreError> {
-        let seen = self
-            .markers
-            .first()
-            .is_some_and(|m| m.load(std::sync::atomic::Ordering::Relaxed));
-        let (expected, deadline, seen) = match how {
-            KeyWrite::Swap { expected, deadline } => {
-                (expected.to_string(), deadline.to_string(), seen)
-            }
-            KeyWrite::Copy => (String::new(), String::new(), seen),
-            KeyWrite::Rebuild => (String::new(), String::new(), false),
+        let mark = self.markers.first();
+        let seen = mark.is_some_and(|m| m.seen());
+        let (expected, deadline) = match how {
+            KeyWrite::Swap { expected, deadline } => (expected.to_string(), deadline.to_string()),
+            KeyWrite::Copy | KeyWrite::Rebuild => (String::new(), String::new()),
         };
         let seen = match (how, seen) {
-            (KeyWrite::Rebuild, _) => "r",
-            (_, true) => "1",
-            (_, false) => "0",
+            (KeyWrite::Rebuild, _) => "r".to_owned(),
+            (_, true) => mark.map_or_else(|| "1".to_owned(), |m| m.arg("1")),
+            (_, false) => "0".to_owned(),
         };
         let (version, step) = (version.to_string(), u64::from(step.max(1)).to_string());
         let reply = self
-            .records_call(&[
-                "put", id, &version, record, &expected, &deadline, &step, seen,
-            ])
+            .records_call(
+                &[
+                    "put", id, &version, record, &expected, &deadline, &step, &seen,
+                ],
+                matches!(how, KeyWrite::Swap { .. }),
+                |r| r.first().and_then(|w| text(w).ok()).as_deref() == Some("done"),
+            )
             .await?;
         let word = reply.first().map(text).transpose()?;
         Ok(match word.as_deref() {

@@ -54,7 +54,6 @@ mod tests;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use redis::Value;
@@ -72,7 +71,7 @@ pub use decode::{ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, SH
 pub use encode::{Invocation, Strs, admit_invocation};
 pub use issued::{KeyPut, KeyWrite, RECORD_REPLIES, RecordSet};
 pub use keys::KEY_REPLIES;
-pub use marker::SCHEMA;
+pub use marker::{Loss, SCHEMA};
 pub use slices::{SLICE_REPLIES, SLICE_TICKETS, slice_invocation};
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};
@@ -92,9 +91,8 @@ pub struct RedisStore {
     /// One batch lane per shard, its queue started on first use, inside the caller's runtime.
     lanes: Arc<[Lane]>,
     admissions: Arc<std::sync::Mutex<Admissions>>,
-    /// Per shard, whether this store has seen the shard's marker (see `batch_v5.lua`): once it
-    /// has, the marker's absence means the store forgot.
-    markers: Arc<[Arc<AtomicBool>]>,
+    /// Per shard, what this store has seen of the shard's marker and write sequence.
+    markers: Arc<[Arc<marker::Mark>]>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -441,20 +439,28 @@ impl Store for RedisStore {
             reason.map(|r| tollgate_core::decision::Killed::anchored(r, now)),
         );
         async move {
-            // Every shard holds a copy, read inside its admissions.
-            for p in self.shards.iter() {
-                let mut conn = self.conn.clone();
-                let mut cmd = redis::cmd(if reason.is_some() { "HSET" } else { "HDEL" });
-                cmd.arg(format!("{p}:kill")).arg(&target);
-                if let Some(r) = &reason {
-                    cmd.arg(r);
-                }
-                tokio::time::timeout(self.config.call_timeout, cmd.query_async::<i64>(&mut conn))
-                    .await
-                    .map_err(|_| StoreError::Unavailable("kill switch call timed out".into()))?
-                    .map_err(unavailable)?;
+            // Every shard holds a copy, read inside its admissions; the write advances the
+            // shard's sequence in the same transaction.
+            let (mut conn, wait) = self.writer().await?;
+            for (p, mark) in self.shards.iter().zip(self.markers.iter()) {
+                let mut pipe = redis::pipe();
+                pipe.atomic();
+                let kill = format!("{p}:kill");
+                match &reason {
+                    Some(r) => pipe.cmd("HSET").arg(&kill).arg(&target).arg(r).ignore(),
+                    None => pipe.cmd("HDEL").arg(&kill).arg(&target).ignore(),
+                };
+                let seq = format!("{p}:seq");
+                pipe.cmd("HINCRBY").arg(&seq).arg("n").arg(1);
+                pipe.cmd("HGET").arg(&seq).arg("e");
+                let (n, epoch): (u64, Option<String>) =
+                    tokio::time::timeout(self.config.call_timeout, pipe.query_async(&mut conn))
+                        .await
+                        .map_err(|_| StoreError::Unavailable("kill switch call timed out".into()))?
+                        .map_err(unavailable)?;
+                mark.saw(epoch.as_deref().unwrap_or_default(), n);
             }
-            Ok(())
+            self.confirm(&mut conn, wait).await
         }
     }
 

@@ -50,6 +50,7 @@ fn admit_sends_exactly_these_arguments() {
             "tg:kill",
             "tg:marker",
             "tg:lost",
+            "tg:seq",
             "tg:ts:req-1",
             "tg:r:user|tenant:acme/user:alice",
             "tg:l:user|tenant:acme/user:alice",
@@ -127,8 +128,8 @@ fn admit_sends_exactly_these_arguments() {
     };
     let settle = finish_invocation("tg", "req-0", 3_600_000, Some(usage), "settled");
     let both = batch_invocation("tg", 0, 3_600_000, true, [("f", &settle), ("a", &item)]);
-    assert_eq!(both.keys.to_vec()[5..6], ["tg:ts:req-0"]);
-    assert_eq!(both.keys.to_vec()[6..], inv.keys.to_vec()[5..]);
+    assert_eq!(both.keys.to_vec()[6..7], ["tg:ts:req-0"]);
+    assert_eq!(both.keys.to_vec()[7..], inv.keys.to_vec()[6..]);
     assert_eq!(
         both.args.to_vec()[4..17],
         [
@@ -242,8 +243,9 @@ async fn remembered_admissions_are_pruned() {
 }
 
 /// The files of the ledger, in the order the build script assembles them.
-const LEDGER_SOURCES: [&str; 5] = [
+const LEDGER_SOURCES: [&str; 6] = [
     include_str!("lua/common_v7.lua"),
+    include_str!("lua/seq_v1.lua"),
     include_str!("lua/controls/rate.lua"),
     include_str!("lua/controls/concurrency.lua"),
     include_str!("lua/controls/budget.lua"),

@@ -471,3 +471,53 @@ async fn a_shadow_reservation_is_no_expiry_charge() {
     )
     .await;
 }
+
+/// The write sequence: every admission and kill switch advances it; a store set back behind
+/// what an instance saw (a failover to a replica that lagged, played here by setting `n`
+/// back) is a loss with its cause and both numbers, for admissions and the watch alike; an
+/// acknowledgement starts a new epoch, which the instance takes without calling it a loss.
+#[tokio::test]
+async fn a_store_behind_its_write_sequence_is_lost() {
+    use tollgate_core::{Decision, Policy, Store, StoreError, StoreState};
+    use tollgate_redis::Loss;
+    let server = RedisServer::start();
+    let mut cfg = RedisConfig::new(server.url());
+    cfg.initialise_on_first_use = true;
+    cfg.prefix = "seq".into();
+    let store = RedisStore::connect(cfg).await.unwrap();
+    let policy =
+        Policy::from_toml("[[scopes]]\nkey = \"user\"\nconcurrency = { limit = 5 }\n").unwrap();
+    let admit = |id: &str| {
+        let p = plan_of(&policy, id.into());
+        let store = &store;
+        async move { store.admit(&p).await }
+    };
+    let n = || -> u64 { server.cli_run(&["HGET", "seq:seq", "n"]).parse().unwrap() };
+    assert!(matches!(admit("a").await, Ok(Decision::Admit(_))));
+    assert_eq!(store.state().await.unwrap(), StoreState::Kept);
+    let after_one = n();
+    store.set_kill("user:x", Some("why")).await.unwrap();
+    assert!(matches!(admit("b").await, Ok(Decision::Admit(_))));
+    assert_eq!(n(), after_one + 2, "a kill switch and an admission");
+    let seen = n();
+
+    server.cli_run(&["HSET", "seq:seq", "n", &(seen - 1).to_string()]);
+    assert!(matches!(admit("c").await, Err(StoreError::StateLost)));
+    let Some(Loss::Behind {
+        store: at,
+        seen: had,
+        ..
+    }) = store.loss_cause()
+    else {
+        panic!("{:?}", store.loss_cause());
+    };
+    assert_eq!((at, had), (seen - 1, seen));
+    assert_eq!(store.state().await.unwrap(), StoreState::Lost);
+    assert!(server.cli_run(&["GET", "seq:lost"]).starts_with("behind "));
+
+    store.acknowledge_loss().await.unwrap();
+    assert_eq!(store.state().await.unwrap(), StoreState::Kept);
+    assert_eq!(store.loss_cause(), None);
+    assert!(matches!(admit("d").await, Ok(Decision::Admit(_))));
+    assert_eq!(n(), 1, "a new epoch counts from zero");
+}

@@ -1,5 +1,6 @@
-//! A TCP proxy whose link can be cut and restored: a store behind it is partitioned from the
-//! gateway while both keep running. Loopback only.
+//! A TCP proxy whose link can be cut and restored, or turned to another target: a store behind
+//! it is partitioned from the gateway while both keep running, or replaced by another (a
+//! failover). Loopback only.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,12 +16,21 @@ enum Target {
     Unix(Arc<PathBuf>),
 }
 
+/// Whether a link forwards, and where: each change of target ends the connections made
+/// before it.
+#[derive(Debug, Clone)]
+struct State {
+    up: bool,
+    target: Target,
+    generation: u64,
+}
+
 /// A running proxy to one target.
 #[derive(Debug, Clone)]
 pub struct Link {
     /// Where clients connect.
     pub addr: SocketAddr,
-    up: Arc<watch::Sender<bool>>,
+    up: Arc<watch::Sender<State>>,
 }
 
 impl Link {
@@ -38,7 +48,11 @@ impl Link {
     async fn serve(target: Target) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (up, _) = watch::channel(true);
+        let (up, _) = watch::channel(State {
+            up: true,
+            target,
+            generation: 0,
+        });
         let up = Arc::new(up);
         let link = Self {
             addr,
@@ -50,12 +64,13 @@ impl Link {
                     continue;
                 };
                 let mut rx = up.subscribe();
-                if !*rx.borrow_and_update() {
+                let state = rx.borrow_and_update().clone();
+                if !state.up {
                     // Cut: connections are refused as they come (closed at once).
                     drop(client);
                     continue;
                 }
-                let target = target.clone();
+                let (target, generation) = (state.target, state.generation);
                 tokio::spawn(async move {
                     let mut client = client;
                     let copied = async {
@@ -72,7 +87,7 @@ impl Link {
                     };
                     tokio::select! {
                         _ = copied => {}
-                        _ = rx.wait_for(|up| !*up) => {}
+                        _ = rx.wait_for(|s| !s.up || s.generation != generation) => {}
                     }
                 });
             }
@@ -82,11 +97,19 @@ impl Link {
 
     /// Cuts the link: open connections are dropped and new ones closed at once.
     pub fn cut(&self) {
-        self.up.send_replace(false);
+        self.up.send_modify(|s| s.up = false);
     }
 
     /// Restores the link.
     pub fn restore(&self) {
-        self.up.send_replace(true);
+        self.up.send_modify(|s| s.up = true);
+    }
+
+    /// Turns the link to `target`: open connections are dropped, new ones go there.
+    pub fn retarget(&self, target: SocketAddr) {
+        self.up.send_modify(|s| {
+            s.target = Target::Tcp(target);
+            s.generation += 1;
+        });
     }
 }

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod conformance;
+pub mod failover;
 pub mod faults;
 pub mod paused;
 pub mod pg_server;

@@ -258,6 +258,11 @@ impl RedisServer {
             .unwrap_or_else(|| panic!("INFO {section} has no {field}"))
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the server with SIGKILL (no shutdown, no save).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -5,7 +5,7 @@
 //!
 //! Only the body is counted. Context the upstream keeps (`previous_response_id`,
 //! `conversation`, `item_reference` items, stored `prompt` templates) is not in it: the
-//! gateway adds it (see `docs/gateway.md`).
+//! gateway adds it (see `docs/apis.md`).
 
 use std::borrow::Cow;
 

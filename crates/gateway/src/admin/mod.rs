@@ -4,13 +4,14 @@
 
 mod door;
 mod keys;
+mod kill;
 mod overrides;
 mod page;
 mod store;
 pub mod words;
 
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -20,6 +21,8 @@ use serde_json::json;
 use tollgate_core::Store;
 
 use crate::gateway::Shared;
+pub(crate) use kill::{Kill, all_kills, evicting, kill_alert, liftable, valid_target};
+use kill::{clear_kill, kills_json, list_kills, set_kill};
 
 fn store_failed(e: tollgate_core::StoreError) -> Response {
     crate::respond::store_failed(&e).into_response()
@@ -247,66 +250,6 @@ pub(crate) fn rule_rows(policy: &tollgate_core::Policy) -> Vec<RuleRow> {
         .collect()
 }
 
-/// A kill switch in force: its target, its reason, and where it was set (`store`: by the admin
-/// API, the CLI or the status page, on every instance at once; `configuration`: a `[[kill]]`
-/// of the file, lifted only there).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Kill {
-    pub target: String,
-    pub reason: String,
-    pub origin: &'static str,
-}
-
-/// Every kill switch in force: the store's `stored` and the configuration's, each with its
-/// origin.
-pub(crate) fn all_kills(gw: &Shared, stored: Vec<(String, String)>) -> Vec<Kill> {
-    let of = |origin| {
-        move |(target, reason): (String, String)| Kill {
-            target,
-            reason,
-            origin,
-        }
-    };
-    let configured = gw.config().kills.clone();
-    stored
-        .into_iter()
-        .map(of("store"))
-        .chain(configured.into_iter().map(of("configuration")))
-        .collect()
-}
-
-fn kills_json(gw: &Shared, kills: &[Kill]) -> Vec<serde_json::Value> {
-    let file = gw.config_path().map(|p| p.display().to_string());
-    kills
-        .iter()
-        .map(|k| match k.origin {
-            "configuration" => json!({"target": k.target, "reason": k.reason,
-                "origin": k.origin, "file": file}),
-            _ => json!({"target": k.target, "reason": k.reason, "origin": k.origin}),
-        })
-        .collect()
-}
-
-/// Whether `target` may be lifted: not when the configuration switches it off (409, naming the
-/// file), nor when nothing switches it off (404); no alert either way.
-pub(crate) async fn liftable(gw: &Shared, target: &str) -> Result<(), crate::respond::ApiError> {
-    if gw.config().kills.iter().any(|(t, _)| t == target) {
-        let file = gw
-            .config_path()
-            .map_or("the configuration".to_owned(), |p| p.display().to_string());
-        return Err(crate::respond::kill_in_configuration(target, &file));
-    }
-    let stored = gw
-        .store
-        .kills()
-        .await
-        .map_err(|e| crate::respond::store_failed(&e))?;
-    if !stored.iter().any(|(t, _)| t == target) {
-        return Err(crate::respond::kill_not_set(target));
-    }
-    Ok(())
-}
-
 /// Whether the store answers (`ok`, `lost`, `uninitialised`, `unreachable`), and every kill switch in force (the
 /// configuration's too, whatever the store says).
 async fn store_state(gw: &Shared) -> (&'static str, Vec<Kill>) {
@@ -322,99 +265,22 @@ async fn store_state(gw: &Shared) -> (&'static str, Vec<Kill>) {
 }
 
 /// `GET /admin/status`: the policy in force (version, rules and their controls), whether the
-/// store answers, its kill switches, and the requests in flight on this instance.
+/// store answers (and why it is lost), its kill switches, and this instance's requests in flight.
 async fn status(State(gw): State<Shared>) -> Response {
     let cfg = gw.config();
     let rules = rule_rows(&cfg.policy);
     let (store, kills) = store_state(&gw).await;
     let kills = kills_json(&gw, &kills);
+    let store_loss = (store == "lost").then(|| gw.store.loss_cause()).flatten();
     axum::Json(json!({
         "policy_version": &*cfg.policy.version,
         "store": store,
+        "store_loss": store_loss,
         "in_flight": crate::path::settle::open_tickets(),
         "kills": kills,
         "rules": rules,
     }))
     .into_response()
-}
-
-async fn list_kills(State(gw): State<Shared>) -> Response {
-    match gw.store.kills().await {
-        Ok(k) => {
-            let kills = all_kills(&gw, k);
-            axum::Json(json!({"kills": kills_json(&gw, &kills)})).into_response()
-        }
-        Err(e) => store_failed(e),
-    }
-}
-
-/// A kill switch set (with its reason) or lifted, told to the alerts by the instance that did
-/// it.
-pub(crate) fn kill_alert(gw: &Shared, target: &str, reason: Option<&str>) {
-    if let Some(b) = &gw.books {
-        b.kill_changed(target, reason);
-    }
-    gw.alerts.emit(match reason {
-        Some(r) => json!({"event": "kill_switch_set", "target": target, "reason": r}),
-        None => json!({"event": "kill_switch_lifted", "target": target}),
-    });
-}
-
-#[derive(Deserialize)]
-struct KillRequest {
-    target: String,
-    reason: String,
-}
-
-fn valid_target(t: &str) -> bool {
-    t == "all"
-        || ["tenant:", "key:", "model:", "user:"]
-            .iter()
-            .any(|p| t.strip_prefix(p).is_some_and(|v| !v.is_empty()))
-}
-
-async fn set_kill(State(gw): State<Shared>, axum::Json(k): axum::Json<KillRequest>) -> Response {
-    if !valid_target(&k.target) {
-        return crate::respond::invalid_kill_target().into_response();
-    }
-    if let Some(e) = evicting(&gw) {
-        return e.into_response();
-    }
-    match gw.store.set_kill(&k.target, Some(&k.reason)).await {
-        Ok(()) => {
-            kill_alert(&gw, &k.target, Some(&k.reason));
-            axum::Json(json!({"target": k.target, "reason": k.reason, "killed": true}))
-                .into_response()
-        }
-        Err(e) => store_failed(e),
-    }
-}
-
-/// A kill switch is not set in a store that may evict it (`[store] allow_eviction`): an
-/// evicted switch would let its target through again without a word.
-pub(crate) fn evicting(gw: &Shared) -> Option<crate::respond::ApiError> {
-    let cfg = gw.config();
-    matches!(
-        cfg.store,
-        crate::config::StoreConfig::Redis {
-            allow_eviction: true,
-            ..
-        }
-    )
-    .then(crate::respond::kill_on_evicting_store)
-}
-
-async fn clear_kill(State(gw): State<Shared>, Path(target): Path<String>) -> Response {
-    if let Err(e) = liftable(&gw, &target).await {
-        return e.into_response();
-    }
-    match gw.store.set_kill(&target, None).await {
-        Ok(()) => {
-            kill_alert(&gw, &target, None);
-            axum::Json(json!({"target": target, "killed": false})).into_response()
-        }
-        Err(e) => store_failed(e),
-    }
 }
 
 #[derive(Deserialize)]

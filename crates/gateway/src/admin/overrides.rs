@@ -54,14 +54,14 @@ fn bad(message: String) -> Response {
     ApiError::invalid("invalid_limit_request", message).into_response()
 }
 
+/// A limit the store did not take (503: nothing changed), or took without saying it holds
+/// (500 `limit_change_unknown`: made on the primary, no replica confirmed it).
 fn failed(e: KeyError) -> Response {
-    ApiError::new(
-        Class::Books,
-        "service_unavailable",
-        "store_unavailable",
-        e.to_string(),
-    )
-    .into_response()
+    let (class, kind, code) = match e {
+        KeyError::Unknown(_) => (Class::Internal, "api_error", "limit_change_unknown"),
+        _ => (Class::Books, "service_unavailable", "store_unavailable"),
+    };
+    ApiError::new(class, kind, code, e.to_string()).into_response()
 }
 
 /// `GET /admin/limits`: every limit set at run time (a tenant's token: its own).

@@ -329,6 +329,10 @@ async fn act(gw: &Shared, token_ok: bool, f: &KillForm, kill: bool) -> Response 
             super::kill_alert(gw, target, kill.then_some(reason));
             Redirect::to("/admin/ui").into_response()
         }
+        Err(e @ tollgate_core::StoreError::NotReplicated(_)) => {
+            super::kill_alert(gw, target, kill.then_some(reason));
+            problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
+        }
         Err(e) => problem(
             StatusCode::SERVICE_UNAVAILABLE,
             &format!("The store did not take it: {e}"),

@@ -376,7 +376,7 @@ pub struct RawUpstream {
     pub proxy: Option<String>,
     /// Body fields the gateway does not know that this upstream may receive all the same,
     /// declared by the operator to cost nothing (each API's known fields and their costs are in
-    /// `docs/gateway.md`, "What a request costs"; any other field is refused).
+    /// `docs/requests.md`, "What a request costs"; any other field is refused).
     #[serde(default)]
     pub free_fields: Vec<String>,
 }

@@ -1,7 +1,7 @@
 //! Request fields by allowlist. Each API's body fields are listed with what they cost, and a
 //! field that is not listed is refused, naming it: a provider's new feature cannot reach the
 //! upstream, and its bill, before someone has decided what it costs. An operator may declare a
-//! field free of cost for one upstream (`free_fields`). `docs/gateway.md`, "What a request
+//! field free of cost for one upstream (`free_fields`). `docs/requests.md`, "What a request
 //! costs", is the same list in words.
 
 use serde_json::Value;
@@ -355,10 +355,10 @@ mod tests {
         }
     }
 
-    /// `docs/gateway.md`, "What a request costs", lists every field of every API with its cost.
+    /// `docs/requests.md`, "What a request costs", lists every field of every API with its cost.
     #[test]
     fn the_docs_list_every_field_with_its_cost() {
-        let doc = include_str!("../../../../docs/gateway.md");
+        let doc = include_str!("../../../../docs/requests.md");
         let apis = [
             ("chat completions", CHAT),
             ("completions", COMPLETIONS),
@@ -381,7 +381,7 @@ mod tests {
                     Cost::Unpriced => "*unpriced*",
                 };
                 let row = format!("| {api} | `{field}` | {kind} |");
-                assert!(doc.contains(&row), "docs/gateway.md lacks {row}");
+                assert!(doc.contains(&row), "docs/requests.md lacks {row}");
                 rows += 1;
             }
         }

@@ -77,6 +77,12 @@ pub(super) async fn commit(
             Ok(KeyPut::Changed(v)) => Swap::Changed(v),
             Ok(KeyPut::Late) => return Err(late()),
             Ok(KeyPut::Lost) => return Err(rebuilding()),
+            Err(e @ tollgate_core::StoreError::NotReplicated(_)) => {
+                gw.keys.put(next.clone());
+                return Err(KeyError::Unknown(format!(
+                    "{e}: read the key before changing it again"
+                )));
+            }
             Err(e) => store_outcome(redis, next, deadline, e).await?,
         }
     } else {
@@ -199,10 +205,19 @@ pub(crate) async fn write_limits(
         }
     } else if let Some(redis) = gw.store.redis() {
         usable(redis).await?;
-        redis
+        match redis
             .write_records(RecordSet::Limits, changes, step()?)
             .await
-            .map_err(unavailable)?;
+        {
+            Ok(_) => {}
+            Err(e @ tollgate_core::StoreError::NotReplicated(_)) => {
+                gw.overrides.apply_locally(changes);
+                return Err(KeyError::Unknown(format!(
+                    "{e}: read the limits before changing them again"
+                )));
+            }
+            Err(e) => return Err(unavailable(e)),
+        }
     }
     gw.overrides.apply_locally(changes);
     Ok(())

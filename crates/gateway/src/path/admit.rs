@@ -315,6 +315,8 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
     /// What a store's failure `e` means for plan `p`.
     fn unanswered(&self, p: &Plan, e: StoreError) -> Result<Decision, ApiError> {
         match &e {
+            // The caller's `on_lost` logs it with its cause.
+            StoreError::StateLost if self.on_lost.is_some() => false,
             StoreError::StateLost => crate::faults::STORE_LOST.fail(
                 &e,
                 "the store has lost its state: admissions are refused (503 store_state_lost) \
@@ -333,7 +335,7 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
                 &e,
                 "the store does not answer: admissions are refused (503 store_unavailable)",
             ),
-        }
+        };
         Ok(match e {
             // A verdict needs no store: a stateless control's refuses as usual, and so does a
             // stateful control's when the plan fails open (the controls failing open are the

@@ -163,8 +163,9 @@ async fn admit_counted(
         crate::telemetry::ledger_event("refused");
         return Err(respond::ledger_full());
     }
-    // A store that lost its state is rebuilt from the ledger, when there is one.
+    // A store that lost its state is told, and rebuilt from the ledger when there is one.
     let rebuild = || {
+        gw.store.report_loss();
         if let Some(b) = &gw.books {
             b.store_lost(&gw.store);
         }

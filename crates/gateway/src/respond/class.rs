@@ -105,7 +105,7 @@ impl Class {
 mod tests {
     use super::*;
 
-    /// Every class has the status and the Anthropic type that `docs/gateway.md` names.
+    /// Every class has the status and the Anthropic type that `docs/apis.md` names.
     #[test]
     fn each_class_has_its_status_and_anthropic_type() {
         let table = [

@@ -359,6 +359,15 @@ pub fn unpriced_model(e: impl std::fmt::Display) -> ApiError {
 
 /// An admin call the store could not answer: 503 with the store's error.
 pub fn store_failed(e: &tollgate_core::StoreError) -> ApiError {
+    if let tollgate_core::StoreError::NotReplicated(_) = e {
+        // Made, but not yet safe from a failover: not a 503, which says nothing changed.
+        return ApiError::new(
+            Class::Internal,
+            "api_error",
+            "store_not_replicated",
+            e.to_string(),
+        );
+    }
     ApiError::new(
         Class::Books,
         "service_unavailable",

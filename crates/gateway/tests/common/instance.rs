@@ -115,6 +115,23 @@ impl Instance {
         (r.status, code)
     }
 
+    /// The admin listener's `/metrics`, as text.
+    pub async fn metrics(&self) -> String {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<bytes::Bytes>>();
+        let req = hyper::Request::get(format!("http://{}/metrics", self.admin))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let r = client.request(req).await.unwrap();
+        let b = http_body_util::BodyExt::collect(r.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        String::from_utf8_lossy(&b).into_owned()
+    }
+
     /// One admin call: (status, JSON answer).
     pub async fn admin(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         self.admin_as(TOKEN, method, path, body).await

@@ -3,13 +3,14 @@
 --
 -- ARGV: prefix, now (0 = Redis TIME), retention, whether the caller has seen the store's
 --       marker ('1'), or not yet ('0'), or not yet and the prefix is new by its word ('2':
---       a scratch prefix, whose marker is written here), then per item: op ('a' admit | 's' admit with a shadow
+--       a scratch prefix, whose marker is written here), with the write sequence it has seen
+--       (seq_v1.lua), then per item: op ('a' admit | 's' admit with a shadow
 --       plan | 'f' finish | 'p' probe, an admission that takes nothing | 'u' undo an
 --       admission | 'S' an instance's slice orders), the number of its arguments, its
 --       arguments (see admit_one, admit_shadowed, finish_one, undo_one and slice_orders).
 -- KEYS: every key the items touch (for cluster routing; all share the prefix's slot).
--- Returns one reply per item, in order; an item that fails answers {'error', message} and the
--- others still run. While the store's state is lost, every admission answers {'lost'}; while
+-- Returns one reply per item, in order, then the store's write sequence {epoch, n, why the
+-- store is lost or ''} (see seq_v1.lua); an item that fails answers {'error', message} and the others still run. While the store's state is lost, every admission answers {'lost'}; while
 -- it is not initialised, {'uninitialised'}.
 
 -- The marker (no expiry) says the store still holds what it was given. A caller that has seen
@@ -20,29 +21,38 @@
 -- prefix is new (a marker over a loss would hide it), and admissions answer {'uninitialised'}
 -- until the store is initialised from outside (state_v1.lua).
 local function store_state(seen)
-  if redis.call('EXISTS', PREFIX .. ':marker') == 1 then return 'kept' end
-  if seen == '1' or redis.call('EXISTS', PREFIX .. ':lost') == 1 then
-    redis.call('SET', PREFIX .. ':lost', '1')
-    return 'lost'
+  local marker, lost = PREFIX .. ':marker', PREFIX .. ':lost'
+  if redis.call('EXISTS', marker) == 1 then
+    local epoch, n = seq_read(PREFIX .. ':seq')
+    if seq_behind(epoch, n, seen, marker, lost) then return 'lost', epoch, n end
+    return 'kept', epoch, n
   end
-  if seen == '2' then
-    redis.call('SET', PREFIX .. ':marker', SCHEMA)
-    return 'kept'
+  local flag = seen_flag(seen)
+  if flag == '1' or redis.call('EXISTS', lost) == 1 then
+    if redis.call('EXISTS', lost) == 0 then redis.call('SET', lost, 'forgot') end
+    return 'lost', false, 0
   end
-  return 'uninitialised'
+  if flag == '2' then
+    redis.call('SET', marker, SCHEMA)
+    redis.call('HSET', PREFIX .. ':seq', 'e', seq_epoch(), 'n', 0)
+    return 'kept', false, 0
+  end
+  return 'uninitialised', false, 0
 end
 
 local function call_batch(KEYS, ARGV)
   enter(ARGV)
   local now, now_str = store_now(ARGV[2])
   sweep(now, now_str, '16', ARGV[3])
-  local state = store_state(ARGV[4])
+  local state, epoch, n = store_state(ARGV[4])
+  local wrote = false
   local kills = nil
   local out = {}
   local a, longest = 5, 0
   while a <= #ARGV do
     local op, n = ARGV[a], 0 + ARGV[a + 1]
     local ok, reply
+    wrote = wrote or op ~= 'p'
     if (op == 'a' or op == 'p' or op == 's' or op == 'S') and state ~= 'kept' then
       if state == 'lost' then ok, reply = true, {'lost'} else ok, reply = true, {'uninitialised'} end
     elseif op == 'S' then
@@ -70,6 +80,12 @@ local function call_batch(KEYS, ARGV)
   end
   -- Each key the items touched is written once (see the write-back state in common_v7.lua).
   flush()
+  -- The write sequence, after the items: the store's epoch and n, advanced when anything was
+  -- written to a store that holds its books.
+  if state == 'kept' and wrote then n = redis.call('HINCRBY', PREFIX .. ':seq', 'n', 1) end
+  local why = ''
+  if state == 'lost' then why = redis.call('GET', PREFIX .. ':lost') or '' end
+  out[#out + 1] = {epoch or '', n, why}
   if longest > 0 then
     -- Garbage collection for abandoned prefixes only: any call on the prefix sweeps expired
     -- tickets long before this runs out.
