@@ -97,13 +97,17 @@ impl RedisStore {
             .arg(VERSION)
             .arg(u64::from(step.max(1)));
         let seq = format!("{}:seq", self.prefix_of(0));
-        pipe.cmd("HINCRBY").arg(&seq).arg("n").arg(1).ignore();
+        pipe.cmd("HINCRBY").arg(&seq).arg("n").arg(1);
+        pipe.cmd("HGET").arg(&seq).arg("e");
         let (mut conn, wait) = self.writer().await?;
-        let (version,): (u64,) =
+        let (version, n, epoch): (u64, u64, Option<String>) =
             tokio::time::timeout(self.config.call_timeout, pipe.query_async(&mut conn))
                 .await
                 .map_err(|_| no_answer(self.config.call_timeout))?
                 .map_err(unavailable)?;
+        if let Some(m) = self.markers.first() {
+            m.saw(epoch.as_deref().unwrap_or_default(), n);
+        }
         self.confirm(&mut conn, wait).await?;
         Ok(version)
     }
@@ -236,7 +240,12 @@ impl RedisStore {
             .await?;
         let word = reply.first().map(text).transpose()?;
         Ok(match word.as_deref() {
-            Some("done") => KeyPut::Done,
+            Some("done") => {
+                if let (Some(m), Some(epoch), Some(n)) = (mark, reply.get(1), reply.get(2)) {
+                    m.saw(&text(epoch)?, u64::try_from(crate::decode::int(n)?).unwrap_or(0));
+                }
+                KeyPut::Done
+            }
             Some("late") => KeyPut::Late,
             Some("lost") => KeyPut::Lost,
             Some("changed") => KeyPut::Changed(

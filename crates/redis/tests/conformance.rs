@@ -498,8 +498,15 @@ async fn a_store_behind_its_write_sequence_is_lost() {
     let after_one = n();
     store.set_kill("user:x", Some("why")).await.unwrap();
     assert!(matches!(admit("b").await, Ok(Decision::Admit(_))));
-    assert_eq!(n(), after_one + 2, "a kill switch and an admission");
+    let limit = [("user|x#budget".to_owned(), Some("{}".to_owned()))];
+    store
+        .write_records(tollgate_redis::RecordSet::Limits, &limit, 1)
+        .await
+        .unwrap();
+    assert_eq!(n(), after_one + 3, "a kill switch, an admission, a limit");
     let seen = n();
+    let high = store.high_marks();
+    assert_eq!(high[0].as_ref().map(|(_, h)| *h), Some(seen), "each write returned it");
 
     server.cli_run(&["HSET", "seq:seq", "n", &(seen - 1).to_string()]);
     assert!(matches!(admit("c").await, Err(StoreError::StateLost)));

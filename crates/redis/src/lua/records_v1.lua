@@ -11,7 +11,8 @@
 --   gone when the caller has seen it (seen '1', written down as an admission would), or by a
 --   write sequence behind the caller's (seq_v1.lua); seen 'r' (a rebuild, which lifts the loss
 --   when it is done) writes regardless. A write advances the sequence.
---   {'done'} | {'changed', held version} | {'late'} | {'lost'}.
+--   {'done', the store's epoch, its write sequence} | {'changed', held version} | {'late'} |
+--   {'lost'}.
 -- Touches nothing of the ledger's: no enter.
 local function held_version(hash, id)
   local held = redis.call('HGET', hash, id)
@@ -49,6 +50,6 @@ local function call_records(KEYS, ARGV)
   end
   redis.call('HSET', hash, ARGV[2], ARGV[3] .. ' ' .. ARGV[4])
   redis.call('HINCRBY', hash, '~version', ARGV[7])
-  redis.call('HINCRBY', seq, 'n', 1)
-  return {'done'}
+  local n = redis.call('HINCRBY', seq, 'n', 1)
+  return {'done', redis.call('HGET', seq, 'e') or '', n}
 end
