@@ -72,7 +72,9 @@ impl AnyStore {
         );
         if begins {
             let kind = match cause {
-                Some(tollgate_redis::Loss::Behind { .. }) => "behind",
+                Some(
+                    tollgate_redis::Loss::Behind { .. } | tollgate_redis::Loss::CutShort { .. },
+                ) => "behind",
                 _ => "forgot",
             };
             crate::telemetry::store_loss(kind);

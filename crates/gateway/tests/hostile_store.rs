@@ -462,3 +462,36 @@ async fn a_change_no_replica_confirms_is_said_so() {
     let (status, v) = gw.admin("DELETE", "/admin/kill/tenant:beta", None).await;
     assert_eq!(status, 200, "{v}");
 }
+
+/// Writes the scripts' sequence does not count (a kept idempotent answer, a note; played here
+/// by a key written straight to the primary) are covered by the replication history: an
+/// instance that read the primary's history past them finds the promoted replica's copy cut
+/// short at its next reading of the store's state, and the store lost, with that cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replication_history_cut_short_is_a_loss() {
+    let (sim, mut store) = (sim().await, Failover::start().await);
+    let gw = Instance::start(&sim, &failover_text(&store, None)).await;
+    assert_eq!(gw.admin("POST", "/admin/store/init", None).await.0, 200);
+    assert_eq!(gw.ask("acme").await.0, 200);
+    store.catch_up();
+    store.lag();
+    store
+        .primary
+        .cli_run(&["SET", "hs:n:ctx:kept", "an answer the replica never got"]);
+    // The status reads the store's state, and its history with it.
+    assert_eq!(gw.store_state().await, "ok");
+    store.fail_over();
+    // The next reading of the store's state (the watch's, within a second; here the status's)
+    // finds the history cut short.
+    let mut state = String::new();
+    until("the promoted replica answering", async || {
+        state = gw.store_state().await;
+        state != "unreachable"
+    })
+    .await;
+    assert_eq!(state, "lost");
+    assert_eq!(gw.ask("acme").await, (503, "store_state_lost".into()));
+    let (_, v) = gw.admin("GET", "/admin/status", None).await;
+    let cause = v["store_loss"].as_str().unwrap_or_default();
+    assert!(cause.contains("replication history"), "{v}");
+}

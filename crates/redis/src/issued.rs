@@ -242,7 +242,10 @@ impl RedisStore {
         Ok(match word.as_deref() {
             Some("done") => {
                 if let (Some(m), Some(epoch), Some(n)) = (mark, reply.get(1), reply.get(2)) {
-                    m.saw(&text(epoch)?, u64::try_from(crate::decode::int(n)?).unwrap_or(0));
+                    m.saw(
+                        &text(epoch)?,
+                        u64::try_from(crate::decode::int(n)?).unwrap_or(0),
+                    );
                 }
                 KeyPut::Done
             }

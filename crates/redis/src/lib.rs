@@ -40,6 +40,7 @@ mod conn;
 pub mod contract;
 mod decode;
 mod encode;
+mod history;
 mod issued;
 mod keys;
 mod marker;
@@ -93,6 +94,8 @@ pub struct RedisStore {
     admissions: Arc<std::sync::Mutex<Admissions>>,
     /// Per shard, what this store has seen of the shard's marker and write sequence.
     markers: Arc<[Arc<marker::Mark>]>,
+    /// The replication history this store has seen ([`history`]).
+    history: Arc<std::sync::Mutex<Option<history::Seen>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -151,6 +154,7 @@ impl RedisStore {
             config: Arc::new(config),
             clock: None,
             markers: shards.iter().map(|_| Arc::default()).collect(),
+            history: Arc::default(),
             shards,
             admissions: Arc::default(),
         }

@@ -108,6 +108,11 @@ impl RedisStore {
                 _ => StoreState::Kept,
             };
         }
+        // The replication history, in the epoch the markers' answers gave.
+        let epoch = self.markers.first().and_then(|m| m.high()).map(|(e, _)| e);
+        if worst == StoreState::Kept && self.check_history(epoch).await? {
+            worst = StoreState::Lost;
+        }
         Ok(worst)
     }
 
@@ -296,6 +301,16 @@ pub enum Loss {
         /// The sequence an instance had seen.
         seen: u64,
     },
+    /// The store's primary was promoted from a replica whose copy of the history ended before
+    /// what an instance had seen of it.
+    CutShort {
+        /// The history's id (`master_replid`).
+        history: String,
+        /// Where the promoted replica's copy of it ended.
+        ended: u64,
+        /// How far an instance had seen it go.
+        seen: u64,
+    },
 }
 
 impl Loss {
@@ -305,6 +320,11 @@ impl Loss {
             (Some("behind"), Some(epoch), Some(store), Some(seen)) => Self::Behind {
                 epoch: epoch.to_owned(),
                 store: store.parse().unwrap_or(0),
+                seen: seen.parse().unwrap_or(0),
+            },
+            (Some("history"), Some(id), Some(ended), Some(seen)) => Self::CutShort {
+                history: id.to_owned(),
+                ended: ended.parse().unwrap_or(0),
                 seen: seen.parse().unwrap_or(0),
             },
             _ => Self::Forgot,
@@ -321,6 +341,16 @@ impl std::fmt::Display for Loss {
                 "the store's write sequence is {store}, behind the {seen} an instance had seen \
                  (epoch {epoch}): it went back in time, as after a failover to a replica that \
                  lagged"
+            ),
+            Self::CutShort {
+                history,
+                ended,
+                seen,
+            } => write!(
+                f,
+                "the store's primary was promoted from a replica whose copy of replication \
+                 history {history} ended at offset {ended}, behind the {seen} an instance had \
+                 seen: the writes between were lost"
             ),
         }
     }

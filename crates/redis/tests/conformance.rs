@@ -506,7 +506,11 @@ async fn a_store_behind_its_write_sequence_is_lost() {
     assert_eq!(n(), after_one + 3, "a kill switch, an admission, a limit");
     let seen = n();
     let high = store.high_marks();
-    assert_eq!(high[0].as_ref().map(|(_, h)| *h), Some(seen), "each write returned it");
+    assert_eq!(
+        high[0].as_ref().map(|(_, h)| *h),
+        Some(seen),
+        "each write returned it"
+    );
 
     server.cli_run(&["HSET", "seq:seq", "n", &(seen - 1).to_string()]);
     assert!(matches!(admit("c").await, Err(StoreError::StateLost)));
