@@ -60,6 +60,28 @@ pub struct Booking {
 }
 
 impl Books {
+    /// The ledger `config` names, opened without its spool: to read it, not to serve.
+    pub(crate) async fn open(
+        config: &crate::config::GatewayConfig,
+    ) -> std::io::Result<Option<Arc<Self>>> {
+        let Some(l) = &config.ledger else {
+            return Ok(None);
+        };
+        let url = l
+            .url
+            .clone()
+            .map_err(|var| std::io::Error::other(format!("ledger.url_env: {var} was not read")))?;
+        let mut s = tollgate_ledger::Settings::new(url);
+        s.buffer = l.buffer;
+        s.batch = l.batch;
+        s.flush_every = l.flush_every;
+        s.on_full = l.on_full;
+        let ledger = tollgate_ledger::Ledger::open(s)
+            .await
+            .map_err(std::io::Error::other)?;
+        Ok(Some(Self::new(ledger, l.flush_every, l.spool.clone())))
+    }
+
     /// Books over `ledger`, whose writer writes every `flush_every`.
     pub fn new(ledger: Ledger, flush_every: Duration, spool: std::path::PathBuf) -> Arc<Self> {
         Arc::new(Self {

@@ -44,6 +44,7 @@ pub mod limits;
 pub mod memo;
 pub mod overrides;
 mod path;
+mod probes;
 pub(crate) mod provider;
 pub mod records;
 pub mod respond;

@@ -79,37 +79,11 @@ pub async fn start_store_with_warnings(
 pub async fn open_books(
     config: &GatewayConfig,
 ) -> std::io::Result<Option<Arc<crate::books::Books>>> {
-    let books = ledger_books(config).await?;
+    let books = crate::books::Books::open(config).await?;
     if let Some(b) = &books {
         b.unspool();
     }
     Ok(books)
-}
-
-/// [`open_books`] without the spool: to read the ledger, not to serve.
-pub(crate) async fn ledger_books(
-    config: &GatewayConfig,
-) -> std::io::Result<Option<Arc<crate::books::Books>>> {
-    let Some(l) = &config.ledger else {
-        return Ok(None);
-    };
-    let url = l
-        .url
-        .clone()
-        .map_err(|var| std::io::Error::other(format!("ledger.url_env: {var} was not read")))?;
-    let mut s = tollgate_ledger::Settings::new(url);
-    s.buffer = l.buffer;
-    s.batch = l.batch;
-    s.flush_every = l.flush_every;
-    s.on_full = l.on_full;
-    let ledger = tollgate_ledger::Ledger::open(s)
-        .await
-        .map_err(std::io::Error::other)?;
-    Ok(Some(crate::books::Books::new(
-        ledger,
-        l.flush_every,
-        l.spool.clone(),
-    )))
 }
 
 /// Refuses a Redis that may evict keys (unless allowed), and warns of one that keeps nothing
@@ -160,7 +134,7 @@ pub fn router(gw: Shared) -> Router {
     routes
         .route("/v1/models", get(models))
         .route("/v1/limits", get(crate::limits::limits))
-        .route("/healthz", get(healthz))
+        .route("/healthz", get(crate::probes::healthz))
         .fallback(|| async { crate::respond::unknown_url().into_response() })
         .with_state(gw)
 }
@@ -170,8 +144,8 @@ pub fn metrics_router(gw: Shared) -> Router {
     let _ = crate::telemetry::handle();
     Router::new()
         .route("/metrics", get(crate::telemetry::metrics))
-        .route("/readyz", get(readyz))
-        .route("/healthz", get(healthz))
+        .route("/readyz", get(crate::probes::readyz))
+        .route("/healthz", get(crate::probes::healthz))
         .with_state(gw)
 }
 
@@ -189,24 +163,6 @@ pub async fn models(State(gw): State<Shared>, req: Request<Body>) -> Response {
         .map(|(m, u)| serde_json::json!({"id": m, "object": "model", "owned_by": cfg.upstreams[*u].name}))
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
-}
-
-/// `GET /healthz`: the process answers.
-pub(crate) async fn healthz() -> &'static str {
-    "ok"
-}
-
-/// `GET /readyz`: 200 while the store answers and no shutdown has begun, 503 otherwise.
-pub(crate) async fn readyz(axum::extract::State(gw): axum::extract::State<Shared>) -> Response {
-    if gw.is_draining() {
-        return crate::respond::draining();
-    }
-    match gw.store.ping().await {
-        Ok(()) => crate::respond::ready(),
-        Err(e) => crate::respond::store_unavailable()
-            .param(e.to_string())
-            .into_response(),
-    }
 }
 
 /// Serves `config` on `listener` until `shutdown` completes.

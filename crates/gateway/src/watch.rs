@@ -200,7 +200,7 @@ pub enum InitError {
 pub async fn init_store(config: &crate::GatewayConfig) -> Result<bool, InitError> {
     let fail = |e: std::io::Error| InitError::Failed(e.to_string());
     let store = crate::start_store(config).await.map_err(fail)?;
-    let books = crate::server::ledger_books(config).await.map_err(fail)?;
+    let books = crate::books::Books::open(config).await.map_err(fail)?;
     initialise(&store, books.as_deref()).await
 }
 

@@ -122,8 +122,8 @@ pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
                 }
             },
         ))
-        .route("/healthz", get(crate::server::healthz))
-        .route("/readyz", get(crate::server::readyz))
+        .route("/healthz", get(crate::probes::healthz))
+        .route("/readyz", get(crate::probes::readyz))
         .layer(middleware::map_response(|mut r: Response| async move {
             door::seal(&mut r);
             r

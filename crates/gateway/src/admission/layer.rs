@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use tollgate_core::{Policy, Reason, Store};
+use axum::response::Response;
+use tollgate_core::{Policy, Reason, RequestFacts, Store};
 
-use super::service::{Admission, FactsFn};
 use crate::config::QueueConfig;
 use crate::path::queue::Queue;
 use crate::store::AnyStore;
@@ -117,5 +117,31 @@ impl<S: Clone, I> tower::Layer<I> for AdmissionLayer<S> {
             inner,
             layer: self.clone(),
         }
+    }
+}
+
+/// Turns a request into its facts, or into the response to send instead.
+pub type FactsFn = Arc<
+    dyn Fn(&http::request::Parts, &bytes::Bytes) -> Result<RequestFacts, Response> + Send + Sync,
+>;
+
+/// The admission middleware (see the module docs).
+pub struct Admission<I, S = AnyStore> {
+    pub(super) inner: I,
+    pub(super) layer: AdmissionLayer<S>,
+}
+
+impl<I: Clone, S: Clone> Clone for Admission<I, S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<I, S> std::fmt::Debug for Admission<I, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission").finish_non_exhaustive()
     }
 }

@@ -13,5 +13,5 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use layer::AdmissionLayer;
-pub use service::{Admission, AdmissionHandle, FactsFn};
+pub use layer::{Admission, AdmissionLayer, FactsFn};
+pub use service::AdmissionHandle;

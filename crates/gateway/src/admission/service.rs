@@ -7,40 +7,14 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::Request;
 use http_body_util::{BodyExt, Limited};
-use tollgate_core::{Decision, RequestFacts, Store, Usage};
+use tollgate_core::{Decision, Store, Usage};
 
 use super::future::ResponseFuture;
-use super::layer::AdmissionLayer;
+use super::layer::Admission;
 use crate::path::admit::Controls;
 use crate::path::settle::Ticket;
 use crate::respond;
 use crate::store::AnyStore;
-
-/// Turns a request into its facts, or into the response to send instead.
-pub type FactsFn = Arc<
-    dyn Fn(&http::request::Parts, &bytes::Bytes) -> Result<RequestFacts, Response> + Send + Sync,
->;
-
-/// The admission middleware (see the module docs).
-pub struct Admission<I, S = AnyStore> {
-    pub(super) inner: I,
-    pub(super) layer: AdmissionLayer<S>,
-}
-
-impl<I: Clone, S: Clone> Clone for Admission<I, S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            layer: self.layer.clone(),
-        }
-    }
-}
-
-impl<I, S> std::fmt::Debug for Admission<I, S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Admission").finish_non_exhaustive()
-    }
-}
 
 /// An admitted request's handle, in the request's extensions. Cheap to clone.
 #[derive(Clone, Debug)]
