@@ -188,20 +188,38 @@ budget = { tokens = 100000, period = "day" }
     for _ in 0..3 {
         send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
     }
-    // Budget figures are read from the store once a refresh: wait for two.
-    tokio::time::sleep(Duration::from_millis(2200)).await;
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let r = client
-        .request(
-            Request::get(format!("http://{}/metrics", env.metrics))
-                .body(Full::new(Bytes::new()))
-                .unwrap(),
-        )
+    // Budget figures are read from the store once a refresh: the scrape is read again until
+    // the global budget's gauge shows what the store holds (10 s at most).
+    let u = env
+        .store
+        .usage("metrics-everyone|global", Some(Period::Fixed(86_400_000)))
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
-    let text =
-        String::from_utf8_lossy(&r.into_body().collect().await.unwrap().to_bytes()).into_owned();
+    assert!(u.settled > 0);
+    let gauge = format!(
+        "tollgate_budget_remaining{{scope=\"metrics-everyone|global\",unit=\"tokens\"}} {}",
+        100000 - u.settled - u.reserved
+    );
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let r = client
+            .request(
+                Request::get(format!("http://{}/metrics", env.metrics))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let text = String::from_utf8_lossy(&r.into_body().collect().await.unwrap().to_bytes())
+            .into_owned();
+        if text.lines().any(|l| l == gauge) {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no {gauge} within 10 s:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let line = |prefix: &str| {
         text.lines()
             .find(|l| l.starts_with(prefix))
@@ -228,17 +246,6 @@ budget = { tokens = 100000, period = "day" }
     line("tollgate_in_flight");
     line("tollgate_reserved_unsettled_tokens");
     line("tollgate_oldest_unsettled_seconds");
-    // The remaining budget of the global scope, as the store has it.
-    let u = env
-        .store
-        .usage("metrics-everyone|global", Some(Period::Fixed(86_400_000)))
-        .await
-        .unwrap();
-    assert!(u.settled > 0);
-    assert_eq!(
-        value("tollgate_budget_remaining{scope=\"metrics-everyone|global\",unit=\"tokens\"}"),
-        (100000 - u.settled - u.reserved) as f64
-    );
 }
 
 /// Every metric the Grafana dashboard (`deploy/grafana-dashboard.json`) queries exists in the
