@@ -301,7 +301,16 @@ async fn in_flight_requests_settle_against_their_reservations_across_a_reload() 
         let url = url.clone();
         async move { chat(&url).await.0 }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Until the slow request holds its reservation (admitted at the old price).
+    let usage = format!("{admin}/admin/usage?scope=tenant%7Ctenant:acme");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while call("GET", &usage, Some(TOKEN), "").await.1["reserved"].as_u64() == Some(0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow request was never admitted"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Ten times the input price from now on.
     std::fs::write(&path, config(10_000_000)).unwrap();
     assert_eq!(
@@ -311,13 +320,7 @@ async fn in_flight_requests_settle_against_their_reservations_across_a_reload() 
         200
     );
     assert_eq!(slow.await.unwrap(), 200);
-    let (_, u) = call(
-        "GET",
-        &format!("{admin}/admin/usage?scope=tenant%7Ctenant:acme"),
-        Some(TOKEN),
-        "",
-    )
-    .await;
+    let (_, u) = call("GET", &usage, Some(TOKEN), "").await;
     // 8 input tokens at the old $1/M and 5 output at $1/M: 13 micro-USD, not 85.
     assert_eq!(
         (u["settled"].as_u64(), u["reserved"].as_u64()),
