@@ -59,25 +59,20 @@ async fn client_disconnects_leave_the_upstream_read_to_its_usage(redis: bool) {
     // Mid-stream: read the headers and a few events, then leave.
     let body = serde_json::to_vec(&json!({"model": "gpt-4o", "max_tokens": 200, "stream": true, "messages": [{"role": "user", "content": "hi"}]})).unwrap();
     disconnect_after(&env, &body, 300).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while env.sim.stats().completed == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream was not read to its end"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::instance::until("the upstream read to its end", async || {
+        env.sim.stats().completed != 0
+    })
+    .await;
     assert_nothing_leaks(&env).await;
     let u = tenant_usage(&env).await;
     assert_eq!(u.settled, 8 + 200, "settled what the upstream reported");
     // Before the first byte of a non-streamed answer: likewise let finish, its usage settled.
     let before = u.settled;
     disconnect_after(&env, &chat("hi", 200), 0).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while env.sim.stats().completed == 1 {
-        assert!(Instant::now() < deadline, "the upstream never finished");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::instance::until("the upstream finishing", async || {
+        env.sim.stats().completed != 1
+    })
+    .await;
     assert!(env.sim.stats().cancelled.is_empty(), "cancelled upstream");
     assert_nothing_leaks(&env).await;
     let s = env.sim.stats();
@@ -104,11 +99,10 @@ concurrency = { limit = 1, lease_ttl = "1s" }
     let long =
         tokio::spawn(async move { send(&e2, "/v1/chat/completions", Some(KEY), body).await });
     // Once the stream holds its lease, wait twice the TTL: renewed, the slot is still taken.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while tenant_usage(&env).await.leases == 0 {
-        assert!(Instant::now() < deadline, "the stream was never admitted");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::instance::until("the stream admitted", async || {
+        tenant_usage(&env).await.leases != 0
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(2000)).await;
     let r = send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
     assert_eq!((r.status, r.code().as_str()), (429, "concurrency_limit"));

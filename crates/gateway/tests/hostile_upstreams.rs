@@ -482,11 +482,7 @@ async fn a_settlement_during_a_partition_lands_when_the_store_returns() {
     let request = tokio::spawn(async move { chat(addr, false).await });
     // Cut once the request is admitted and waiting on the upstream: once the upstream has it
     // (a lease seen in Redis is not enough; the admission's reply may still be on the link).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while upstream.received() == 0 {
-        assert!(Instant::now() < deadline, "never admitted");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::instance::until("the request admitted", async || upstream.received() != 0).await;
     link.cut();
     let r = request.await.unwrap();
     assert_eq!(r.status, 200, "{:?}", r.body);

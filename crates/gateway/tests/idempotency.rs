@@ -133,9 +133,10 @@ async fn a_key_in_flight_is_409(redis: bool) {
     let body = chat(10, false);
     let (a, b) = tokio::join!(send(&env, A, Some("k-1"), &body), async {
         // Once the first is with the upstream.
-        while env.sim.stats().in_flight.values().sum::<u64>() == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        common::instance::until("a request in flight upstream", async || {
+            env.sim.stats().in_flight.values().sum::<u64>() != 0
+        })
+        .await;
         send(&env, A, Some("k-1"), &body).await
     });
     assert_eq!(a.status, 200);
