@@ -43,6 +43,8 @@
 pub mod clock;
 pub mod controls;
 pub mod decision;
+pub mod exchange;
+pub mod keeper;
 pub mod ledger;
 pub mod memory;
 pub mod pipeline;
@@ -50,12 +52,13 @@ pub mod policy;
 pub mod record;
 pub mod replay;
 pub mod scope;
-pub mod slices;
 pub mod store;
 pub mod whatif;
 
 pub use clock::{Clock, ManualClock, Millis, SharedClock, SystemClock};
 pub use decision::{Admitted, Decision, Deny, Quota, Reason};
+pub use exchange::SliceSource;
+pub use keeper::{ExpiryTag, Keeper, Loss};
 pub use ledger::{Metered, Period, Usage};
 pub use memory::MemoryStore;
 pub use pipeline::{
@@ -63,7 +66,6 @@ pub use pipeline::{
 };
 pub use policy::{Policy, PolicyError, Unit};
 pub use scope::{Dimension, Identity, IpPrefix, ScopeKey};
-pub use slices::{SliceConfig, SliceSource, SliceStats, Sliced};
 pub use store::{
     Ending, Expiry, ExpiryCharge, Finish, KeyClaim, KeyUse, Renewal, ScopeUsage, ShadowOutcome,
     Store, StoreError, StoreState,

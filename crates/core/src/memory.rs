@@ -202,7 +202,7 @@ struct Reservation {
     amount: u64,
     /// A shadow rule's: charged like the others, but not reported as the request's charge.
     shadow: bool,
-    /// A slice's ([`crate::slices`]), with the settled amount its instance has reported so far:
+    /// A slice's ([`crate::exchange`]), with the settled amount its instance has reported so far:
     /// an expiry charges the whole reservation, since what its instance spent of it is unknown.
     slice: Option<u64>,
 }
@@ -390,7 +390,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The leases held in a scope and, for one of its budget periods (by id), what is settled
     /// and reserved in it: what a slice layer's engine has used of its slices.
-    pub(crate) fn held(
+    pub fn held(
         &self,
         scope: &str,
         cell: Option<(Period, u64)>,
@@ -406,7 +406,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// How many reservations are out in one budget period (by id) of a scope, whatever their
     /// amounts (a reservation of nothing may still settle a charge).
-    pub(crate) fn open_reservations(
+    pub fn open_reservations(
         &self,
         scope: &str,
         period: Period,

@@ -202,6 +202,21 @@ pub struct ScopeUsage {
     pub at_ms: u64,
 }
 
+/// A store's URL with its password (if any) replaced by `…`, to be shown or logged.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (auth, host) = match rest.rsplit_once('@') {
+        Some(parts) => parts,
+        None => return url.to_owned(),
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:…@{host}"),
+        None => format!("{scheme}://{auth}@{host}"),
+    }
+}
+
 /// A place to keep counters, leases and reservations. Each method is one atomic transition,
 /// shaped so that a networked store does it in one round trip.
 pub trait Store: Send + Sync {

@@ -17,9 +17,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tollgate_core::keeper::RecordSet;
 use tollgate_core::ledger::Period;
 use tollgate_core::policy::Price;
-use tollgate_core::{Expiry, Finish, KeyClaim, KeyUse, Plan, Store, StoreError, Unit, Usage};
+use tollgate_core::{
+    Expiry, Finish, Keeper, KeyClaim, KeyUse, Plan, Store, StoreError, Unit, Usage,
+};
 use tollgate_ledger::{Charge, Entry, Ledger};
 
 use crate::store::AnyStore;
@@ -144,7 +147,7 @@ impl Books {
                     for c in &e.charges {
                         let amount = u64::try_from(c.amount).unwrap_or(0);
                         if let Err(err) = store
-                            .add_settled(
+                            .charge_forgotten(
                                 &c.scope,
                                 &field(&c.label, c.period_id),
                                 end(c.period_end_ms),
@@ -343,17 +346,15 @@ impl Books {
         // Written even when there are none: the set's version then tells every instance that
         // the store holds the ledger's limits again (an instance keeps what it knew while the
         // set is missing, which an empty set would look like forever).
-        if let Some(redis) = store.redis() {
+        if store.is_shared() {
             let changes: Vec<(String, Option<String>)> =
                 limits.into_iter().map(|(d, r)| (d, Some(r))).collect();
             let step = crate::keys::step().map_err(|e| e.to_string())?;
-            redis
-                .write_records(tollgate_redis::RecordSet::Limits, &changes, step)
+            store
+                .write_records(RecordSet::Limits, &changes, step)
                 .await
                 .map_err(|e| e.to_string())?;
-        }
-        if let Some(redis) = store.redis() {
-            crate::keys::copy_all(&self.ledger, redis, true).await?;
+            crate::keys::copy_all(&self.ledger, store, true).await?;
         }
         store.keep_expiries().await.map_err(|e| e.to_string())?;
         store.acknowledge_loss().await.map_err(|e| e.to_string())?;

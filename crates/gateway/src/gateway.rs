@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tollgate_core::Usage;
+use tollgate_core::{Keeper, Usage};
 use tollgate_tokens::TokenCounter;
 
 use crate::config::GatewayConfig;
@@ -195,11 +195,13 @@ impl Gateway {
         let carried = u.input_tokens.saturating_add(u.output_tokens);
         let ids = [response, conversation].into_iter().flatten();
         for id in ids.filter(|id| crate::contexts::keepable(id)) {
-            match self.store.redis() {
-                Some(r) => {
-                    let _ = r.put_note(&format!("ctx:{id}"), carried, ttl).await;
-                }
-                None => self.contexts.remember(id, carried),
+            if self.store.is_shared() {
+                let _ = self
+                    .store
+                    .put_note(&format!("ctx:{id}"), carried, ttl)
+                    .await;
+            } else {
+                self.contexts.remember(id, carried);
             }
         }
     }
@@ -210,10 +212,19 @@ impl Gateway {
             // Not an id this gateway kept: unknown, and not looked up.
             return None;
         }
-        match self.store.redis() {
+        if self.store.is_shared() {
             // An unreachable store makes it unknown: counted as the configured worst case.
-            Some(r) => r.note(&format!("ctx:{id}")).await.ok().flatten(),
-            None => self.contexts.get(id),
+            self.store.note(&format!("ctx:{id}")).await.ok().flatten()
+        } else {
+            self.contexts.get(id)
+        }
+    }
+
+    /// The store's loss told (once), and its books rebuilt from the ledger when there is one.
+    pub(crate) fn store_lost(&self) {
+        self.store.report_loss();
+        if let Some(b) = &self.books {
+            b.store_lost(&self.store);
         }
     }
 

@@ -62,7 +62,5 @@ pub use gateway::{Gateway, Shared};
 pub use path::fuzz_agents;
 pub use path::intake::{MAX_OPERATION_BYTES, MAX_USER_BYTES};
 pub use provider::fuzz_provider;
-pub use server::{
-    Bound, open_books, prepare, router, serve, serve_bound, serve_with, start_store,
-    start_store_with_warnings,
-};
+pub use server::{Bound, open_books, prepare, router, serve, serve_bound, serve_with};
+pub use store::{start_store, start_store_with_warnings};

@@ -17,6 +17,7 @@ use tollgate_core::{Decision, Dimension, Identity, Reason, RequestFacts, ScopeKe
 
 use crate::admin::words;
 use crate::gateway::Shared;
+use crate::path::admit::Controls;
 use crate::respond::{self, ApiError};
 
 /// The optional query: values of dimensions a request would name itself.
@@ -145,7 +146,13 @@ async fn counted(
             kind: Kind::Count(reads),
         },
     );
-    match gw.store.admit(&p).await {
+    let lost = || gw.store_lost();
+    let flow = crate::path::queue::Flow::of(&cfg.policy, &facts);
+    // The key's exemptions were applied above: the reads bucket is no rule's, and counts.
+    let controls = Controls::of(gw, cfg, (&[], flow), false, &lost);
+    match controls.decide_alone(&mut p).await {
+        // Read nothing: a reading the store did not give is no reading.
+        Ok(Decision::Admit(a)) if a.fail_open => Err(respond::store_unavailable()),
         Ok(Decision::Admit(Admitted {
             quotas, expires_at, ..
         })) => {
@@ -168,7 +175,7 @@ async fn counted(
             Ok(read)
         }
         Ok(refused) => Err(respond::refusal(&refused)),
-        Err(e) => Err(crate::path::admit::store_error(e)),
+        Err(e) => Err(e),
     }
 }
 

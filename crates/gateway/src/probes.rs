@@ -2,6 +2,7 @@
 //! `/readyz` (the store answers and no shutdown has begun).
 
 use axum::response::{IntoResponse, Response};
+use tollgate_core::Keeper;
 
 use crate::gateway::Shared;
 

@@ -10,69 +10,10 @@ use axum::http::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
-use tollgate_core::MemoryStore;
-use tollgate_redis::{RedisConfig, RedisStore};
 
-use crate::config::{GatewayConfig, StoreConfig};
+use crate::config::GatewayConfig;
 use crate::gateway::{Gateway, Shared};
-use crate::store::AnyStore;
-
-/// Opens the configured store.
-pub async fn start_store(config: &GatewayConfig) -> std::io::Result<AnyStore> {
-    Ok(start_store_with_warnings(config).await?.0)
-}
-
-/// Opens the configured store, with what an operator should be warned of about it (a Redis
-/// that keeps nothing on disk, or one whose settings could not be read). A Redis that may
-/// evict keys is refused unless `[store] allow_eviction` says otherwise.
-pub async fn start_store_with_warnings(
-    config: &GatewayConfig,
-) -> std::io::Result<(AnyStore, Vec<String>)> {
-    let mut warnings = Vec::new();
-    let store = match &config.store {
-        StoreConfig::Memory { retention } => AnyStore::Memory(Arc::new(
-            MemoryStore::new()
-                .retention_ms(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX))
-                // A spend ledger writes them (and forgets them here) as they come.
-                .keep_expiries(if config.ledger.is_some() { 100_000 } else { 0 }),
-        )),
-        StoreConfig::Redis {
-            url,
-            prefix,
-            call_timeout,
-            cluster,
-            shards,
-            retention,
-            allow_eviction,
-            access,
-            slices,
-        } => {
-            let mut c = RedisConfig::new(url.as_str());
-            c.ca_pem = access.ca_pem.clone();
-            c.username = access.username.clone();
-            c.password = access.password.clone();
-            c.prefix = prefix.clone();
-            c.call_timeout = *call_timeout;
-            c.cluster = cluster.clone();
-            c.shards = *shards;
-            c.retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
-            let store = RedisStore::connect(c)
-                .await
-                .map_err(std::io::Error::other)?;
-            warnings.extend(check_keeping(&store, *allow_eviction).await?);
-            match slices {
-                Some(cfg) => {
-                    let mut cfg = **cfg;
-                    // A spend ledger writes the expiries of requests admitted here too.
-                    cfg.keep_expiries = if config.ledger.is_some() { 100_000 } else { 0 };
-                    AnyStore::Sliced(Arc::new(tollgate_core::Sliced::new(store, cfg)))
-                }
-                None => AnyStore::Redis(store),
-            }
-        }
-    };
-    Ok((store, warnings))
-}
+use crate::store::start_store;
 
 /// Opens the spend ledger when one is configured: connects, brings its schema up to date, and
 /// writes the endings spooled at the last shutdown.
@@ -84,43 +25,6 @@ pub async fn open_books(
         b.unspool();
     }
     Ok(books)
-}
-
-/// Refuses a Redis that may evict keys (unless allowed), and warns of one that keeps nothing
-/// on disk: either can forget spent budgets. A server that cannot be asked (down, or `CONFIG`
-/// disabled) is let through with a warning; the store's marker still detects a loss.
-async fn check_keeping(store: &RedisStore, allow_eviction: bool) -> std::io::Result<Vec<String>> {
-    let mut warnings = Vec::new();
-    match store.keeping().await {
-        Ok(Some((policy, persists))) => {
-            if policy != "noeviction" && !allow_eviction {
-                return Err(std::io::Error::other(format!(
-                    "Redis has maxmemory-policy {policy}: it may evict budgets and windows, \
-                     which would reopen what they held. Set it to noeviction, or [store] \
-                     allow_eviction = true to accept that (docs/store-loss.md)"
-                )));
-            }
-            if !persists {
-                warnings.push(
-                    "Redis keeps nothing on disk (no RDB snapshots, no AOF): a restart forgets \
-                     every budget; admissions are then refused until the loss is acknowledged"
-                        .to_owned(),
-                );
-            }
-        }
-        Ok(None) => warnings.push(
-            "could not read Redis's maxmemory-policy and persistence (CONFIG is not allowed): \
-             make sure it neither evicts nor forgets (docs/store-loss.md)"
-                .to_owned(),
-        ),
-        // The cause first: a TLS or connection fault is what the operator has to mend.
-        Err(e) => warnings.push(format!(
-            "Redis cannot be reached: {e}; until it can, admissions are refused (503 \
-             store_unavailable), and its maxmemory-policy and persistence could not be checked \
-             (docs/redis.md)"
-        )),
-    }
-    Ok(warnings)
 }
 
 /// The routes over a gateway.
@@ -194,7 +98,7 @@ pub async fn prepare(gw: &Gateway) -> std::io::Result<()> {
     }
     crate::watch::start(gw).await?;
     if let Err(e) = crate::keys::load(gw).await {
-        if gw.store.redis().is_none() {
+        if !tollgate_core::Keeper::is_shared(&gw.store) {
             // The memory store's issued keys live only in the ledger: serving without them would
             // refuse keys that work, and forget them at the next write.
             return Err(std::io::Error::other(format!("the issued keys: {e}")));

@@ -1,25 +1,23 @@
-//! The store the gateway was configured with: memory, Redis, or Redis with leased slices; one
-//! [`Store`] over them.
+//! The store the gateway was configured with (memory, Redis, or Redis with leased slices),
+//! built here and seen everywhere else through the two traits every store implements:
+//! [`Store`] to admit and [`Keeper`] for what a shared store keeps besides. This is the one
+//! file that names a store's implementation.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use tollgate_core::keeper::{KeyPut, KeyWrite, Mark, PeriodRef, RecordSet, Records};
 use tollgate_core::pipeline::Plan;
 use tollgate_core::{
-    Decision, Expiry, Finish, MemoryStore, Period, Renewal, ScopeUsage, Sliced, Store, StoreError,
-    StoreState, Usage,
+    Decision, Expiry, ExpiryTag, Finish, Keeper, Loss, MemoryStore, Period, Renewal, ScopeUsage,
+    Store, StoreError, StoreState, Usage,
 };
-use tollgate_redis::RedisStore;
+use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_slices::Sliced;
+
+use crate::config::{GatewayConfig, StoreConfig};
 
 pub use crate::path::settle::{Recording, Ticket, open_tickets};
-
-/// Where an expiry is kept, to forget it once written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExpiryTag {
-    /// The memory store's sequence number.
-    Memory(u64),
-    /// A Redis shard's stream entry.
-    Redis(tollgate_redis::ExpiryTag),
-}
 
 /// Memory, Redis, or Redis with slices.
 #[derive(Debug, Clone)]
@@ -42,26 +40,131 @@ macro_rules! both {
     };
 }
 
-impl AnyStore {
-    /// The Redis store, when there is one (with slices or without).
-    pub fn redis(&self) -> Option<&RedisStore> {
-        match self {
-            AnyStore::Memory(_) => None,
-            AnyStore::Redis(r) => Some(r),
-            AnyStore::Sliced(s) => Some(s.inner()),
+/// One [`Keeper`] call on the store it holds (by the trait: the memory store has inherent
+/// methods of the same names).
+macro_rules! keep_now {
+    ($self:ident, $k:ident => $e:expr) => {
+        match $self {
+            AnyStore::Memory(m) => {
+                let $k: &MemoryStore = m;
+                $e
+            }
+            AnyStore::Redis(r) => {
+                let $k: &RedisStore = r;
+                $e
+            }
+            AnyStore::Sliced(s) => {
+                let $k: &Sliced<RedisStore> = s;
+                $e
+            }
         }
-    }
+    };
+}
 
-    /// Why the store was last found lost, for the operator (the memory store cannot be).
-    pub fn loss_cause(&self) -> Option<String> {
-        self.redis()
-            .and_then(RedisStore::loss_cause)
-            .map(|l| l.to_string())
-    }
+macro_rules! keep {
+    ($self:ident, $k:ident => $e:expr) => {
+        keep_now!($self, $k => $e.await)
+    };
+}
 
+/// Opens the configured store.
+pub async fn start_store(config: &GatewayConfig) -> std::io::Result<AnyStore> {
+    Ok(start_store_with_warnings(config).await?.0)
+}
+
+/// Opens the configured store, with what an operator should be warned of about it (a Redis
+/// that keeps nothing on disk, or one whose settings could not be read). A Redis that may
+/// evict keys is refused unless `[store] allow_eviction` says otherwise.
+pub async fn start_store_with_warnings(
+    config: &GatewayConfig,
+) -> std::io::Result<(AnyStore, Vec<String>)> {
+    let mut warnings = Vec::new();
+    let store = match &config.store {
+        StoreConfig::Memory { retention } => AnyStore::Memory(Arc::new(
+            MemoryStore::new()
+                .retention_ms(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX))
+                // A spend ledger writes them (and forgets them here) as they come.
+                .keep_expiries(if config.ledger.is_some() { 100_000 } else { 0 }),
+        )),
+        StoreConfig::Redis {
+            url,
+            prefix,
+            call_timeout,
+            cluster,
+            shards,
+            retention,
+            allow_eviction,
+            access,
+            slices,
+        } => {
+            let mut c = RedisConfig::new(url.as_str());
+            c.ca_pem = access.ca_pem.clone();
+            c.username = access.username.clone();
+            c.password = access.password.clone();
+            c.prefix = prefix.clone();
+            c.call_timeout = *call_timeout;
+            c.cluster = cluster.clone();
+            c.shards = *shards;
+            c.retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
+            let store = RedisStore::connect(c)
+                .await
+                .map_err(std::io::Error::other)?;
+            warnings.extend(check_keeping(&store, *allow_eviction).await?);
+            match slices {
+                Some(cfg) => {
+                    let mut cfg = **cfg;
+                    // A spend ledger writes the expiries of requests admitted here too.
+                    cfg.keep_expiries = if config.ledger.is_some() { 100_000 } else { 0 };
+                    AnyStore::Sliced(Arc::new(Sliced::new(store, cfg)))
+                }
+                None => AnyStore::Redis(store),
+            }
+        }
+    };
+    Ok((store, warnings))
+}
+
+/// Refuses a Redis that may evict keys (unless allowed), and warns of one that keeps nothing
+/// on disk: either can forget spent budgets. A server that cannot be asked (down, or `CONFIG`
+/// disabled) is let through with a warning; the store's marker still detects a loss.
+async fn check_keeping(store: &RedisStore, allow_eviction: bool) -> std::io::Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    match store.keeping().await {
+        Ok(Some((policy, persists))) => {
+            if policy != "noeviction" && !allow_eviction {
+                return Err(std::io::Error::other(format!(
+                    "Redis has maxmemory-policy {policy}: it may evict budgets and windows, \
+                     which would reopen what they held. Set it to noeviction, or [store] \
+                     allow_eviction = true to accept that (docs/store-loss.md)"
+                )));
+            }
+            if !persists {
+                warnings.push(
+                    "Redis keeps nothing on disk (no RDB snapshots, no AOF): a restart forgets \
+                     every budget; admissions are then refused until the loss is acknowledged"
+                        .to_owned(),
+                );
+            }
+        }
+        Ok(None) => warnings.push(
+            "could not read Redis's maxmemory-policy and persistence (CONFIG is not allowed): \
+             make sure it neither evicts nor forgets (docs/store-loss.md)"
+                .to_owned(),
+        ),
+        // The cause first: a TLS or connection fault is what the operator has to mend.
+        Err(e) => warnings.push(format!(
+            "Redis cannot be reached: {e}; until it can, admissions are refused (503 \
+             store_unavailable), and its maxmemory-policy and persistence could not be checked \
+             (docs/redis.md)"
+        )),
+    }
+    Ok(warnings)
+}
+
+impl AnyStore {
     /// The store's loss, logged once with its cause and counted by it.
     pub fn report_loss(&self) {
-        let cause = self.redis().and_then(RedisStore::loss_cause);
+        let cause = self.loss_cause();
         let why = cause
             .as_ref()
             .map_or_else(|| StoreError::StateLost.to_string(), ToString::to_string);
@@ -71,148 +174,7 @@ impl AnyStore {
              its books are rebuilt from the ledger or an operator acknowledges the loss",
         );
         if begins {
-            let kind = match cause {
-                Some(
-                    tollgate_redis::Loss::Behind { .. } | tollgate_redis::Loss::CutShort { .. },
-                ) => "behind",
-                _ => "forgot",
-            };
-            crate::telemetry::store_loss(kind);
-        }
-    }
-
-    /// Acknowledges that the store lost its state (a no-op for the memory store, which cannot
-    /// forget while the process lives).
-    pub async fn acknowledge_loss(&self) -> Result<(), StoreError> {
-        match self.redis() {
-            None => Ok(()),
-            Some(r) => r.acknowledge_loss().await,
-        }
-    }
-
-    /// Adds to a budget scope's settled amount in one period (see
-    /// [`RedisStore::add_settled`]); the memory store, which never forgets, has nothing to add.
-    pub async fn add_settled(
-        &self,
-        scope_id: &str,
-        field: &str,
-        expire_at_ms: u64,
-        amount: u64,
-    ) -> Result<(), StoreError> {
-        match self.redis() {
-            None => Ok(()),
-            Some(r) => r.add_settled(scope_id, field, expire_at_ms, amount).await,
-        }
-    }
-
-    /// Adds a spend ledger's settled total to a budget period of a store that forgot it (a
-    /// rebuild): one period (`period`, `period_id`, ending at `end_ms`, named `field` in Redis).
-    pub async fn restore_settled(
-        &self,
-        scope_id: &str,
-        (period, period_id, field): (Period, u64, &str),
-        end_ms: u64,
-        amount: u64,
-    ) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(m) => m.add_settled(scope_id, period, period_id, end_ms, amount),
-            AnyStore::Redis(r) => r.add_settled(scope_id, field, end_ms, amount).await,
-            AnyStore::Sliced(s) => s.inner().add_settled(scope_id, field, end_ms, amount).await,
-        }
-    }
-
-    /// What the store's marker says: the memory store, which lives and dies with the process,
-    /// is always as it was given.
-    pub async fn state(&self) -> Result<StoreState, StoreError> {
-        match self.redis() {
-            None => Ok(StoreState::Kept),
-            Some(r) => r.state().await,
-        }
-    }
-
-    /// Initialises a new store (see [`RedisStore::initialise`]); the memory store needs none.
-    pub async fn initialise(&self) -> Result<bool, StoreError> {
-        match self.redis() {
-            None => Ok(false),
-            Some(r) => r.initialise().await,
-        }
-    }
-
-    /// Writes a loss down (see [`RedisStore::mark_lost`]).
-    pub async fn mark_lost(&self) -> Result<(), StoreError> {
-        match self.redis() {
-            None => Ok(()),
-            Some(r) => r.mark_lost().await,
-        }
-    }
-
-    /// Asks the store to keep its expiries for [`AnyStore::expiries`] (a spend ledger's).
-    pub async fn keep_expiries(&self) -> Result<(), StoreError> {
-        match self.redis() {
-            None => Ok(()),
-            Some(r) => r.keep_expiries().await,
-        }
-    }
-
-    /// Expiries kept and not yet acknowledged, oldest first, with their tags.
-    pub async fn expiries(&self, max: usize) -> Result<Vec<(ExpiryTag, Expiry)>, StoreError> {
-        match self {
-            AnyStore::Memory(m) => Ok(m
-                .expiries(max)?
-                .into_iter()
-                .map(|(t, e)| (ExpiryTag::Memory(t), e))
-                .collect()),
-            AnyStore::Redis(r) => Ok(r
-                .expiries(max)
-                .await?
-                .into_iter()
-                .map(|(t, e)| (ExpiryTag::Redis(t), e))
-                .collect()),
-            // Requests admitted here expire here; the slices' own expiries are the store's.
-            AnyStore::Sliced(s) => {
-                let mut out: Vec<(ExpiryTag, Expiry)> = s
-                    .local_expiries(max)?
-                    .into_iter()
-                    .map(|(t, e)| (ExpiryTag::Memory(t), e))
-                    .collect();
-                let left = max.saturating_sub(out.len());
-                out.extend(
-                    s.inner()
-                        .expiries(left)
-                        .await?
-                        .into_iter()
-                        .map(|(t, e)| (ExpiryTag::Redis(t), e)),
-                );
-                Ok(out)
-            }
-        }
-    }
-
-    /// Forgets expiries written to the ledger.
-    pub async fn ack_expiries(&self, tags: Vec<ExpiryTag>) -> Result<(), StoreError> {
-        let last = tags
-            .iter()
-            .filter_map(|t| match t {
-                ExpiryTag::Memory(n) => Some(*n),
-                ExpiryTag::Redis(_) => None,
-            })
-            .max();
-        let redis: Vec<_> = tags
-            .into_iter()
-            .filter_map(|t| match t {
-                ExpiryTag::Redis(t) => Some(t),
-                ExpiryTag::Memory(_) => None,
-            })
-            .collect();
-        match self {
-            AnyStore::Memory(m) => last.map_or(Ok(()), |n| m.ack_expiries(n)),
-            AnyStore::Redis(r) => r.ack_expiries(&redis).await,
-            AnyStore::Sliced(s) => {
-                if let Some(n) = last {
-                    s.ack_local_expiries(n)?;
-                }
-                s.inner().ack_expiries(&redis).await
-            }
+            crate::telemetry::store_loss(cause.as_ref().map_or("forgot", Loss::kind));
         }
     }
 
@@ -227,7 +189,7 @@ impl AnyStore {
         Some(tokio::spawn(async move {
             let mut every = tokio::time::interval(tick);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut last = tollgate_core::SliceStats::default();
+            let mut last = tollgate_slices::SliceStats::default();
             loop {
                 every.tick().await;
                 let Some(s) = weak.upgrade() else { return };
@@ -254,14 +216,6 @@ impl AnyStore {
             if let Err(e) = s.return_all().await {
                 tracing::warn!(error = %e, "slices not given back at shutdown: they expire in the store");
             }
-        }
-    }
-
-    /// Whether the store answers (`/readyz`).
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        match self.redis() {
-            None => Ok(()),
-            Some(r) => r.ping().await,
         }
     }
 }
@@ -317,5 +271,100 @@ impl Store for AnyStore {
         keep_ms: u64,
     ) -> Result<(), StoreError> {
         both!(self, s => s.end_claim(key, request_id, response, keep_ms))
+    }
+}
+
+impl Keeper for AnyStore {
+    fn is_shared(&self) -> bool {
+        keep_now!(self, k => Keeper::is_shared(k))
+    }
+    fn call_timeout(&self) -> Duration {
+        keep_now!(self, k => Keeper::call_timeout(k))
+    }
+    async fn state(&self) -> Result<StoreState, StoreError> {
+        keep!(self, k => Keeper::state(k))
+    }
+    async fn initialise(&self) -> Result<bool, StoreError> {
+        keep!(self, k => Keeper::initialise(k))
+    }
+    async fn mark_lost(&self) -> Result<(), StoreError> {
+        keep!(self, k => Keeper::mark_lost(k))
+    }
+    async fn acknowledge_loss(&self) -> Result<(), StoreError> {
+        keep!(self, k => Keeper::acknowledge_loss(k))
+    }
+    fn loss_cause(&self) -> Option<Loss> {
+        keep_now!(self, k => Keeper::loss_cause(k))
+    }
+    fn high_marks(&self) -> Vec<Mark> {
+        keep_now!(self, k => Keeper::high_marks(k))
+    }
+    fn prime_marks(&self, marks: &[Mark]) {
+        keep_now!(self, k => Keeper::prime_marks(k, marks));
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        keep!(self, k => Keeper::ping(k))
+    }
+    async fn keep_expiries(&self) -> Result<(), StoreError> {
+        keep!(self, k => Keeper::keep_expiries(k))
+    }
+    async fn expiries(&self, max: usize) -> Result<Vec<(ExpiryTag, Expiry)>, StoreError> {
+        keep!(self, k => Keeper::expiries(k, max))
+    }
+    async fn ack_expiries(&self, tags: Vec<ExpiryTag>) -> Result<(), StoreError> {
+        keep!(self, k => Keeper::ack_expiries(k, tags))
+    }
+    async fn charge_forgotten(
+        &self,
+        scope_id: &str,
+        field: &str,
+        end_ms: u64,
+        amount: u64,
+    ) -> Result<(), StoreError> {
+        keep!(self, k => Keeper::charge_forgotten(k, scope_id, field, end_ms, amount))
+    }
+    async fn restore_settled(
+        &self,
+        scope_id: &str,
+        period: PeriodRef<'_>,
+        end_ms: u64,
+        amount: u64,
+    ) -> Result<(), StoreError> {
+        keep!(self, k => Keeper::restore_settled(k, scope_id, period, end_ms, amount))
+    }
+    async fn put_note(&self, name: &str, value: u64, ttl: Duration) -> Result<(), StoreError> {
+        keep!(self, k => Keeper::put_note(k, name, value, ttl))
+    }
+    async fn note(&self, name: &str) -> Result<Option<u64>, StoreError> {
+        keep!(self, k => Keeper::note(k, name))
+    }
+    async fn records(&self, set: RecordSet, known: u64) -> Result<Option<Records>, StoreError> {
+        keep!(self, k => Keeper::records(k, set, known))
+    }
+    async fn write_records(
+        &self,
+        set: RecordSet,
+        changes: &[(String, Option<String>)],
+        step: u32,
+    ) -> Result<u64, StoreError> {
+        keep!(self, k => Keeper::write_records(k, set, changes, step))
+    }
+    async fn key_record(&self, id: &str) -> Result<(u64, Option<String>, u64), StoreError> {
+        keep!(self, k => Keeper::key_record(k, id))
+    }
+    async fn put_key(
+        &self,
+        id: &str,
+        record: (u64, &str),
+        how: KeyWrite,
+        step: u32,
+    ) -> Result<KeyPut, StoreError> {
+        keep!(self, k => Keeper::put_key(k, id, record, how, step))
+    }
+    async fn legacy_keys(&self) -> Result<Vec<(String, String)>, StoreError> {
+        keep!(self, k => Keeper::legacy_keys(k))
+    }
+    async fn drop_legacy_keys(&self) -> Result<(), StoreError> {
+        keep!(self, k => Keeper::drop_legacy_keys(k))
     }
 }

@@ -306,9 +306,9 @@ pub fn ledger_event(event: &'static str) {
 /// failed, and answers that granted more than was asked (cut down to it). Returns the counts
 /// now.
 pub fn slices(
-    now: tollgate_core::SliceStats,
-    last: tollgate_core::SliceStats,
-) -> tollgate_core::SliceStats {
+    now: tollgate_slices::SliceStats,
+    last: tollgate_slices::SliceStats,
+) -> tollgate_slices::SliceStats {
     counter!("tollgate_slice_admissions_total", "path" => "slice")
         .increment(now.local.saturating_sub(last.local));
     counter!("tollgate_slice_admissions_total", "path" => "store")

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{StoreError, StoreState};
+use tollgate_core::{Keeper, StoreError, StoreState};
 
 use crate::faults::{STORE, STORE_LOST, STORE_UNINITIALISED};
 use crate::gateway::Gateway;
@@ -34,7 +34,7 @@ pub enum Found {
 /// ledger that holds books is rebuilt from it, and one that cannot be is an error: serving it
 /// would reopen what the ledger says is spent.
 pub async fn start(gw: &Gateway) -> std::io::Result<Found> {
-    if gw.store.redis().is_none() {
+    if !gw.store.is_shared() {
         return restore_memory(gw).await.map_err(std::io::Error::other);
     }
     prime_marks(gw).await;
@@ -47,18 +47,18 @@ pub async fn start(gw: &Gateway) -> std::io::Result<Found> {
 /// What the instances before this one saw of the store's write sequence, from the ledger,
 /// taken as seen: a store that went back in time while this instance was down is noticed.
 async fn prime_marks(gw: &Gateway) {
-    let (Some(redis), Some(books)) = (gw.store.redis(), &gw.books) else {
+    let (true, Some(books)) = (gw.store.is_shared(), &gw.books) else {
         return;
     };
     match books.ledger.store_marks().await {
         Ok(marks) => {
-            let mut per_shard = vec![None; redis.high_marks().len()];
+            let mut per_shard = vec![None; gw.store.high_marks().len()];
             for (shard, epoch, high) in marks {
                 if let Some(m) = per_shard.get_mut(shard) {
                     *m = Some((epoch, high));
                 }
             }
-            redis.prime_marks(&per_shard);
+            gw.store.prime_marks(&per_shard);
         }
         Err(e) => tracing::warn!(cause = %e,
             "the store's write sequence seen before this start cannot be read from the ledger: \
@@ -69,10 +69,10 @@ async fn prime_marks(gw: &Gateway) {
 /// Writes what this instance has seen of the store's write sequence to the ledger, when it
 /// moved since `last`.
 async fn save_marks(gw: &Gateway, last: &mut Vec<Option<(String, u64)>>) {
-    let (Some(redis), Some(books)) = (gw.store.redis(), &gw.books) else {
+    let (true, Some(books)) = (gw.store.is_shared(), &gw.books) else {
         return;
     };
-    let now = redis.high_marks();
+    let now = gw.store.high_marks();
     if now == *last {
         return;
     }
@@ -222,10 +222,10 @@ pub async fn initialise(
     }
 }
 
-/// Reads the marker every [`WATCH_EVERY`] while the gateway runs (Redis only: the memory store
-/// cannot forget while its process lives).
+/// Reads the marker every [`WATCH_EVERY`] while the gateway runs (a shared store only: the memory
+/// store cannot forget while its process lives).
 pub fn spawn(gw: Arc<Gateway>) {
-    if gw.store.redis().is_none() {
+    if !gw.store.is_shared() {
         return;
     }
     tokio::spawn(async move {

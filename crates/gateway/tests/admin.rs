@@ -5,6 +5,7 @@
 
 use std::path::Path;
 use std::time::Duration;
+use tollgate_core::Keeper as _;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -10,6 +10,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tollgate_core::Keeper as _;
 
 use axum::extract::{Path, State};
 use axum::routing::post;

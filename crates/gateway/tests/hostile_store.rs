@@ -11,6 +11,7 @@ mod common;
 
 use common::instance::{Instance, flushall, redis_has, redis_text, sim, until};
 use serde_json::json;
+use tollgate_core::Keeper as _;
 use tollgate_gateway::GatewayConfig;
 use tollgate_ledger::{Ledger, Settings};
 use tollgate_testkit::failover::Failover;
@@ -473,6 +474,15 @@ async fn a_replication_history_cut_short_is_a_loss() {
     let gw = Instance::start(&sim, &failover_text(&store, None)).await;
     assert_eq!(gw.admin("POST", "/admin/store/init", None).await.0, 200);
     assert_eq!(gw.ask("acme").await.0, 200);
+    // Its settlement written before the replica is caught up: the sequence then stays where
+    // the replica has it, and only the history can tell what it missed.
+    until("the request settled", async || {
+        let (_, v) = gw
+            .admin("GET", "/admin/usage?scope=tenant%7Ctenant%3Aacme", None)
+            .await;
+        v["reserved"] == 0 && v["settled"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
     store.catch_up();
     store.lag();
     store

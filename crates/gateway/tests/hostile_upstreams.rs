@@ -11,6 +11,7 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tollgate_core::Keeper as _;
 
 use axum::Router;
 use axum::body::Body;

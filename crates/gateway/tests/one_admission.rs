@@ -14,6 +14,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tollgate_core::Keeper as _;
 
 use axum::Router;
 use axum::body::Body;
@@ -432,4 +433,56 @@ async fn the_layer_runs_over_any_store() {
         .await
         .unwrap();
     assert_eq!((u.settled, u.reserved), (15, 0));
+}
+
+/// Every entry point decides with the same controls: a tenant switched off in the
+/// configuration is refused alike by a small request, by a large one (whose rate is decided
+/// before its body is counted) and by `/v1/limits`, and each refusal is counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entry_point_meets_the_configurations_kill_switch() {
+    let case = Case {
+        name: "killed in the configuration, at every entry point",
+        policy: "[[scopes]]\nkey = \"tenant\"\nrequests = { limit = 100, window = \"1m\" }\n",
+        exempt: &[],
+        kills: &[("tenant:acme", "maintenance")],
+        setup: Setup::None,
+        requests: &[],
+        concurrent: false,
+    };
+    let sim = Sim::start(SimConfig {
+        api_key: Some(common::SIM_KEY.into()),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let text = config(&case, "", &sim.base_url());
+    let (addr, _, metrics) = common::spawn_gateway_with_metrics(&text, common::SIM_KEY).await;
+    let auth = [("authorization", format!("Bearer {KEY}"))];
+    let small = common::post(addr, "/v1/chat/completions", &auth, body(2, 5)).await;
+    // 20,000 words: past the size whose rate is decided before the body is counted.
+    let large = common::post(addr, "/v1/chat/completions", &auth, body(20_000, 5)).await;
+    let limits = common::get_with(addr, "/v1/limits", &auth).await;
+    let answers: Vec<(u16, String)> = [&small, &large, &limits]
+        .iter()
+        .map(|r| (r.status, r.code()))
+        .collect();
+    assert_eq!(answers[0].1, "kill_switch", "{}: {answers:?}", case.name);
+    assert!(
+        answers.iter().all(|a| *a == answers[0]),
+        "{}: {answers:?}",
+        case.name
+    );
+    let sent: u64 = sim.stats().requests.values().sum();
+    assert_eq!(sent, 0, "nothing reached the upstream");
+    let scrape = String::from_utf8_lossy(&common::get(metrics, "/metrics").await.body).into_owned();
+    let killed: f64 = scrape
+        .lines()
+        .find(|l| l.starts_with("tollgate_decisions_total{decision=\"kill_switch\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert_eq!(
+        killed, 2.0,
+        "the two requests' refusals, each once:\n{scrape}"
+    );
 }

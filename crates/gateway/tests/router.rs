@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use tollgate_core::Keeper as _;
 
 use axum::Router;
 use axum::body::Body;

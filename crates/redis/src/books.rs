@@ -79,7 +79,12 @@ impl crate::RedisStore {
     ) -> Result<(), StoreError> {
         let p = &self.shards[shard_of(scope_id, self.shards.len())];
         let k = key(p, "b", scope_id);
-        let at = expire_at_ms.saturating_add(self.config.retention_ms);
+        // A lifetime rather than an instant: counted on the clock admissions count by (the
+        // store's, or the one the store was given), so that the cell outlives its period there.
+        let keep = expire_at_ms
+            .saturating_add(self.config.retention_ms)
+            .saturating_sub(self.wall_now())
+            .max(1);
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("HINCRBY")
@@ -87,14 +92,14 @@ impl crate::RedisStore {
             .arg(format!("{field}:s"))
             .arg(amount)
             .ignore()
-            .cmd("PEXPIREAT")
+            .cmd("PEXPIRE")
             .arg(&k)
-            .arg(at)
+            .arg(keep)
             .arg("NX")
             .ignore()
-            .cmd("PEXPIREAT")
+            .cmd("PEXPIRE")
             .arg(&k)
-            .arg(at)
+            .arg(keep)
             .arg("GT")
             .ignore();
         let mut conn = self.conn.clone();

@@ -61,20 +61,7 @@ impl std::fmt::Debug for RedisConfig {
     }
 }
 
-/// A Redis URL with its password (if any) replaced by `…`, to be shown or logged.
-pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (auth, host) = match rest.rsplit_once('@') {
-        Some(parts) => parts,
-        None => return url.to_owned(),
-    };
-    match auth.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:…@{host}"),
-        None => format!("{scheme}://{auth}@{host}"),
-    }
-}
+pub use tollgate_core::store::redacted;
 
 impl RedisConfig {
     /// Defaults: prefix `tollgate`, 250 ms per call, one hour of retention, batches of at most

@@ -5,6 +5,7 @@
 
 use redis::Value;
 use tollgate_core::StoreError;
+pub use tollgate_core::keeper::{KeyPut, KeyWrite, RecordSet};
 
 use crate::RedisStore;
 use crate::conn::{Function, fcall, no_answer, unavailable};
@@ -12,15 +13,6 @@ use crate::decode::{items, text};
 
 /// The hash field that holds the version (a digest is hex, never this).
 const VERSION: &str = "~version";
-
-/// A set of records kept at run time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordSet {
-    /// Virtual keys issued at run time, by the digest of their secret.
-    IssuedKeys,
-    /// Limits set for one value, by scope and control.
-    Limits,
-}
 
 impl RedisStore {
     fn record_hash(&self, set: RecordSet) -> String {
@@ -115,36 +107,6 @@ impl RedisStore {
 
 /// Every reply kind of `records_v1.lua`'s writes.
 pub const RECORD_REPLIES: [&str; 4] = ["done", "changed", "late", "lost"];
-
-/// How a key's record is written (`records_v1.lua`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyWrite {
-    /// The store is the keys' truth: written if the held version is `expected` (0: none), and
-    /// only until the store's clock reads `deadline` (ms).
-    Swap {
-        /// The version the change was made from.
-        expected: u64,
-        /// The store's instant after which the write is refused.
-        deadline: u64,
-    },
-    /// A copy of the ledger's record (the truth): written if the held version is lower.
-    Copy,
-    /// A copy by the rebuild of a store that forgot, written while its loss is not yet lifted.
-    Rebuild,
-}
-
-/// What a write of a key's record found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyPut {
-    /// Written.
-    Done,
-    /// Not written: the store holds this version (0: none).
-    Changed(u64),
-    /// Not written: it arrived after its deadline.
-    Late,
-    /// Not written: the store forgot, and its books are not yet rebuilt.
-    Lost,
-}
 
 impl RedisStore {
     fn record_keys(&self) -> [String; 4] {

@@ -42,6 +42,7 @@ mod decode;
 mod encode;
 mod history;
 mod issued;
+mod keeper;
 mod keys;
 mod marker;
 mod sharded;
@@ -72,8 +73,9 @@ pub use decode::{ADMIT_REPLIES, FINISH_REPLIES, OTHER_REPLIES, RENEW_REPLIES, SH
 pub use encode::{Invocation, Strs, admit_invocation};
 pub use issued::{KeyPut, KeyWrite, RECORD_REPLIES, RecordSet};
 pub use keys::KEY_REPLIES;
-pub use marker::{Loss, SCHEMA};
+pub use marker::SCHEMA;
 pub use slices::{SLICE_REPLIES, SLICE_TICKETS, slice_invocation};
+pub use tollgate_core::Loss;
 
 use batch::{Job, Lane, call_items, item_reply, lanes, run_batches};
 use conn::{Conn, Function, fcall, no_answer, unavailable};

@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tollgate_core::{StoreError, StoreState};
+use tollgate_core::{Loss, StoreError, StoreState};
 
 use crate::RedisStore;
 
@@ -55,7 +55,7 @@ impl Mark {
     /// What the store's loss flag said at its last answer ('' when it was not lost).
     pub(crate) fn found(&self, why: &str) {
         if let Ok(mut c) = self.cause.lock() {
-            *c = (!why.is_empty()).then(|| Loss::read(why));
+            *c = (!why.is_empty()).then(|| read_loss(why));
         }
     }
 
@@ -285,73 +285,20 @@ impl RedisStore {
     }
 }
 
-/// Why a store is lost, as its loss flag says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Loss {
-    /// The marker is gone: the store forgot everything (a restart without persistence,
-    /// FLUSHALL, eviction), or the flag was written before causes were.
-    Forgot,
-    /// The store's write sequence is behind what an instance had seen: it went back in time (a
-    /// failover to a replica that lagged).
-    Behind {
-        /// The store's epoch.
-        epoch: String,
-        /// The store's sequence.
-        store: u64,
-        /// The sequence an instance had seen.
-        seen: u64,
-    },
-    /// The store's primary was promoted from a replica whose copy of the history ended before
-    /// what an instance had seen of it.
-    CutShort {
-        /// The history's id (`master_replid`).
-        history: String,
-        /// Where the promoted replica's copy of it ended.
-        ended: u64,
-        /// How far an instance had seen it go.
-        seen: u64,
-    },
-}
-
-impl Loss {
-    fn read(why: &str) -> Self {
-        let mut w = why.split(' ');
-        match (w.next(), w.next(), w.next(), w.next()) {
-            (Some("behind"), Some(epoch), Some(store), Some(seen)) => Self::Behind {
-                epoch: epoch.to_owned(),
-                store: store.parse().unwrap_or(0),
-                seen: seen.parse().unwrap_or(0),
-            },
-            (Some("history"), Some(id), Some(ended), Some(seen)) => Self::CutShort {
-                history: id.to_owned(),
-                ended: ended.parse().unwrap_or(0),
-                seen: seen.parse().unwrap_or(0),
-            },
-            _ => Self::Forgot,
-        }
-    }
-}
-
-impl std::fmt::Display for Loss {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Forgot => f.write_str("the store's marker is gone: it forgot its state"),
-            Self::Behind { epoch, store, seen } => write!(
-                f,
-                "the store's write sequence is {store}, behind the {seen} an instance had seen \
-                 (epoch {epoch}): it went back in time, as after a failover to a replica that \
-                 lagged"
-            ),
-            Self::CutShort {
-                history,
-                ended,
-                seen,
-            } => write!(
-                f,
-                "the store's primary was promoted from a replica whose copy of replication \
-                 history {history} ended at offset {ended}, behind the {seen} an instance had \
-                 seen: the writes between were lost"
-            ),
-        }
+/// The loss a flag's cause names.
+fn read_loss(why: &str) -> Loss {
+    let mut w = why.split(' ');
+    match (w.next(), w.next(), w.next(), w.next()) {
+        (Some("behind"), Some(epoch), Some(store), Some(seen)) => Loss::Behind {
+            epoch: epoch.to_owned(),
+            store: store.parse().unwrap_or(0),
+            seen: seen.parse().unwrap_or(0),
+        },
+        (Some("history"), Some(id), Some(ended), Some(seen)) => Loss::CutShort {
+            history: id.to_owned(),
+            ended: ended.parse().unwrap_or(0),
+            seen: seen.parse().unwrap_or(0),
+        },
+        _ => Loss::Forgot,
     }
 }

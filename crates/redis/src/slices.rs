@@ -2,12 +2,12 @@
 //! call per shard, in the layout `slices_v1.lua` reads, and its answers.
 
 use redis::Value;
-use tollgate_core::ledger::RateWindow;
-use tollgate_core::policy::Unit;
-use tollgate_core::slices::{
+use tollgate_core::exchange::{
     BudgetOrder as BudgetOrderOf, Exchange, Exchanged, Granted, LeaseOrder as LeaseOrderOf, Order,
     RateOrder as RateOrderOf,
 };
+use tollgate_core::ledger::RateWindow;
+use tollgate_core::policy::Unit;
 use tollgate_core::{SliceSource, StoreError};
 
 use crate::RedisStore;

@@ -356,7 +356,8 @@ async fn a_dead_node_fails_its_requests_closed_and_leaks_nothing() {
 /// scopes sit on different nodes are admitted against them locally, and everything goes back.
 #[tokio::test]
 async fn slices_are_leased_shard_by_shard() {
-    use tollgate_core::{Finish, SliceConfig, Sliced};
+    use tollgate_core::Finish;
+    use tollgate_slices::{SliceConfig, Sliced};
     let cluster = RedisCluster::start();
     let store = sharded(&cluster, "slices").await;
     let s = Sliced::new(

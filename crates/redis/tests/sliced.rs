@@ -7,8 +7,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tollgate_core::{ManualClock, SliceConfig, Sliced};
+use tollgate_core::ManualClock;
 use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_slices::{SliceConfig, Sliced};
 use tollgate_testkit::Harness;
 use tollgate_testkit::redis_server::RedisServer;
 

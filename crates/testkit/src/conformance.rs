@@ -25,6 +25,8 @@ mod fees;
 pub use fees::*;
 mod holds;
 pub use holds::*;
+mod keeping;
+pub use keeping::*;
 mod shadow;
 pub use shadow::*;
 pub mod slices;
@@ -61,7 +63,8 @@ macro_rules! conformance_tests {
             a_provider_hold_refuses_its_model_until_it_ends,
             a_providers_token_hold_refuses_only_larger_requests,
             fees_are_reserved_settled_and_charged_on_expiry,
-            an_unpriced_fee_is_refused_under_a_money_budget);
+            an_unpriced_fee_is_refused_under_a_money_budget,
+            a_restored_total_counts_against_its_budget, an_initialised_store_reads_as_kept);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(

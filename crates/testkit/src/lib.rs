@@ -17,12 +17,12 @@ pub mod pg_server;
 pub mod redis_server;
 pub use tollgate_sim as sim;
 
-use tollgate_core::{Dimension, Identity, ManualClock, Policy, RequestFacts, Store};
+use tollgate_core::{Dimension, Identity, Keeper, ManualClock, Policy, RequestFacts, Store};
 
 /// Makes fresh, isolated stores for the conformance suite.
 pub trait Harness: Send + Sync {
     /// The store under test.
-    type S: Store;
+    type S: Store + Keeper;
     /// A clean store whose time is `clock` (a Redis store passes it as the script's time).
     fn store(&self, clock: ManualClock) -> impl std::future::Future<Output = Self::S> + Send;
 }

@@ -12,9 +12,10 @@ use futures_util::FutureExt;
 use proptest::prelude::*;
 use tollgate_core::ledger::WEIGHT_SCALE;
 use tollgate_core::{
-    Clock, Decision, Ending, Finish, ManualClock, MemoryStore, Period, Reason, Renewal,
-    SliceConfig, Sliced, Store, Usage, plan,
+    Clock, Decision, Ending, Finish, ManualClock, MemoryStore, Period, Reason, Renewal, Store,
+    Usage, plan,
 };
+use tollgate_slices::{SliceConfig, Sliced};
 use tollgate_testkit::{T0, facts, policy};
 
 const W: u64 = 10_000; // rate window

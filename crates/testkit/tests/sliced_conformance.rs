@@ -3,7 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use tollgate_core::{ManualClock, MemoryStore, SliceConfig, Sliced};
+use tollgate_core::{ManualClock, MemoryStore};
+use tollgate_slices::{SliceConfig, Sliced};
 use tollgate_testkit::Harness;
 
 struct SlicedMemory;

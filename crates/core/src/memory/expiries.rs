@@ -114,3 +114,37 @@ impl<C: crate::clock::Clock> super::MemoryStore<C> {
         Ok(())
     }
 }
+
+/// The memory store forgets nothing while the process lives and keeps no records for other
+/// instances: it takes the keeper's defaults but for its own expiries and restored totals.
+impl<C: crate::clock::Clock> crate::keeper::Keeper for super::MemoryStore<C> {
+    async fn restore_settled(
+        &self,
+        scope_id: &str,
+        (period, period_id, _): crate::keeper::PeriodRef<'_>,
+        end_ms: u64,
+        amount: u64,
+    ) -> Result<(), crate::StoreError> {
+        self.add_settled(scope_id, period, period_id, end_ms, amount)
+    }
+
+    async fn expiries(
+        &self,
+        max: usize,
+    ) -> Result<Vec<(crate::keeper::ExpiryTag, Expiry)>, crate::StoreError> {
+        Ok(super::MemoryStore::expiries(self, max)?
+            .into_iter()
+            .map(|(t, e)| (crate::keeper::ExpiryTag::Local(t), e))
+            .collect())
+    }
+
+    async fn ack_expiries(
+        &self,
+        tags: Vec<crate::keeper::ExpiryTag>,
+    ) -> Result<(), crate::StoreError> {
+        match crate::keeper::last_local(&tags) {
+            Some(last) => super::MemoryStore::ack_expiries(self, last),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,5 +1,5 @@
 //! The memory store as a [`SliceSource`]: the twin of the Redis store's slice orders, so that
-//! the slice layer ([`crate::slices`]) is tested on a manual clock with several instances
+//! the slice layer ([`crate::exchange`]) is tested on a manual clock with several instances
 //! sharing one store. A slice of slots or of a budget is a ticket of its own under the slice's
 //! id: its holds are the slots (one lease each) or one reservation, it expires like a request's
 //! (the slots come back; the reservation is charged in full), and an order renews it.
@@ -8,10 +8,10 @@ use std::future::Future;
 
 use super::{Cell, Hold, MemoryStore, Request, Reservation, State, Ticket, lost_slot};
 use crate::clock::{Clock, Millis};
-use crate::ledger::{COUNT_CAP, RateWindow, WEIGHT_SCALE};
-use crate::slices::{
+use crate::exchange::{
     BudgetOrder, Exchange, Exchanged, Granted, LeaseOrder, Order, RateOrder, SliceSource, share,
 };
+use crate::ledger::{COUNT_CAP, RateWindow, WEIGHT_SCALE};
 use crate::store::{Ending, StoreError};
 
 impl<C: Clock> SliceSource for MemoryStore<C> {

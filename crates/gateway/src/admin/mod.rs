@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::Deserialize;
 use serde_json::json;
-use tollgate_core::Store;
+use tollgate_core::{Keeper, Store};
 
 use crate::gateway::Shared;
 pub(crate) use kill::{Kill, all_kills, evicting, kill_alert, liftable, valid_target};
@@ -271,7 +271,9 @@ async fn status(State(gw): State<Shared>) -> Response {
     let rules = rule_rows(&cfg.policy);
     let (store, kills) = store_state(&gw).await;
     let kills = kills_json(&gw, &kills);
-    let store_loss = (store == "lost").then(|| gw.store.loss_cause()).flatten();
+    let store_loss = (store == "lost")
+        .then(|| gw.store.loss_cause().map(|l| l.to_string()))
+        .flatten();
     axum::Json(json!({
         "policy_version": &*cfg.policy.version,
         "store": store,

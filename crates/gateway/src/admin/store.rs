@@ -4,7 +4,7 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tollgate_core::{Clock, StoreError, SystemClock};
+use tollgate_core::{Clock, Keeper, StoreError, SystemClock};
 
 use super::store_failed;
 use crate::gateway::Shared;

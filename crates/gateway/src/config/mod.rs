@@ -244,7 +244,7 @@ pub enum StoreConfig {
         /// Whether a server that may evict keys is accepted.
         allow_eviction: bool,
         /// Leased slices, when configured.
-        slices: Option<Box<tollgate_core::SliceConfig>>,
+        slices: Option<Box<tollgate_slices::SliceConfig>>,
         /// TLS trust and credentials (resolved from `ca_file`, `username_env`, `password_env`).
         access: RedisAccess,
     },

@@ -93,7 +93,7 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
         slices,
     };
     for (i, node) in raw.cluster.iter().flatten().enumerate() {
-        let shown = tollgate_redis::redacted(node);
+        let shown = tollgate_core::store::redacted(node);
         super::check::url(&format!("store.cluster[{i}]"), node, &shown)?;
     }
     match raw.url.as_deref() {
@@ -106,7 +106,7 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
         )),
         None | Some("memory") => Ok(StoreConfig::Memory { retention }),
         Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
-            super::check::url("store.url", url, &tollgate_redis::redacted(url))?;
+            super::check::url("store.url", url, &tollgate_core::store::redacted(url))?;
             Ok(redis(url.to_owned(), None))
         }
         Some(url) if url.starts_with("unix://") || url.starts_with("redis+unix://") => {
@@ -117,15 +117,15 @@ pub(super) fn store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
             "store.url",
             format!(
                 "expected \"memory\", redis://…, rediss://… or unix:///path/to/redis.sock, got {:?}",
-                tollgate_redis::redacted(other)
+                tollgate_core::store::redacted(other)
             ),
         )),
     }
 }
 
 /// `[store.slices]`, checked.
-fn slices(raw: &super::RawSlices) -> Result<tollgate_core::SliceConfig, ConfigError> {
-    let d = tollgate_core::SliceConfig::default();
+fn slices(raw: &super::RawSlices) -> Result<tollgate_slices::SliceConfig, ConfigError> {
+    let d = tollgate_slices::SliceConfig::default();
     let ms = |v: &Option<String>, default: u64, field: &str, min: u64, max: u64| {
         let t = duration(v, Duration::from_millis(default), field)?;
         let t = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
@@ -161,7 +161,7 @@ fn slices(raw: &super::RawSlices) -> Result<tollgate_core::SliceConfig, ConfigEr
         None => None,
         Some(_) => Some(ms(&raw.ttl, 0, "store.slices.ttl", 1_000, 86_400_000)?),
     };
-    Ok(tollgate_core::SliceConfig {
+    Ok(tollgate_slices::SliceConfig {
         hot_after,
         divisor,
         ttl_ms,
@@ -291,7 +291,7 @@ mod tests {
         else {
             panic!("no slices");
         };
-        assert_eq!(*s, tollgate_core::SliceConfig::default());
+        assert_eq!(*s, tollgate_slices::SliceConfig::default());
         let c = GatewayConfig::from_toml(&format!(
             "{redis}hot_after = 0\ndivisor = 8\nkill_bound = \"500ms\"\ntick = \"50ms\"\nttl = \"30s\"\n"
         ))

@@ -15,12 +15,14 @@ use std::time::Duration;
 pub use life::{KeyRecord, Refusal, Secret};
 pub use record::{Issued, NewKey, Rotation};
 pub use registry::Registry;
+use tollgate_core::Keeper;
+use tollgate_core::keeper::{KeyWrite, RecordSet};
 use tollgate_ledger::Kept;
-use tollgate_redis::RecordSet;
 pub(crate) use truth::{copy_all, write_limits};
 
 use crate::config::{KeyConfig, hash_key, hex};
 use crate::gateway::Gateway;
+use crate::store::AnyStore;
 
 /// How often an instance reads the store's issued keys: the bound within which a key created,
 /// rotated or revoked on one instance takes effect on every other. An expiry takes effect at
@@ -68,9 +70,10 @@ pub enum KeyError {
 /// Reads the store's issued keys and limit overrides when they changed (Redis; the memory
 /// store's are this process's own), after writing again the copies it did not take.
 pub async fn refresh(gw: &Gateway) -> Result<(), KeyError> {
-    let Some(redis) = gw.store.redis() else {
+    if !gw.store.is_shared() {
         return Ok(());
-    };
+    }
+    let shared = &gw.store;
     truth::copy_held(gw).await;
     let unavailable = |e: tollgate_core::StoreError| KeyError::Unavailable(e.to_string());
     truth::sync_limits(gw).await;
@@ -78,7 +81,7 @@ pub async fn refresh(gw: &Gateway) -> Result<(), KeyError> {
     // writes it back, and until then this instance keeps what it knew.
     let forgotten = |version: u64| version == 0 && gw.books.is_some();
     let (generation, limits) = (gw.keys.generation(), gw.overrides.generation());
-    if let Some((version, entries)) = redis
+    if let Some((version, entries)) = shared
         .records(RecordSet::IssuedKeys, gw.keys.version())
         .await
         .map_err(unavailable)?
@@ -87,7 +90,7 @@ pub async fn refresh(gw: &Gateway) -> Result<(), KeyError> {
             gw.keys.replace(generation, version, &entries);
         }
     }
-    if let Some((version, entries)) = redis
+    if let Some((version, entries)) = shared
         .records(RecordSet::Limits, gw.overrides.version())
         .await
         .map_err(unavailable)?
@@ -103,10 +106,11 @@ pub async fn refresh(gw: &Gateway) -> Result<(), KeyError> {
 /// store given what the ledger holds and it does not, and its keys kept by digest before
 /// carried over.
 pub async fn load(gw: &Gateway) -> Result<(), KeyError> {
-    if let Some(redis) = gw.store.redis() {
-        carry_over(gw, redis).await?;
+    if gw.store.is_shared() {
+        let shared = &gw.store;
+        carry_over(gw, shared).await?;
         let behind = match &gw.books {
-            Some(books) => copy_all(&books.ledger, redis, false).await.map_err(|e| {
+            Some(books) => copy_all(&books.ledger, shared, false).await.map_err(|e| {
                 KeyError::Unavailable(format!("the keys' copy into the store: {e}"))
             })?,
             None => 0,
@@ -137,27 +141,22 @@ pub async fn load(gw: &Gateway) -> Result<(), KeyError> {
 
 /// Keys a Redis store kept by digest: carried over into records by id (without a ledger; a
 /// ledger carried its own over), then forgotten.
-async fn carry_over(gw: &Gateway, redis: &tollgate_redis::RedisStore) -> Result<(), KeyError> {
+async fn carry_over(gw: &Gateway, shared: &AnyStore) -> Result<(), KeyError> {
     let unavailable = |e: tollgate_core::StoreError| KeyError::Unavailable(e.to_string());
-    let old = redis.legacy_keys().await.map_err(unavailable)?;
+    let old = shared.legacy_keys().await.map_err(unavailable)?;
     if old.is_empty() {
         return Ok(());
     }
     if gw.books.is_none() {
         for r in life::carried_over(&old) {
             let json = serde_json::to_string(&r).map_err(|e| KeyError::Invalid(e.to_string()))?;
-            redis
-                .put_key(
-                    &r.key.id,
-                    (r.version, &json),
-                    tollgate_redis::KeyWrite::Copy,
-                    step()?,
-                )
+            shared
+                .put_key(&r.key.id, (r.version, &json), KeyWrite::Copy, step()?)
                 .await
                 .map_err(unavailable)?;
         }
     }
-    redis.drop_legacy_keys().await.map_err(unavailable)?;
+    shared.drop_legacy_keys().await.map_err(unavailable)?;
     tracing::warn!(
         secrets = old.len(),
         "issued keys kept by digest were carried over into records by id"
@@ -167,7 +166,7 @@ async fn carry_over(gw: &Gateway, redis: &tollgate_redis::RedisStore) -> Result<
 
 /// Reads the store's issued keys and overrides every [`REFRESH_EVERY`] (Redis only).
 pub fn spawn_refresh(gw: Arc<Gateway>) {
-    if gw.store.redis().is_none() {
+    if !gw.store.is_shared() {
         return;
     }
     tokio::spawn(async move {
@@ -426,7 +425,7 @@ fn validate(gw: &Gateway, new: NewKey, now: u64) -> Result<Issued, KeyError> {
 }
 
 /// A random step for the store's version of its issued keys (see
-/// [`tollgate_redis::RedisStore::write_records`]).
+/// [`tollgate_core::Keeper::write_records`]).
 pub fn step() -> Result<u32, KeyError> {
     Ok(u32::from_le_bytes(random::<4>()?))
 }

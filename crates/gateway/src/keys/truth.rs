@@ -6,7 +6,10 @@
 
 use std::time::Duration;
 
-use tollgate_redis::{KeyPut, KeyWrite, RedisStore};
+use tollgate_core::Keeper;
+use tollgate_core::keeper::{KeyPut, KeyWrite, RecordSet};
+
+use crate::store::AnyStore;
 
 use super::life::KeyRecord;
 use super::{KeyError, now_ms, step};
@@ -37,9 +40,10 @@ pub(super) async fn read(gw: &Gateway, id: &str) -> Result<(Option<KeyRecord>, u
             .map_err(|e| KeyError::Unavailable(format!("the spend ledger: {e}")))?;
         return Ok((parse(held.map(|(_, r)| r))?, 0));
     }
-    if let Some(redis) = gw.store.redis() {
-        let (_, record, at) = redis.key_record(id).await.map_err(unavailable)?;
-        let deadline = at.saturating_add(millis(redis.call_timeout()));
+    if gw.store.is_shared() {
+        let shared = &gw.store;
+        let (_, record, at) = shared.key_record(id).await.map_err(unavailable)?;
+        let deadline = at.saturating_add(millis(shared.call_timeout()));
         return Ok((parse(record)?, deadline));
     }
     Ok((gw.keys.record(id).map(|r| (*r).clone()), 0))
@@ -57,8 +61,9 @@ pub(super) async fn commit(
     let id = next.key.id.as_str();
     let swap = if let Some(books) = &gw.books {
         // The store first: while it is unreachable or rebuilding, nothing is changed.
-        if let Some(redis) = gw.store.redis() {
-            usable(redis).await?;
+        if gw.store.is_shared() {
+            let shared = &gw.store;
+            usable(shared).await?;
         }
         let at = i64::try_from(now_ms()).unwrap_or(i64::MAX);
         match books
@@ -70,9 +75,13 @@ pub(super) async fn commit(
             Ok(tollgate_ledger::Swap::Changed(v)) => Swap::Changed(v),
             Err(e) => ledger_outcome(gw, next, e).await?,
         }
-    } else if let Some(redis) = gw.store.redis() {
+    } else if gw.store.is_shared() {
+        let shared = &gw.store;
         let how = KeyWrite::Swap { expected, deadline };
-        match redis.put_key(id, (next.version, &json), how, step()?).await {
+        match shared
+            .put_key(id, (next.version, &json), how, step()?)
+            .await
+        {
             Ok(KeyPut::Done) => Swap::Done,
             Ok(KeyPut::Changed(v)) => Swap::Changed(v),
             Ok(KeyPut::Late) => return Err(late()),
@@ -83,7 +92,7 @@ pub(super) async fn commit(
                     "{e}: read the key before changing it again"
                 )));
             }
-            Err(e) => store_outcome(redis, next, deadline, e).await?,
+            Err(e) => store_outcome(shared, next, deadline, e).await?,
         }
     } else {
         gw.keys.swap_local(expected, next)
@@ -100,11 +109,12 @@ pub(super) async fn commit(
 /// Writes the ledger's record into the store, which holds a copy; a copy the store did not take
 /// is written again by the refresh, and by the rebuild of a store that forgot.
 async fn copy(gw: &Gateway, next: &KeyRecord, json: &str) {
-    let Some(redis) = gw.store.redis() else {
+    if !gw.store.is_shared() {
         return;
-    };
+    }
+    let shared = &gw.store;
     let Ok(step) = step() else { return };
-    match redis
+    match shared
         .put_key(&next.key.id, (next.version, json), KeyWrite::Copy, step)
         .await
     {
@@ -124,11 +134,12 @@ pub(super) async fn copy_held(gw: &Gateway) {
         let Ok(json) = serde_json::to_string(&record) else {
             continue;
         };
-        let Some(redis) = gw.store.redis() else {
+        if !gw.store.is_shared() {
             return;
-        };
+        }
+        let shared = &gw.store;
         let Ok(step) = step() else { return };
-        if let Ok(KeyPut::Done | KeyPut::Changed(_) | KeyPut::Lost) = redis
+        if let Ok(KeyPut::Done | KeyPut::Changed(_) | KeyPut::Lost) = shared
             .put_key(
                 &record.key.id,
                 (record.version, &json),
@@ -147,7 +158,7 @@ pub(super) async fn copy_held(gw: &Gateway) {
 /// `rebuild`, into a store whose loss is not yet lifted. Answers how many were behind.
 pub(crate) async fn copy_all(
     ledger: &tollgate_ledger::Ledger,
-    redis: &RedisStore,
+    shared: &AnyStore,
     rebuild: bool,
 ) -> Result<usize, String> {
     let records = ledger.key_records().await.map_err(|e| e.to_string())?;
@@ -159,7 +170,7 @@ pub(crate) async fn copy_all(
     let mut behind = 0;
     for (id, version, json) in records {
         let step = step().map_err(|e| e.to_string())?;
-        if redis
+        if shared
             .put_key(&id, (version, &json), how, step)
             .await
             .map_err(|e| e.to_string())?
@@ -180,10 +191,10 @@ pub(crate) async fn write_limits(
     changes: &[(String, Option<String>)],
 ) -> Result<(), KeyError> {
     use tollgate_ledger::Kept;
-    use tollgate_redis::RecordSet;
     if let Some(books) = &gw.books {
-        if let Some(redis) = gw.store.redis() {
-            usable(redis).await?;
+        if gw.store.is_shared() {
+            let shared = &gw.store;
+            usable(shared).await?;
         }
         let at = i64::try_from(now_ms()).unwrap_or(i64::MAX);
         books
@@ -191,10 +202,11 @@ pub(crate) async fn write_limits(
             .put_records(Kept::Limits, changes, at)
             .await
             .map_err(|e| KeyError::Unavailable(format!("the spend ledger: {e}")))?;
-        if let Some(redis) = gw.store.redis() {
+        if gw.store.is_shared() {
+            let shared = &gw.store;
             // A copy no replica confirmed is in the store all the same, and the ledger is the
             // truth a rebuild restores: nothing to write again.
-            if let Err(e) = redis
+            if let Err(e) = shared
                 .write_records(RecordSet::Limits, changes, step()?)
                 .await
                 .or_else(|e| match e {
@@ -209,9 +221,10 @@ pub(crate) async fn write_limits(
                     .store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
-    } else if let Some(redis) = gw.store.redis() {
-        usable(redis).await?;
-        match redis
+    } else if gw.store.is_shared() {
+        let shared = &gw.store;
+        usable(shared).await?;
+        match shared
             .write_records(RecordSet::Limits, changes, step()?)
             .await
         {
@@ -233,16 +246,16 @@ pub(crate) async fn write_limits(
 pub(super) async fn sync_limits(gw: &Gateway) {
     use std::sync::atomic::Ordering;
     use tollgate_ledger::Kept;
-    use tollgate_redis::RecordSet;
-    let (Some(books), Some(redis)) = (&gw.books, gw.store.redis()) else {
+    let (Some(books), true) = (&gw.books, gw.store.is_shared()) else {
         return;
     };
+    let shared = &gw.store;
     if !gw.overrides.behind.load(Ordering::Relaxed) {
         return;
     }
     let (Ok(truth), Ok(Some((_, held)))) = (
         books.ledger.records(Kept::Limits).await,
-        redis.records(RecordSet::Limits, u64::MAX).await,
+        shared.records(RecordSet::Limits, u64::MAX).await,
     ) else {
         return;
     };
@@ -253,7 +266,7 @@ pub(super) async fn sync_limits(gw: &Gateway) {
         .collect();
     changes.extend(truth.into_iter().map(|(f, r)| (f, Some(r))));
     let Ok(step) = step() else { return };
-    if redis
+    if shared
         .write_records(RecordSet::Limits, &changes, step)
         .await
         .is_ok()
@@ -263,8 +276,8 @@ pub(super) async fn sync_limits(gw: &Gateway) {
 }
 
 /// The store answers and is not rebuilding.
-async fn usable(redis: &RedisStore) -> Result<(), KeyError> {
-    match redis.state().await.map_err(unavailable)? {
+async fn usable(shared: &AnyStore) -> Result<(), KeyError> {
+    match shared.state().await.map_err(unavailable)? {
         tollgate_core::StoreState::Lost => Err(rebuilding()),
         _ => Ok(()),
     }
@@ -294,13 +307,13 @@ async fn ledger_outcome(
 /// Redis failed to answer a change: once its deadline has passed on the store's clock (a write
 /// that arrives later is refused), read back whether it was made.
 async fn store_outcome(
-    redis: &RedisStore,
+    shared: &AnyStore,
     next: &KeyRecord,
     deadline: u64,
     e: tollgate_core::StoreError,
 ) -> Result<Swap, KeyError> {
     for _ in 0..4 {
-        match redis.key_record(&next.key.id).await {
+        match shared.key_record(&next.key.id).await {
             Ok((_, json, at)) if at > deadline => {
                 return match json {
                     Some(j) if ours(&j, next) => Ok(Swap::Done),
@@ -312,7 +325,7 @@ async fn store_outcome(
             Ok((_, _, at)) => {
                 tokio::time::sleep(Duration::from_millis(deadline - at + 1)).await;
             }
-            Err(_) => tokio::time::sleep(redis.call_timeout()).await,
+            Err(_) => tokio::time::sleep(shared.call_timeout()).await,
         }
     }
     Err(KeyError::Unknown(format!(

@@ -35,6 +35,29 @@ pub(crate) struct Controls<'a, S> {
     pub on_lost: Option<OnLost<'a>>,
 }
 
+impl<'a> Controls<'a, crate::store::AnyStore> {
+    /// A gateway entry point's controls: the caller's exemptions, the configuration's kill
+    /// switches, the queue when `queued` and one is configured, the alerts, and `on_lost` when
+    /// the store lost its state (see [`crate::gateway::Gateway::store_lost`]).
+    pub(crate) fn of(
+        gw: &'a crate::gateway::Gateway,
+        cfg: &'a crate::config::GatewayConfig,
+        (exempt, flow): (&'a [Reason], Flow<'a>),
+        queued: bool,
+        on_lost: &'a (dyn Fn() + Sync),
+    ) -> Self {
+        Controls {
+            store: &gw.store,
+            exempt,
+            kills: &cfg.kills,
+            queue: cfg.queue.filter(|_| queued).map(|q| (&gw.queue, q)),
+            flow,
+            alerts: Some(&gw.alerts),
+            on_lost: Some(OnLost(on_lost)),
+        }
+    }
+}
+
 /// What a caller does when the store says it lost its state.
 #[derive(Clone, Copy)]
 pub(crate) struct OnLost<'a>(pub &'a (dyn Fn() + Sync));
@@ -121,7 +144,17 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         if let Some(a) = self.alerts {
             a.observe(self.store, p, &decided);
         }
+        counted(&decided);
         Ok((decided, shadowed))
+    }
+
+    /// The decision on a plan of an entry point's own (the rate decided before a body is
+    /// counted, `/v1/limits`' reads), made as a request's is: exemptions, the configuration's
+    /// kill switches, the queue when there is one, the store's faults and its loss. Its
+    /// decision is not counted as a request's (the request's own admission is), and one that
+    /// failed open is the caller's to read.
+    pub async fn decide_alone(&self, p: &mut Plan) -> Result<Decision, ApiError> {
+        self.decide(p, None).await.map(|(d, _)| d)
     }
 
     /// A shadow plan admitted on its own, for a request the configuration's kill switch
@@ -304,11 +337,6 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
             }
             Err(e) => (self.unanswered(p, e)?, Shadowed::Failed),
         };
-        match &d {
-            Decision::Admit(_) => crate::telemetry::decision("admit", ""),
-            Decision::Deny(x) => crate::telemetry::decision(x.reason.code(), x.scope.rule()),
-            Decision::Killed(_) => crate::telemetry::decision(d.code(), ""),
-        }
         Ok((d, shadowed))
     }
 
@@ -366,6 +394,15 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
                 return Err(store_error(e));
             }
         })
+    }
+}
+
+/// A request's decision, counted once (however many times the queue asked the store).
+pub(crate) fn counted(d: &Decision) {
+    match d {
+        Decision::Admit(_) => crate::telemetry::decision("admit", ""),
+        Decision::Deny(x) => crate::telemetry::decision(x.reason.code(), x.scope.rule()),
+        Decision::Killed(_) => crate::telemetry::decision(d.code(), ""),
     }
 }
 

@@ -7,7 +7,9 @@
 use tollgate_core::record::{DecisionRecord, RecordedFacts};
 use tollgate_core::{Decision, Dimension, Identity, Reason, RequestFacts, ScopeKey, Store, Usage};
 
+use super::admit::Controls;
 use super::intake::{Intake, operation};
+use super::queue::Flow;
 use crate::config::GatewayConfig;
 use crate::gateway::Gateway;
 use crate::respond::{self, ApiError};
@@ -53,31 +55,33 @@ pub(crate) async fn early_rate(
     if p.checks.is_empty() {
         return Ok(Vec::new());
     }
-    match gw.store.admit(&p).await {
+    let lost = || gw.store_lost();
+    let flow = Flow::of(&cfg.policy, &facts);
+    let controls = Controls::of(gw, cfg, (&key.exempt, flow), false, &lost);
+    let refused = match controls.decide_alone(&mut p).await {
+        // Failed open: the request's own admission decides.
+        Ok(Decision::Admit(a)) if a.fail_open => return Ok(Vec::new()),
         Ok(Decision::Admit(_)) => {
             // Nothing was reserved: the admission ends at once.
             let _ = gw
                 .store
                 .release(&p.request_id, Some(Usage::default()))
                 .await;
-            Ok(p.scopes().cloned().collect())
+            return Ok(p.scopes().cloned().collect());
         }
-        Ok(refused) => {
-            match &refused {
-                Decision::Deny(d) => crate::telemetry::decision(d.reason.code(), d.scope.rule()),
-                _ => crate::telemetry::decision(refused.code(), ""),
-            }
-            if let Some(sink) = &gw.records {
-                let digest = |v: &str| crate::records::digest(cfg.records_key.as_deref(), v);
-                let now_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64);
-                let mut r = DecisionRecord::new(now_ms, &p, &refused);
-                r.facts = Some(RecordedFacts::of(&facts, digest));
-                sink.emit(r.digested(digest));
-            }
-            Err(respond::refusal(&refused))
-        }
-        Err(_) => Ok(Vec::new()),
+        Ok(refused) => refused,
+        // The request's own admission meets the store's fault and answers it.
+        Err(_) => return Ok(Vec::new()),
+    };
+    super::admit::counted(&refused);
+    if let Some(sink) = &gw.records {
+        let digest = |v: &str| crate::records::digest(cfg.records_key.as_deref(), v);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut r = DecisionRecord::new(now_ms, &p, &refused);
+        r.facts = Some(RecordedFacts::of(&facts, digest));
+        sink.emit(r.digested(digest));
     }
+    Err(respond::refusal(&refused))
 }

@@ -164,21 +164,9 @@ async fn admit_counted(
         return Err(respond::ledger_full());
     }
     // A store that lost its state is told, and rebuilt from the ledger when there is one.
-    let rebuild = || {
-        gw.store.report_loss();
-        if let Some(b) = &gw.books {
-            b.store_lost(&gw.store);
-        }
-    };
-    let controls = Controls {
-        store: &gw.store,
-        exempt: &key.exempt,
-        kills: &cfg.kills,
-        queue: cfg.queue.map(|q| (&gw.queue, q)),
-        flow: queue::Flow::of(&cfg.policy, &counted.facts),
-        alerts: Some(&gw.alerts),
-        on_lost: Some(admit::OnLost(&rebuild)),
-    };
+    let lost = || gw.store_lost();
+    let flow = queue::Flow::of(&cfg.policy, &counted.facts);
+    let controls = Controls::of(gw, cfg, (&key.exempt, flow), true, &lost);
     let decided = Instant::now();
     let (decision, shadowed) = controls.decide_shadowed(&mut p, shadow).await?;
     let decision_us = u64::try_from(decided.elapsed().as_micros()).unwrap_or(u64::MAX);

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+use tollgate_core::Keeper as _;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

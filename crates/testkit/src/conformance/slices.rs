@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use tollgate_core::ledger::RateWindow;
-use tollgate_core::slices::{
+use tollgate_core::exchange::{
     BudgetOrder, Exchange, Exchanged, Granted, LeaseOrder, Order, RateOrder,
 };
+use tollgate_core::ledger::RateWindow;
 use tollgate_core::{ManualClock, Period, SliceSource, Unit};
 
 use super::{DAY, budget_of, leases_of};

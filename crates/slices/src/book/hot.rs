@@ -1,6 +1,6 @@
 //! Which plan shapes are admitted often enough to be sliced.
 
-use crate::clock::Millis;
+use tollgate_core::clock::Millis;
 
 /// Plan shapes (their scopes) seen lately, to slice only what is admitted often: a fixed table,
 /// so that a flood of distinct users costs no memory.

@@ -16,7 +16,7 @@ use crate::ledger::{Period, RateWindow};
 use crate::policy::Unit;
 use crate::store::{Store, StoreError};
 
-/// A store that lends slices of its scopes' limits ([`crate::slices`]).
+/// A store that lends slices of its scopes' limits (the `tollgate-slices` crate).
 pub trait SliceSource: Store {
     /// Applies `ex`'s orders in order, in one atomic step, and answers one [`Granted`] per
     /// order. [`StoreError::StateLost`] when the store has forgotten its state.

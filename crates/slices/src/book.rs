@@ -21,17 +21,17 @@ mod hot;
 mod orders;
 mod pending;
 mod tend;
-use crate::clock::{Clock, Millis};
-use crate::controls::{Kind, budget, rate};
-use crate::decision::{Decision, Quota, Reason};
-use crate::ledger::{Period, RateWindow};
-use crate::memory::MemoryStore;
-use crate::pipeline::Plan;
-use crate::policy::Unit;
-use crate::scope::ScopeKey;
-use crate::store::{ShadowOutcome, StoreError};
 use hot::Hot;
-pub(in crate::slices) use pending::{Mark, Pending};
+pub(crate) use pending::{Mark, Pending};
+use tollgate_core::clock::{Clock, Millis};
+use tollgate_core::controls::{Kind, budget, rate};
+use tollgate_core::decision::{Decision, Quota, Reason};
+use tollgate_core::ledger::{Period, RateWindow};
+use tollgate_core::memory::MemoryStore;
+use tollgate_core::pipeline::Plan;
+use tollgate_core::policy::Unit;
+use tollgate_core::scope::ScopeKey;
+use tollgate_core::store::{ShadowOutcome, StoreError};
 
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -228,13 +228,13 @@ impl Book {
         };
     }
 
-    fn killed(&self, plan: &Plan, now: Millis) -> Option<crate::decision::Killed> {
+    fn killed(&self, plan: &Plan, now: Millis) -> Option<tollgate_core::decision::Killed> {
         if self.kills.is_empty() {
             return None;
         }
         plan.kill_targets.iter().find_map(|t| {
             let v = self.kills.get(t)?;
-            crate::decision::Killed::kept(t, v, Some((now, plan.size())))
+            tollgate_core::decision::Killed::kept(t, v, Some((now, plan.size())))
         })
     }
 
@@ -260,7 +260,7 @@ impl Book {
         }
     }
 
-    fn rate_key(c: &crate::pipeline::RateCheck) -> RateKey {
+    fn rate_key(c: &tollgate_core::pipeline::RateCheck) -> RateKey {
         RateKey {
             scope: c.scope.shared_id().clone(),
             window_ms: c.window_ms,
@@ -268,14 +268,14 @@ impl Book {
         }
     }
 
-    fn lease_key(c: &crate::pipeline::ConcurrencyCheck) -> LeaseKey {
+    fn lease_key(c: &tollgate_core::pipeline::ConcurrencyCheck) -> LeaseKey {
         LeaseKey {
             scope: c.scope.shared_id().clone(),
             limit: c.limit,
         }
     }
 
-    fn budget_key(c: &crate::pipeline::BudgetCheck, now: Millis) -> (BudgetKey, Millis) {
+    fn budget_key(c: &tollgate_core::pipeline::BudgetCheck, now: Millis) -> (BudgetKey, Millis) {
         let (period_id, _, end) = c.period.at(now);
         let key = BudgetKey {
             scope: c.scope.shared_id().clone(),
@@ -490,7 +490,7 @@ impl Book {
     fn rewrite(&self, plan: &Plan, now: Millis) -> Option<Plan> {
         let mut lp = plan.clone();
         lp.attempt_counted = true;
-        lp.kill_targets = crate::pipeline::KillTargets::default();
+        lp.kill_targets = tollgate_core::pipeline::KillTargets::default();
         for c in lp.leases_mut() {
             c.limit = self.leases.get(&Self::lease_key(c))?.slots;
         }
@@ -535,7 +535,7 @@ impl Book {
     }
 
     /// The attempts of `c`'s rate slice here not yet made (0 without one).
-    pub fn unused(&self, c: &crate::pipeline::RateCheck) -> u64 {
+    pub fn unused(&self, c: &tollgate_core::pipeline::RateCheck) -> u64 {
         self.rate.get(&Self::rate_key(c)).map_or(0, |s| s.left)
     }
 

@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use super::orders::{budget_order_of, lease_order_of, rate_order_of};
 use super::{Book, BudgetKey, LeaseKey, Map, Mark, Pending, RateKey};
-use crate::clock::{Clock, Millis};
-use crate::ledger::Period;
-use crate::ledger::RateWindow;
-use crate::memory::MemoryStore;
-use crate::slices::SliceConfig;
-use crate::slices::exchange::{Exchanged, Granted, Order};
-use crate::store::StoreError;
+use crate::SliceConfig;
+use tollgate_core::clock::{Clock, Millis};
+use tollgate_core::exchange::{Exchanged, Granted, Order};
+use tollgate_core::ledger::Period;
+use tollgate_core::ledger::RateWindow;
+use tollgate_core::memory::MemoryStore;
+use tollgate_core::store::StoreError;
 
 impl Book {
     /// Orders for maintenance: give back what went unused, grow what is busy, renew what
@@ -374,7 +374,7 @@ impl Book {
 /// slices' slots and amounts, where the truth is the leases and reservations of the requests
 /// admitted here, and it does not know yet what was settled here since the last report.
 #[derive(Debug, Default, Clone, Copy)]
-pub(in crate::slices) struct Correction {
+pub(crate) struct Correction {
     pub slice_leases: u64,
     pub local_leases: u64,
     pub slice_amount: u64,

@@ -6,7 +6,7 @@
 //! in the rate window, concurrency slots held as leases, an amount of a budget reserved in the
 //! period. The slice is a reservation in the store like any request's, so settled + reserved
 //! never passes a limit, on any number of instances. The instance then admits against its
-//! slices locally (an in-memory engine: the same code as [`crate::MemoryStore`]), settles
+//! slices locally (an in-memory engine: the same code as [`tollgate_core::MemoryStore`]), settles
 //! locally, and reports what its requests were charged when it next speaks to the store; what
 //! it did not use goes back when it is idle, at a window's or period's end, before a request the
 //! store must decide, and at shutdown ([`Sliced::return_all`]).
@@ -37,7 +37,7 @@
 //! gives back idle ones. Without it a slice left idle would expire and be charged in full.
 
 mod book;
-mod exchange;
+mod keeper;
 mod store;
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -47,17 +47,17 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use book::{Book, Pending, Step};
-pub use exchange::{
+pub use tollgate_core::exchange::{
     BudgetOrder, Exchange, Exchanged, Granted, LeaseOrder, Order, RateOrder, SliceSource, share,
 };
 
-use crate::clock::{Clock, Millis, SystemClock};
-use crate::controls::Kind;
-use crate::decision::{Decision, Quota};
-use crate::ledger::{Period, Usage};
-use crate::memory::MemoryStore;
-use crate::pipeline::Plan;
-use crate::store::{
+use tollgate_core::clock::{Clock, Millis, SystemClock};
+use tollgate_core::controls::Kind;
+use tollgate_core::decision::{Decision, Quota};
+use tollgate_core::ledger::{Period, Usage};
+use tollgate_core::memory::MemoryStore;
+use tollgate_core::pipeline::Plan;
+use tollgate_core::store::{
     Finish, KeyClaim, KeyUse, Renewal, ScopeUsage, ShadowOutcome, Store, StoreError,
 };
 
@@ -385,7 +385,7 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
         }
         let (mut d, mut o) = self.ask_store(plan, shadow, counted.is_some()).await?;
         // A lease or a reservation: what this instance holds of it may be what is missing.
-        let held_back = |p: Option<&Plan>, x: &crate::decision::Deny| {
+        let held_back = |p: Option<&Plan>, x: &tollgate_core::decision::Deny| {
             p.and_then(|p| p.check_of(x))
                 .is_some_and(|c| matches!(c.kind, Kind::Lease(_) | Kind::Reserve(_)))
         };
@@ -501,7 +501,10 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
 
     /// Expiries of requests admitted here, kept for a spend ledger (see
     /// [`MemoryStore::expiries`]).
-    pub fn local_expiries(&self, max: usize) -> Result<Vec<(u64, crate::Expiry)>, StoreError> {
+    pub fn local_expiries(
+        &self,
+        max: usize,
+    ) -> Result<Vec<(u64, tollgate_core::Expiry)>, StoreError> {
         self.engines()?.0.expiries(max)
     }
 

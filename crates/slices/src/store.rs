@@ -36,7 +36,7 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Store for Sliced<S, C> {
         let local = self.clock.now();
         let mut st = self.lock()?;
         let now = st.book.est(local);
-        let kept = reason.map(|r| crate::decision::Killed::anchored(r, now));
+        let kept = reason.map(|r| tollgate_core::decision::Killed::anchored(r, now));
         st.book.set_kill(target, kept.as_deref());
         Ok(())
     }

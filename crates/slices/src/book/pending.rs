@@ -1,11 +1,11 @@
 //! Orders waiting to be sent to the store, each with the mark that says how to read its answer.
 
-use super::super::exchange::Order;
 use super::{BudgetKey, LeaseKey, RateKey};
+use tollgate_core::exchange::Order;
 
 /// How to read the answer to one order.
 #[derive(Debug, Clone)]
-pub(in crate::slices) enum Mark {
+pub(crate) enum Mark {
     Rate(RateKey),
     Lease(LeaseKey),
     /// With the settled total the order reported.
@@ -14,7 +14,7 @@ pub(in crate::slices) enum Mark {
 
 /// Orders to send, each with its mark.
 #[derive(Debug, Default)]
-pub(in crate::slices) struct Pending {
+pub(crate) struct Pending {
     pub orders: Vec<Order>,
     pub marks: Vec<Mark>,
     pub kills: bool,

@@ -4,13 +4,13 @@
 use super::{
     Book, BudgetKey, BudgetSlice, Held, LeaseKey, LeaseSlice, Mark, Pending, RateKey, RateSlice,
 };
-use crate::clock::{Clock, Millis};
-use crate::ledger::RateWindow;
-use crate::memory::MemoryStore;
-use crate::pipeline::Plan;
-use crate::slices::SliceConfig;
-use crate::slices::exchange::{BudgetOrder, LeaseOrder, Order, RateOrder};
-use crate::store::StoreError;
+use crate::SliceConfig;
+use tollgate_core::clock::{Clock, Millis};
+use tollgate_core::exchange::{BudgetOrder, LeaseOrder, Order, RateOrder};
+use tollgate_core::ledger::RateWindow;
+use tollgate_core::memory::MemoryStore;
+use tollgate_core::pipeline::Plan;
+use tollgate_core::store::StoreError;
 
 pub(super) fn rate_order_of(key: &RateKey, take: u64, back: u64, back_start: Millis) -> Order {
     Order::Rate(RateOrder {

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{Exchange, Exchanged, Granted, SliceSource};
-use crate::store::{KeyClaim, KeyUse, Renewal, ScopeUsage, ShadowOutcome, StoreError};
-use crate::{
+use crate::{SliceConfig, Sliced};
+use tollgate_core::store::{KeyClaim, KeyUse, Renewal, ScopeUsage, ShadowOutcome, StoreError};
+use tollgate_core::{
     Decision, Dimension, Finish, Identity, ManualClock, MemoryStore, Period, Plan, Policy,
-    RequestFacts, SliceConfig, Sliced, Store, Usage, plan,
+    RequestFacts, Store, Usage, plan,
 };
 
 const T0: u64 = 1_767_225_600_000;
@@ -468,7 +469,7 @@ fn shadow_slices_grow_with_their_use() {
         let mut f = facts(&id, "u", 10, 16);
         f.identity = f.identity.with(Dimension::Key, "k1");
         let e = plan(&p, &f).unwrap();
-        let mut sh = crate::shadow_plan(&p, &f).unwrap().unwrap();
+        let mut sh = tollgate_core::shadow_plan(&p, &f).unwrap().unwrap();
         sh.ttl_ms = e.ttl_ms;
         let (d, o) = now(s.admit_shadowed(&e, &sh)).unwrap();
         assert!(matches!(d, Decision::Admit(_)), "{d:?}");
