@@ -321,14 +321,14 @@ fn table(command: &AdminCommand, v: &Value) -> String {
                 let label = name.replace('_', " ");
                 for k in ["limit", "carried_over", "settled", "reserved", "remaining"] {
                     if let Some(n) = b[k].as_u64() {
-                        let shown = tollgate_gateway::admin::words::amount(n, unit);
+                        let shown = tollgate_gateway::words::amount(n, unit);
                         let _ = writeln!(s, "{label} {k:<10} {shown}");
                     }
                 }
                 // By the store's clock, as the answer gives both instants.
                 let at = (b["resets_at_ms"].as_u64(), v["now_ms"].as_u64());
                 if let (Some(end), Some(now)) = at {
-                    let shown = tollgate_gateway::admin::words::reset_at(end, now);
+                    let shown = tollgate_gateway::words::reset_at(end, now);
                     let _ = writeln!(s, "{label} {:<10} {shown}", "resets");
                 }
             }

@@ -10,10 +10,8 @@ use crate::cli::{KeysCommand, LimitCommand};
 /// The answer to `command` as lines for a person.
 pub fn table(s: &mut String, command: &KeysCommand, v: &Value) {
     let instant = |ms: &Value| {
-        ms.as_u64().map_or(
-            "never".to_owned(),
-            tollgate_gateway::admin::words::instant_ms,
-        )
+        ms.as_u64()
+            .map_or("never".to_owned(), tollgate_gateway::words::instant_ms)
     };
     match command {
         KeysCommand::Create { .. } | KeysCommand::Rotate { .. } => {
@@ -49,7 +47,7 @@ pub fn table(s: &mut String, command: &KeysCommand, v: &Value) {
                 let state = grace.map_or("active".to_owned(), |u| {
                     format!(
                         "rotated, old secret until {}",
-                        tollgate_gateway::admin::words::instant_ms(u)
+                        tollgate_gateway::words::instant_ms(u)
                     )
                 });
                 let _ = writeln!(

@@ -45,7 +45,7 @@ pub struct Gateway {
     /// The spend ledger, when one is configured (fixed at start-up).
     pub books: Option<Arc<crate::books::Books>>,
     /// Virtual keys issued at run time (`/admin/keys`).
-    pub keys: crate::keys::Registry,
+    pub keys: crate::keys::registry::Registry,
     /// Limits set at run time for one value (`/admin/limits`).
     pub overrides: crate::overrides::Overrides,
     /// Set once [`crate::server::prepare`] has run.
@@ -81,7 +81,7 @@ impl Gateway {
             draining: std::sync::atomic::AtomicBool::new(false),
             cut: tokio::sync::watch::Sender::new(false),
             contexts: Contexts::default(),
-            keys: crate::keys::Registry::default(),
+            keys: crate::keys::registry::Registry::default(),
             prepared: std::sync::atomic::AtomicBool::new(false),
             overrides: crate::overrides::Overrides::default(),
         }

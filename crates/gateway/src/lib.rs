@@ -48,6 +48,7 @@ mod probes;
 pub(crate) mod provider;
 pub mod records;
 pub mod respond;
+pub mod scrape;
 pub mod server;
 pub mod sse;
 pub mod store;
@@ -56,6 +57,7 @@ pub mod upstream;
 pub mod upstream_tools;
 mod usage;
 pub mod watch;
+pub mod words;
 
 pub use config::{GatewayConfig, hash_key};
 pub use gateway::{Gateway, Shared};

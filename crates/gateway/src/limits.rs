@@ -15,10 +15,10 @@ use tollgate_core::decision::Admitted;
 use tollgate_core::policy::ScopeRule;
 use tollgate_core::{Decision, Dimension, Identity, Reason, RequestFacts, ScopeKey, Store, Usage};
 
-use crate::admin::words;
 use crate::gateway::Shared;
 use crate::path::admit::Controls;
 use crate::respond::{self, ApiError};
+use crate::words;
 
 /// The optional query: values of dimensions a request would name itself.
 #[derive(Debug, Default, Deserialize)]

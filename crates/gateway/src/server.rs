@@ -47,7 +47,7 @@ pub fn router(gw: Shared) -> Router {
 pub fn metrics_router(gw: Shared) -> Router {
     let _ = crate::telemetry::handle();
     Router::new()
-        .route("/metrics", get(crate::telemetry::metrics))
+        .route("/metrics", get(crate::scrape::metrics))
         .route("/readyz", get(crate::probes::readyz))
         .route("/healthz", get(crate::probes::healthz))
         .with_state(gw)
@@ -202,7 +202,7 @@ async fn serve_shared(
     prepare(&gw).await?;
     crate::keys::spawn_refresh(gw.clone());
     let app = router(gw.clone());
-    crate::telemetry::spawn_budget_refresh(gw.clone());
+    crate::scrape::spawn_budget_refresh(gw.clone());
     gw.alerts.spawn();
     let maintenance = gw.store.spawn_slice_maintenance();
     crate::watch::spawn(gw.clone());
@@ -229,7 +229,7 @@ async fn serve_shared(
     connections.drain(cfg.drain_timeout).await;
     gw.cut_off_answers();
     let deadline = tokio::time::Instant::now() + RELEASE_GRACE;
-    while crate::store::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
+    while crate::path::settle::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     // The slices are tended no more (a process that goes on without this gateway must not keep

@@ -17,8 +17,6 @@ use tollgate_slices::Sliced;
 
 use crate::config::{GatewayConfig, StoreConfig};
 
-pub use crate::path::settle::{Recording, Ticket, open_tickets};
-
 /// Memory, Redis, or Redis with slices.
 #[derive(Debug, Clone)]
 pub enum AnyStore {

@@ -364,24 +364,6 @@ pub fn connection_evicted() {
     counter!("tollgate_connections_evicted_total").increment(1);
 }
 
-/// Keeps the budget gauges of the operator's fixed scopes (global rules and fully matched ones)
-/// fresh: every `[metrics] refresh`, all of them read from the store at once (concurrent calls,
-/// which the Redis store's one connection sends together), so a scrape never calls the store
-/// and a scrape storm costs it nothing. Stops with the gateway.
-pub fn spawn_budget_refresh(gw: crate::gateway::Shared) {
-    let weak = std::sync::Arc::downgrade(&gw);
-    drop(gw);
-    tokio::spawn(async move {
-        loop {
-            let Some(gw) = weak.upgrade() else { return };
-            let cfg = gw.config();
-            refresh_budgets(&gw, &cfg).await;
-            drop(gw);
-            tokio::time::sleep(cfg.metrics.refresh).await;
-        }
-    });
-}
-
 /// The operator's fixed scopes: those of global rules and of rules whose `match` names every
 /// dimension they are keyed on, one scope each, known without a request.
 pub(crate) fn fixed_scopes(
@@ -400,30 +382,6 @@ pub(crate) fn fixed_scopes(
             Some((rule, scope))
         })
         .collect()
-}
-
-async fn refresh_budgets(gw: &crate::gateway::Gateway, cfg: &crate::config::GatewayConfig) {
-    use tollgate_core::Store;
-    let scopes: Vec<_> = fixed_scopes(&cfg.policy)
-        .into_iter()
-        .filter_map(|(rule, scope)| Some((scope, rule.budget?)))
-        .collect();
-    let reads = scopes
-        .iter()
-        .map(|(scope, b)| gw.store.usage(scope.id(), Some(b.period)));
-    let usages = futures_util::future::join_all(reads).await;
-    for ((scope, b), u) in scopes.iter().zip(usages) {
-        if let Ok(u) = u {
-            budget_remaining(
-                scope.id(),
-                b.unit.as_str(),
-                b.limit.get(),
-                b.limit
-                    .get()
-                    .saturating_sub(u.settled.saturating_add(u.reserved)),
-            );
-        }
-    }
 }
 
 /// What a request's idempotency key did: `claimed`, `in_flight`, `conflict`, `replayed`,
@@ -518,24 +476,4 @@ pub fn fail_open() {
 pub fn followup_context(known: bool) {
     counter!("tollgate_followup_context_total", "context" => if known { "known" } else { "unknown" })
         .increment(1);
-}
-
-/// `GET /metrics`: Prometheus text format. Budget figures are the last refresh's (see
-/// [`crate::telemetry::spawn_budget_refresh`]): a scrape never calls the store.
-pub async fn metrics(
-    axum::extract::State(gw): axum::extract::State<crate::gateway::Shared>,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    scrape_gauges(
-        gw.records
-            .as_ref()
-            .map_or(0, crate::records::RecordSink::dropped),
-        &gw.memos,
-    );
-    match handle() {
-        Some(h) => ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response(),
-        None => {
-            crate::respond::internal("metrics_unavailable", "No metrics recorder.").into_response()
-        }
-    }
 }

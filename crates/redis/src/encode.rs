@@ -42,15 +42,7 @@ pub(crate) fn num(n: impl itoa::Integer) -> String {
     itoa::Buffer::new().format(n).to_owned()
 }
 
-/// `{prefix}:{kind}:{id}`, made in one allocation of the right size: every per-request and
-/// per-scope key (`docs/redis.md` lists the kinds) is made here.
-pub(crate) fn key(prefix: &str, kind: &str, id: &str) -> String {
-    let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 2);
-    for part in [prefix, ":", kind, ":", id] {
-        k.push_str(part);
-    }
-    k
-}
+pub(crate) use crate::strs::key;
 
 fn strs(items: usize) -> Strs {
     Strs::with_capacity(items)

@@ -38,8 +38,7 @@ impl Strs {
     pub fn push_key(&mut self, prefix: &str, kind: &str, id: &str) {
         // Made as a `String`, whose buffer a long key keeps (pushing parts into a
         // `CompactString` on the heap costs more).
-        self.items
-            .push(CompactString::from(crate::encode::key(prefix, kind, id)));
+        self.items.push(CompactString::from(key(prefix, kind, id)));
     }
 
     /// How many strings.
@@ -94,6 +93,16 @@ impl fmt::Debug for Strs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(self.iter()).finish()
     }
+}
+
+/// `{prefix}:{kind}:{id}`, made in one allocation of the right size: every per-request and
+/// per-scope key (`docs/redis.md` lists the kinds) is made here.
+pub(crate) fn key(prefix: &str, kind: &str, id: &str) -> String {
+    let mut k = String::with_capacity(prefix.len() + kind.len() + id.len() + 2);
+    for part in [prefix, ":", kind, ":", id] {
+        k.push_str(part);
+    }
+    k
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ mod kill;
 mod overrides;
 mod page;
 mod store;
-pub mod words;
+use crate::words;
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -71,7 +71,7 @@ pub fn router(gw: Shared, admin: crate::config::AdminConfig) -> Router {
             "/admin/store/acknowledge-loss",
             post(store::acknowledge_loss),
         )
-        .route("/metrics", get(crate::telemetry::metrics))
+        .route("/metrics", get(crate::scrape::metrics))
         .layer(middleware::from_fn(
             move |headers: HeaderMap, req: axum::extract::Request, next: Next| {
                 let (admin, form, gw) = (admin.clone(), form.clone(), reader.clone());

@@ -90,20 +90,20 @@ pub(super) async fn list(
 /// window, or requests at once.
 fn shown(policy: &tollgate_core::Policy, o: &Override) -> String {
     let rule = policy.scopes.iter().find(|r| *r.name == *o.rule);
-    let words = super::words::amount;
+    let words = crate::words::amount;
     match (o.control, rule) {
         (Control::Budget, Some(r)) => r.budget.map_or(o.limit.to_string(), |b| {
             format!(
                 "{} per {}",
                 words(o.limit, b.unit),
-                super::words::period(b.period)
+                crate::words::period(b.period)
             )
         }),
         (Control::ToolCalls, Some(r)) => r.tool_calls.map_or(o.limit.to_string(), |b| {
             format!(
                 "{} per {}",
                 words(o.limit, b.unit),
-                super::words::period(b.period)
+                crate::words::period(b.period)
             )
         }),
         (Control::Requests, Some(r)) => r.requests.map_or(o.limit.to_string(), |q| {

@@ -244,7 +244,7 @@ fn budget_row(
     u: ScopeUsage,
     end: u64,
 ) -> BudgetRow {
-    use super::words::amount;
+    use crate::words::amount;
     let pct = |v: u64| (u128::from(v) * 100 / u128::from(limit.max(1))).min(100) as u64;
     let used_pct = pct(u.settled);
     let held = pct(u.settled.saturating_add(u.reserved));
@@ -263,7 +263,7 @@ fn budget_row(
             80.. => "warn",
             _ => "ok",
         },
-        resets: super::words::reset_at(end, u.at_ms),
+        resets: crate::words::reset_at(end, u.at_ms),
     }
 }
 

@@ -2,6 +2,8 @@
 //! number is an error where it is written, not a connection failure later), and warnings about
 //! rules that can never apply to any key the configuration has.
 
+use std::time::Duration;
+
 use super::{ConfigError, GatewayConfig, err};
 use tollgate_core::Dimension;
 
@@ -130,6 +132,19 @@ impl GatewayConfig {
             }
         }
         out
+    }
+}
+
+/// A duration written like `250ms` or `2m`, or `default`.
+pub(super) fn duration(
+    v: &Option<String>,
+    default: Duration,
+    field: &str,
+) -> Result<Duration, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(s) => humantime::parse_duration(s)
+            .map_err(|e| err(field, format!("invalid duration {s:?}: {e}"))),
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::validate::duration;
+use super::check::duration;
 use super::{ConfigError, RawLedger, RawStore, RedisAccess, StoreConfig, err};
 
 /// What `[store]` names outside the file: read when resolved.

@@ -9,6 +9,7 @@ use axum::http::{HeaderName, HeaderValue};
 use tollgate_core::Policy;
 use tollgate_tokens::{Counting, Encoding};
 
+use super::check::duration;
 use super::{
     ConfigError, GatewayConfig, IdempotencyConfig, MetricsConfig, QueueConfig, RawAnthropic,
     RawConfig, RawIdempotency, RawKill, RawMetrics, RawOperations, RawQueue, RawRemoteContent,
@@ -177,19 +178,6 @@ pub(super) fn webhook_url(u: &str) -> Result<axum::http::Uri, String> {
         return Err("expected an http:// or https:// URL".into());
     }
     Ok(uri)
-}
-
-/// A duration written like `250ms` or `2m`, or `default`.
-pub(super) fn duration(
-    v: &Option<String>,
-    default: Duration,
-    field: &str,
-) -> Result<Duration, ConfigError> {
-    match v {
-        None => Ok(default),
-        Some(s) => humantime::parse_duration(s)
-            .map_err(|e| err(field, format!("invalid duration {s:?}: {e}"))),
-    }
 }
 
 /// `[server]`'s listener, body and timeouts.

@@ -4,23 +4,25 @@
 //! within [`REFRESH_EVERY`]. The secret is shown once and kept only as its SHA-256 digest.
 //! Keys of the configuration file keep working beside them.
 
+pub(crate) mod copy;
 pub mod life;
 pub mod record;
-mod registry;
+pub mod registry;
 mod truth;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use copy::copy_all;
 pub use life::{KeyRecord, Refusal, Secret};
 pub use record::{Issued, NewKey, Rotation};
-pub use registry::Registry;
+pub use registry::{Found, Registry};
 use tollgate_core::Keeper;
 use tollgate_core::keeper::{KeyWrite, RecordSet};
 use tollgate_ledger::Kept;
-pub(crate) use truth::{copy_all, write_limits};
+pub(crate) use truth::write_limits;
 
-use crate::config::{KeyConfig, hash_key, hex};
+use crate::config::{hash_key, hex};
 use crate::gateway::Gateway;
 use crate::store::AnyStore;
 
@@ -32,17 +34,6 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// How many times a revocation meets another change before it answers 409: a revocation takes
 /// the changes made meanwhile with it, so it reads the key again and revokes what it finds.
 const REVOKE_TRIES: usize = 8;
-
-/// A key found by its secret's digest.
-#[derive(Debug)]
-pub struct Found {
-    /// What was issued.
-    pub issued: Issued,
-    /// The key as the request path reads it.
-    pub key: KeyConfig,
-    /// When this secret's grace ends, if a rotation replaced it.
-    pub until_ms: Option<u64>,
-}
 
 /// Why an operation on issued keys failed.
 #[derive(Debug, thiserror::Error)]
@@ -353,7 +344,7 @@ fn ended(id: &str, r: &Refusal) -> KeyError {
     };
     KeyError::Changed(format!(
         "key {id:?} was {what} at {}: nothing was changed",
-        crate::admin::words::instant_ms(*at)
+        crate::words::instant_ms(*at)
     ))
 }
 
@@ -424,10 +415,9 @@ fn validate(gw: &Gateway, new: NewKey, now: u64) -> Result<Issued, KeyError> {
     })
 }
 
-/// A random step for the store's version of its issued keys (see
-/// [`tollgate_core::Keeper::write_records`]).
+/// A random step for the store's version of its issued keys (see [`copy::step`]).
 pub fn step() -> Result<u32, KeyError> {
-    Ok(u32::from_le_bytes(random::<4>()?))
+    copy::step().map_err(KeyError::Unavailable)
 }
 
 fn random<const N: usize>() -> Result<[u8; N], KeyError> {

@@ -5,7 +5,28 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::life::KeyRecord;
-use super::{Found, truth};
+use super::record::Issued;
+use crate::config::KeyConfig;
+
+/// A key found by its secret's digest.
+#[derive(Debug)]
+pub struct Found {
+    /// What was issued.
+    pub issued: Issued,
+    /// The key as the request path reads it.
+    pub key: KeyConfig,
+    /// When this secret's grace ends, if a rotation replaced it.
+    pub until_ms: Option<u64>,
+}
+
+/// What a compare-and-set found.
+#[derive(Debug)]
+pub(crate) enum Swap {
+    /// Written.
+    Done,
+    /// Another change came first: the truth holds this version now.
+    Changed(u64),
+}
 
 #[derive(Debug, Default)]
 struct Table {
@@ -134,19 +155,19 @@ impl Registry {
     }
 
     /// The compare-and-set of a store that is this process's own.
-    pub(super) fn swap_local(&self, expected: u64, next: &KeyRecord) -> truth::Swap {
+    pub(super) fn swap_local(&self, expected: u64, next: &KeyRecord) -> Swap {
         let Ok(mut t) = self.table.write() else {
-            return truth::Swap::Changed(0);
+            return Swap::Changed(0);
         };
         let held = t.records.get(&next.key.id).map_or(0, |r| r.version);
         if held != expected {
-            return truth::Swap::Changed(held);
+            return Swap::Changed(held);
         }
         t.generation += 1;
         t.records
             .insert(next.key.id.clone(), Arc::new(next.clone()));
         t.index();
-        truth::Swap::Done
+        Swap::Done
     }
 
     pub(super) fn hold(&self, record: KeyRecord) {

@@ -12,17 +12,9 @@ use tollgate_core::keeper::{KeyPut, KeyWrite, RecordSet};
 use crate::store::AnyStore;
 
 use super::life::KeyRecord;
+pub(super) use super::registry::Swap;
 use super::{KeyError, now_ms, step};
 use crate::gateway::Gateway;
-
-/// What a compare-and-set found.
-#[derive(Debug)]
-pub(super) enum Swap {
-    /// Written.
-    Done,
-    /// Another change came first: the truth holds this version now.
-    Changed(u64),
-}
 
 /// Key `id`'s record in the truth, and the instant after which a write from it is refused
 /// (the store's, where Redis is the truth).
@@ -151,35 +143,6 @@ pub(super) async fn copy_held(gw: &Gateway) {
             gw.keys.release(&record);
         }
     }
-}
-
-/// Every record of the ledger written into the store where it is behind (at start: a copy an
-/// instance that stopped did not write, keys carried over from the older keeping); with
-/// `rebuild`, into a store whose loss is not yet lifted. Answers how many were behind.
-pub(crate) async fn copy_all(
-    ledger: &tollgate_ledger::Ledger,
-    shared: &AnyStore,
-    rebuild: bool,
-) -> Result<usize, String> {
-    let records = ledger.key_records().await.map_err(|e| e.to_string())?;
-    let how = if rebuild {
-        KeyWrite::Rebuild
-    } else {
-        KeyWrite::Copy
-    };
-    let mut behind = 0;
-    for (id, version, json) in records {
-        let step = step().map_err(|e| e.to_string())?;
-        if shared
-            .put_key(&id, (version, &json), how, step)
-            .await
-            .map_err(|e| e.to_string())?
-            == KeyPut::Done
-        {
-            behind += 1;
-        }
-    }
-    Ok(behind)
 }
 
 /// Writes `changes` (field, record or deletion) of the limits set at run time, once the store
