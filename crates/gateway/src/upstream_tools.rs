@@ -22,7 +22,6 @@
 
 use serde_json::Value;
 use tollgate_core::Metered;
-use tollgate_tokens::Format;
 
 /// `[upstream_tools]`, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,65 +131,76 @@ fn bounded(asked: Option<&Value>, max: u64) -> u64 {
     asked.and_then(Value::as_u64).map_or(max, |a| a.min(max))
 }
 
-/// Bounds the calls of upstream-run tools in `json` (a request body of `format`) and returns
-/// what to admit for them.
-pub fn bound(format: Format, json: &mut Value, cfg: UpstreamTools) -> Allowance {
+/// The Responses API's upstream-run tools in `json`: their calls bounded by `max_tool_calls`
+/// (written into the body), each allowed for at its type's most.
+pub fn responses(json: &mut Value, cfg: UpstreamTools) -> Allowance {
     let mut metered = Metered::default();
-    let tokens = match format {
-        Format::Responses => {
-            let runs: Vec<(&str, u64)> = tools(json)
-                .filter_map(|t| Some((tool_type(t)?, t)))
-                .filter(|(ty, _)| !CLIENT_RUN.contains(ty))
-                .map(|(ty, t)| (ty, per_call(ty, t, cfg)))
-                .collect();
-            if runs.is_empty() {
-                return Allowance::default();
-            }
-            let calls = bounded(json.get("max_tool_calls"), cfg.max_calls);
-            let most = runs.iter().map(|(_, n)| *n).max().unwrap_or(0);
-            for (ty, _) in &runs {
-                match responses_kind(ty) {
-                    Some(Kind::WebSearch) => metered.web_searches = calls,
-                    Some(Kind::FileSearch) => metered.file_searches = calls,
-                    Some(Kind::Code) => metered.code_sessions = 1,
-                    None => {}
-                }
-            }
-            if let Some(obj) = json.as_object_mut() {
-                obj.insert("max_tool_calls".into(), calls.into());
-            }
-            calls.saturating_mul(most)
+    let runs: Vec<(&str, u64)> = tools(json)
+        .filter_map(|t| Some((tool_type(t)?, t)))
+        .filter(|(ty, _)| !CLIENT_RUN.contains(ty))
+        .map(|(ty, t)| (ty, per_call(ty, t, cfg)))
+        .collect();
+    if runs.is_empty() {
+        return Allowance::default();
+    }
+    let calls = bounded(json.get("max_tool_calls"), cfg.max_calls);
+    let most = runs.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    for (ty, _) in &runs {
+        match responses_kind(ty) {
+            Some(Kind::WebSearch) => metered.web_searches = calls,
+            Some(Kind::FileSearch) => metered.file_searches = calls,
+            Some(Kind::Code) => metered.code_sessions = 1,
+            None => {}
         }
-        Format::ChatCompletions => {
-            let searches = json.get("web_search_options").is_some_and(|o| !o.is_null());
-            metered.web_searches = u64::from(searches);
-            u64::from(searches).saturating_mul(cfg.tokens_per_call)
-        }
-        Format::AnthropicMessages => {
-            let Some(list) = json.get_mut("tools").and_then(Value::as_array_mut) else {
-                return Allowance::default();
-            };
-            let mut calls: u64 = 0;
-            for tool in list {
-                let ty = tool_type(tool).unwrap_or("");
-                if !ANTHROPIC_FETCHING.iter().any(|p| ty.starts_with(p)) {
-                    continue;
-                }
-                let searches = ty.starts_with("web_search_");
-                let uses = bounded(tool.get("max_uses"), cfg.max_calls);
-                if let Some(obj) = tool.as_object_mut() {
-                    obj.insert("max_uses".into(), uses.into());
-                }
-                if searches {
-                    metered.web_searches = metered.web_searches.saturating_add(uses);
-                }
-                calls = calls.saturating_add(uses);
-            }
-            calls.saturating_mul(cfg.tokens_per_call)
-        }
-        Format::Completions | Format::Embeddings => 0,
+    }
+    if let Some(obj) = json.as_object_mut() {
+        obj.insert("max_tool_calls".into(), calls.into());
+    }
+    Allowance {
+        tokens: calls.saturating_mul(most),
+        metered,
+    }
+}
+
+/// Chat's one upstream-run tool: a web search when `web_search_options` is given.
+pub fn chat(json: &Value, cfg: UpstreamTools) -> Allowance {
+    let searches = u64::from(json.get("web_search_options").is_some_and(|o| !o.is_null()));
+    Allowance {
+        tokens: searches.saturating_mul(cfg.tokens_per_call),
+        metered: Metered {
+            web_searches: searches,
+            ..Metered::default()
+        },
+    }
+}
+
+/// Anthropic's server tools that fetch (web search and fetch): each one's `max_uses` bounded
+/// (written into the body), each use allowed for at `tokens_per_call`.
+pub fn anthropic(json: &mut Value, cfg: UpstreamTools) -> Allowance {
+    let mut metered = Metered::default();
+    let Some(list) = json.get_mut("tools").and_then(Value::as_array_mut) else {
+        return Allowance::default();
     };
-    Allowance { tokens, metered }
+    let mut calls: u64 = 0;
+    for tool in list {
+        let ty = tool_type(tool).unwrap_or("");
+        if !ANTHROPIC_FETCHING.iter().any(|p| ty.starts_with(p)) {
+            continue;
+        }
+        let searches = ty.starts_with("web_search_");
+        let uses = bounded(tool.get("max_uses"), cfg.max_calls);
+        if let Some(obj) = tool.as_object_mut() {
+            obj.insert("max_uses".into(), uses.into());
+        }
+        if searches {
+            metered.web_searches = metered.web_searches.saturating_add(uses);
+        }
+        calls = calls.saturating_add(uses);
+    }
+    Allowance {
+        tokens: calls.saturating_mul(cfg.tokens_per_call),
+        metered,
+    }
 }
 
 /// Input tokens one call of a Responses tool of type `ty` may add: file search its results
@@ -212,12 +222,22 @@ fn per_call(ty: &str, tool: &Value, cfg: UpstreamTools) -> u64 {
 mod tests {
     use super::*;
     use serde_json::json;
+    use tollgate_tokens::Format;
 
     const CFG: UpstreamTools = UpstreamTools {
         tokens_per_call: 1_000,
         max_calls: 3,
         file_search_chunk_tokens: 100,
     };
+
+    fn bound(format: Format, j: &mut Value, cfg: UpstreamTools) -> Allowance {
+        match format {
+            Format::Responses => responses(j, cfg),
+            Format::ChatCompletions => chat(j, cfg),
+            Format::AnthropicMessages => anthropic(j, cfg),
+            Format::Completions | Format::Embeddings => Allowance::default(),
+        }
+    }
 
     fn tokens(format: Format, j: &mut Value) -> u64 {
         bound(format, j, CFG).tokens

@@ -21,6 +21,18 @@ const ANTHROPIC_VERSION: &str = "2023-06-01";
 pub(super) struct Messages;
 
 impl Dialect for Messages {
+    fn upstream_tools(
+        &self,
+        json: &mut Value,
+        cfg: crate::upstream_tools::UpstreamTools,
+    ) -> crate::upstream_tools::Allowance {
+        crate::upstream_tools::anthropic(json, cfg)
+    }
+
+    fn answer_items<'a>(&self, answer: &'a Value) -> Option<&'a Value> {
+        Some(&answer["content"])
+    }
+
     fn format(&self) -> Format {
         Format::AnthropicMessages
     }

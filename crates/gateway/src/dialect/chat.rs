@@ -11,6 +11,14 @@ use crate::respond::ApiError;
 pub(super) struct Chat;
 
 impl Dialect for Chat {
+    fn upstream_tools(
+        &self,
+        json: &mut Value,
+        cfg: crate::upstream_tools::UpstreamTools,
+    ) -> crate::upstream_tools::Allowance {
+        crate::upstream_tools::chat(json, cfg)
+    }
+
     fn format(&self) -> Format {
         Format::ChatCompletions
     }

@@ -61,6 +61,22 @@ pub trait Dialect: Sync + Send + std::fmt::Debug {
         Ok(1)
     }
 
+    /// What the upstream-run tools the body asks for may add to its input, with their calls
+    /// bounded in the body ([`crate::upstream_tools`]); none by default.
+    fn upstream_tools(
+        &self,
+        _json: &mut Value,
+        _cfg: crate::upstream_tools::UpstreamTools,
+    ) -> crate::upstream_tools::Allowance {
+        crate::upstream_tools::Allowance::default()
+    }
+
+    /// The items of a non-streamed answer that show the fee-carrying calls made, where the
+    /// format shows them all; `None` where it does not (chat's web search).
+    fn answer_items<'a>(&self, _answer: &'a Value) -> Option<&'a Value> {
+        None
+    }
+
     /// The body fields this API accepts, each with its cost ([`fields`]); any other is refused.
     fn fields(&self) -> &'static [(&'static str, fields::Cost)];
 

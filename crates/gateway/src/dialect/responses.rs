@@ -14,6 +14,18 @@ use crate::sse::SseMeter;
 pub(super) struct Responses;
 
 impl Dialect for Responses {
+    fn upstream_tools(
+        &self,
+        json: &mut Value,
+        cfg: crate::upstream_tools::UpstreamTools,
+    ) -> crate::upstream_tools::Allowance {
+        crate::upstream_tools::responses(json, cfg)
+    }
+
+    fn answer_items<'a>(&self, answer: &'a Value) -> Option<&'a Value> {
+        Some(&answer["output"])
+    }
+
     fn format(&self) -> Format {
         Format::Responses
     }

@@ -415,7 +415,7 @@ fn validate(gw: &Gateway, new: NewKey, now: u64) -> Result<Issued, KeyError> {
     })
 }
 
-/// A random step for the store's version of its issued keys (see [`copy::step`]).
+/// A random step for the store's version of its issued keys (the books' own, in `copy`).
 pub fn step() -> Result<u32, KeyError> {
     copy::step().map_err(KeyError::Unavailable)
 }

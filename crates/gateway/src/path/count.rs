@@ -119,7 +119,7 @@ pub(crate) async fn count(
         0
     };
     // What tools the upstream runs will fetch is input too; their calls are bounded in the body.
-    let tools = crate::upstream_tools::bound(dialect.format(), &mut json, cfg.upstream_tools);
+    let tools = dialect.upstream_tools(&mut json, cfg.upstream_tools);
     let tool_input = tools.tokens;
     // So is the content of files and documents named by URL or id.
     let mut remote_input = remote_allowance(cfg, &count)?;

@@ -99,12 +99,7 @@ pub(crate) async fn answer(
 /// Responses API's output items; Anthropic's blocks and its count of web searches); `None` for
 /// chat, whose web search is not shown.
 fn tools_used(dialect: &dyn Dialect, v: &Value) -> Option<tollgate_core::Metered> {
-    use tollgate_tokens::Format;
-    let list = match dialect.format() {
-        Format::Responses => &v["output"],
-        Format::AnthropicMessages => &v["content"],
-        _ => return None,
-    };
+    let list = dialect.answer_items(v)?;
     let mut used = tollgate_core::Metered::default();
     for item in list.as_array().into_iter().flatten() {
         crate::upstream_tools::used_by(item, &mut used);

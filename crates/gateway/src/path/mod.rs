@@ -1,11 +1,14 @@
 //! The request path, in the order a request takes it:
 //!
 //! 1. [`intake`]: the key, the client's address, the body within its limits;
-//! 2. [`count`]: the body parsed and counted, the model resolved, the request's facts;
-//! 3. [`admit`]: the six controls in one atomic admission (shared with the embedded layer);
-//! 4. [`forward`]: the granted cap written into the body, the upstream called;
-//! 5. [`meter`]: the answer passed on and its usage read (streamed or whole);
-//! 6. [`settle`]: the admission's ticket ended with that usage, exactly once.
+//! 2. [`early`]: a large body's rates decided before it is counted;
+//! 3. [`count`]: the body parsed and counted, the model resolved, the request's facts (with
+//!    [`idempotent`], [`trim`], [`loops`] and [`degrade`]);
+//! 4. [`admit`]: the six controls in one atomic admission (shared with the embedded layer),
+//!    waiting in the [`queue`] when one is configured;
+//! 5. [`forward`]: the granted cap written into the body, the upstream called;
+//! 6. [`meter`]: the answer passed on and its usage read (streamed or whole);
+//! 7. [`settle`]: the admission's ticket ended with that usage, exactly once.
 //!
 //! Each API format's own rules come from its [`crate::dialect`].
 
