@@ -157,14 +157,16 @@ async fn sigterm_lets_a_stream_under_way_finish_and_settle() {
     sigterm(&env);
     // The listener closes at once: new clients go to other instances.
     let port = env.url.rsplit(':').next().unwrap().to_owned();
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
-        .await
-        .is_ok()
-    {
-        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tollgate_testkit::wait::until_within(
+        "the listener closed after SIGTERM",
+        Duration::from_secs(3),
+        async || {
+            tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
+                .await
+                .is_err()
+        },
+    )
+    .await;
     // Load balancers probing readiness see the drain.
     assert_eq!(readyz(&env).await, 503);
     // The stream under way goes on to its end (100 tokens at 20 ms each).

@@ -5,6 +5,7 @@
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+use tollgate_testkit::wait::{poll, until, until_within};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -87,8 +88,7 @@ async fn get(url: &str) -> String {
 
 /// The log's lines holding `what`, once there are `n` of them (fails after 5 s).
 async fn lines_with(log: &std::path::Path, what: &str, n: usize) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    poll(Duration::from_secs(5), async || {
         let text = std::fs::read_to_string(log).unwrap();
         let found: Vec<String> = text
             .lines()
@@ -96,11 +96,11 @@ async fn lines_with(log: &std::path::Path, what: &str, n: usize) -> Vec<String> 
             .map(str::to_owned)
             .collect();
         if found.len() >= n {
-            return found;
+            return Ok(found);
         }
-        assert!(Instant::now() < deadline, "no {what:?} in the log:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        Err(format!("no {what:?} in the log:\n{text}"))
+    })
+    .await
 }
 
 /// An unreachable upstream: one line per request, with the request's id and the cause.
@@ -267,11 +267,12 @@ async fn a_shutdown_during_a_ledger_outage_keeps_its_endings() {
             .unwrap()
             .success()
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while p.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "still running after SIGTERM");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_within(
+        "the exit after SIGTERM",
+        Duration::from_secs(20),
+        async || p.0.try_wait().unwrap().is_some(),
+    )
+    .await;
     let kept = lines_with(&log, "kept in the spool", 1).await;
     assert!(kept[0].contains("endings=5"), "{kept:?}");
     let spooled = std::fs::read_to_string(&spool).unwrap();
@@ -281,11 +282,10 @@ async fn a_shutdown_during_a_ledger_outage_keeps_its_endings() {
     let (_p2, _url2, log2, _dir2) = start(&sections, &upstream.base_url());
     lines_with(&log2, "endings kept at the last shutdown are written", 1).await;
     let pending = tollgate_ledger::spool::replaying(&spool);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pending.exists() || spool.exists() {
-        assert!(Instant::now() < deadline, "the spool was not written");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("the spool written to the ledger", async || {
+        !pending.exists() && !spool.exists()
+    })
+    .await;
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args([
             "spend",
@@ -326,11 +326,7 @@ async fn a_rebuild_from_the_ledger_is_logged() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let flushed = redis.cli().args(["flushall"]).output().unwrap();
     assert!(flushed.status.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while chat(&url).await != 200 {
-        assert!(Instant::now() < deadline, "never served again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until("served again", async || chat(&url).await == 200).await;
     let lost = lines_with(&log, "the store has lost its state", 1).await;
     assert_eq!(lost.len(), 1, "{lost:?}");
     let rebuilt = lines_with(&log, "the store's books were rebuilt", 1).await;

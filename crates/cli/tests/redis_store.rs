@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use tollgate_core::{Ending, Finish, Period, Store, Usage};
@@ -505,17 +505,19 @@ fn a_killed_instance_gives_its_leases_back_and_is_charged() {
     child.kill().unwrap(); // SIGKILL: no chance to release anything
     child.wait().unwrap();
     // Within the lease TTL the slots come back and the reservations are charged in full.
-    let deadline = Instant::now() + Duration::from_millis(TTL_MS + 2_000);
-    loop {
-        rt.block_on(s.sweep_expired(1000)).unwrap();
-        let u = rt.block_on(s.usage("all|global", Some(PERIOD))).unwrap();
-        if u.leases == 0 && u.reserved == 0 {
-            assert_eq!(u.settled, held);
-            break;
-        }
-        assert!(Instant::now() < deadline, "slots not back in time: {u:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let mut last = None;
+    tollgate_testkit::wait::until_blocking(
+        "the slots back and the reservations charged",
+        Duration::from_millis(TTL_MS + 2_000),
+        || {
+            rt.block_on(s.sweep_expired(1000)).unwrap();
+            let u = rt.block_on(s.usage("all|global", Some(PERIOD))).unwrap();
+            let back = u.leases == 0 && u.reserved == 0;
+            last = Some(u);
+            back
+        },
+    );
+    assert_eq!(last.map(|u| u.settled), Some(held));
 }
 
 #[test]

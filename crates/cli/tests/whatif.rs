@@ -266,15 +266,12 @@ async fn whatif_reports_a_cut_count_as_a_bound() {
     .unwrap();
     let (gateway, url) = start_instance(&config);
     assert_eq!(chat(&url, "sk-acme", "alice", 120), 400);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let line: Value = loop {
-        let text = std::fs::read_to_string(&records).unwrap_or_default();
-        if let Some(l) = text.lines().next() {
-            break serde_json::from_str(l).unwrap();
-        }
-        assert!(Instant::now() < deadline, "no record");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut written = String::new();
+    tollgate_testkit::wait::until_blocking("a record", Duration::from_secs(5), || {
+        written = std::fs::read_to_string(&records).unwrap_or_default();
+        written.contains('\n')
+    });
+    let line: Value = serde_json::from_str(written.lines().next().unwrap()).unwrap();
     drop(gateway);
     assert_eq!(
         line["input_tokens"], 41,

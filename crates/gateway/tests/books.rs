@@ -7,7 +7,7 @@
 #[macro_use]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use tollgate_core::{Period, Store};
@@ -104,14 +104,7 @@ async fn kill(admin: &str, target: &str) {
     assert_eq!(client.request(req).await.unwrap().status(), 200);
 }
 
-/// Polls `f` until it holds, 10 s at most.
-async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(Instant::now() < deadline, "{what} within 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use tollgate_testkit::wait::until;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_redis_gets_its_books_back_from_the_ledger() {

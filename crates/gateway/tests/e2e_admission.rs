@@ -14,7 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tollgate_testkit::sim::SimConfig;
 
 use common::e2e::{
@@ -329,12 +329,12 @@ budget = { tokens = 1000, period = "day" }
     let first =
         tokio::spawn(async move { send(&e2, "/v1/chat/completions", Some(KEY), body).await });
     // While it runs: 8 input + 3 x 10 output reserved.
-    let deadline = Instant::now() + Duration::from_secs(5);
     let mut reserved = 0;
-    while reserved == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    tollgate_testkit::wait::until("a reservation while it runs", async || {
         reserved = tenant_usage(&env).await.reserved;
-    }
+        reserved > 0
+    })
+    .await;
     let r = first.await.unwrap();
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(reserved, 8 + 30);

@@ -8,7 +8,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tollgate_testkit::sim::SimConfig;
 
@@ -134,11 +134,10 @@ concurrency = { limit = 1, lease_ttl = "30s" }
             .await
             .status
     });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while tenant_usage(&env).await.leases == 0 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tollgate_testkit::wait::until("the holder's lease", async || {
+        tenant_usage(&env).await.leases > 0
+    })
+    .await;
     // A second request takes the only queue place, then its client leaves.
     let mut s = tokio::net::TcpStream::connect(env.addr).await.unwrap();
     let body = chat("hi", 5);

@@ -13,7 +13,7 @@ use hyper::Request;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_core::{Period, Store};
 use tollgate_testkit::sim::SimConfig;
@@ -127,14 +127,14 @@ budget = { tokens = 100000, period = "day" }
     let denied = send(&env, "/v1/chat/completions", Some(KEY), chat(canary, 5)).await;
     assert_eq!(denied.status, 429);
     // The writer is asynchronous: wait for the four lines.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let text = loop {
+    let text = tollgate_testkit::wait::poll(Duration::from_secs(3), async || {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
-        if text.lines().count() >= 4 || Instant::now() > deadline {
-            break text;
+        match text.lines().count() {
+            4.. => Ok(text),
+            n => Err(format!("{n} of the four records:\n{text}")),
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     let lines: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -201,8 +201,7 @@ budget = { tokens = 100000, period = "day" }
         100000 - u.settled - u.reserved
     );
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let text = loop {
+    let text = tollgate_testkit::wait::poll(Duration::from_secs(10), async || {
         let r = client
             .request(
                 Request::get(format!("http://{}/metrics", env.metrics))
@@ -214,12 +213,12 @@ budget = { tokens = 100000, period = "day" }
         assert_eq!(r.status(), 200);
         let text = String::from_utf8_lossy(&r.into_body().collect().await.unwrap().to_bytes())
             .into_owned();
-        if text.lines().any(|l| l == gauge) {
-            break text;
+        match text.lines().any(|l| l == gauge) {
+            true => Ok(text),
+            false => Err(format!("no {gauge}:\n{text}")),
         }
-        assert!(Instant::now() < deadline, "no {gauge} within 10 s:\n{text}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     let line = |prefix: &str| {
         text.lines()
             .find(|l| l.starts_with(prefix))

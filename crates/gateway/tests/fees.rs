@@ -10,7 +10,7 @@
 #[macro_use]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tollgate_core::{Period, Store};
@@ -64,8 +64,7 @@ impl Case {
 
     /// The first record with an ending, once nothing is held (fails after 5 s).
     async fn ended(&self) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
+        tollgate_testkit::wait::poll(Duration::from_secs(5), async || {
             let u = self
                 .env
                 .store
@@ -75,12 +74,12 @@ impl Case {
             let text =
                 std::fs::read_to_string(self.dir.path().join("records.jsonl")).unwrap_or_default();
             let line = text.lines().find(|l| l.contains("\"ending\""));
-            if let (Some(line), 0, 0) = (line, u.reserved, u.leases) {
-                return serde_json::from_str(line).unwrap();
+            match (line, u.reserved, u.leases) {
+                (Some(line), 0, 0) => Ok(serde_json::from_str(line).unwrap()),
+                _ => Err(format!("not ended: {u:?} {text}")),
             }
-            assert!(Instant::now() < deadline, "not ended: {u:?} {text}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        })
+        .await
     }
 
     /// The tenant's settled amount.

@@ -149,15 +149,14 @@ async fn chat(addr: SocketAddr, stream: bool) -> common::Reply {
 
 /// The tenant's budget once nothing is held any more; fails after `within`.
 async fn settled_when_idle(store: &AnyStore, within: Duration) -> u64 {
-    let deadline = Instant::now() + within;
-    loop {
+    tollgate_testkit::wait::poll(within, async || {
         let u = store.usage("tenant|tenant:acme", Some(DAY)).await.unwrap();
         if u.leases == 0 && u.reserved == 0 {
-            return u.settled;
+            return Ok(u.settled);
         }
-        assert!(Instant::now() < deadline, "still held: {u:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        Err(format!("still held: {u:?}"))
+    })
+    .await
 }
 
 fn completion(usage: Value) -> Value {
@@ -498,14 +497,14 @@ async fn a_settlement_during_a_partition_lands_when_the_store_returns() {
     assert!(start.elapsed() < Duration::from_secs(10));
     // The record is written once the retry that landed has returned: a moment after the books
     // show it.
-    let mut line = String::new();
-    for _ in 0..200 {
-        line = std::fs::read_to_string(&records).unwrap();
-        if line.contains("\"ending\"") {
-            break;
+    let line = tollgate_testkit::wait::poll(Duration::from_secs(2), async || {
+        let line = std::fs::read_to_string(&records).unwrap();
+        match line.contains("\"ending\"") {
+            true => Ok(line),
+            false => Err(format!("no ending recorded: {line}")),
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
     assert!(line.contains("\"ending\":\"settled\""), "{line}");
     assert!(line.contains("\"end_attempts\":"), "{line}");
 }

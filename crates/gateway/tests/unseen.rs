@@ -184,15 +184,14 @@ async fn a_left_stream_without_usage_is_charged_its_reservation(redis: bool) {
     stream_until(&env, "/v1/chat/completions", &body, "\" tok\"").await;
     let u = settled_usage(&env).await;
     let billed = billed(&env);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let record = loop {
+    let record = tollgate_testkit::wait::poll(Duration::from_secs(5), async || {
         let text = std::fs::read_to_string(&records).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains("\"ending\"")) {
-            break serde_json::from_str::<Value>(line).unwrap();
+        match text.lines().find(|l| l.contains("\"ending\"")) {
+            Some(line) => Ok(serde_json::from_str::<Value>(line).unwrap()),
+            None => Err(format!("no ending recorded: {text}")),
         }
-        assert!(Instant::now() < deadline, "no ending recorded: {text}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    })
+    .await;
     let reserved = record["estimated_tokens"].as_u64().unwrap();
     assert_eq!(
         u.settled, reserved,
@@ -221,15 +220,14 @@ impl Records {
     }
     /// The first record with an ending (fails after 5 s).
     async fn ended(&self) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
+        tollgate_testkit::wait::poll(Duration::from_secs(5), async || {
             let text = std::fs::read_to_string(self.path()).unwrap_or_default();
-            if let Some(line) = text.lines().find(|l| l.contains("\"ending\"")) {
-                return serde_json::from_str(line).unwrap();
+            match text.lines().find(|l| l.contains("\"ending\"")) {
+                Some(line) => Ok(serde_json::from_str(line).unwrap()),
+                None => Err(format!("no ending recorded: {text}")),
             }
-            assert!(Instant::now() < deadline, "no ending recorded: {text}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        })
+        .await
     }
 }
 

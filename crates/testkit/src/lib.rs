@@ -15,6 +15,7 @@ pub mod faults;
 pub mod paused;
 pub mod pg_server;
 pub mod redis_server;
+pub mod wait;
 pub use tollgate_sim as sim;
 
 use tollgate_core::{Dimension, Identity, Keeper, ManualClock, Policy, RequestFacts, Store};

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::panic, dead_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::json;
@@ -51,32 +51,26 @@ pub async fn tenant_usage(env: &Env) -> tollgate_core::ScopeUsage {
 /// The tenant's settled total once it reaches `expected` (settlement happens after the
 /// response, off its path); fails after 3 s.
 pub async fn settled_becomes(env: &Env, expected: u64) {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
+    tollgate_testkit::wait::poll(Duration::from_secs(3), async || {
         let u = tenant_usage(env).await;
         if u.settled == expected {
-            return;
+            return Ok(());
         }
-        assert!(
-            Instant::now() < deadline,
-            "settled {} never became {expected}",
-            u.settled
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        Err(format!("settled {} never became {expected}", u.settled))
+    })
+    .await;
 }
 
 /// Every test ends with nothing held: leases back, nothing reserved.
 pub async fn assert_nothing_leaks(env: &Env) {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
+    tollgate_testkit::wait::poll(Duration::from_secs(3), async || {
         let u = tenant_usage(env).await;
-        if u.leases == 0 && u.reserved == 0 {
-            return;
+        match (u.leases, u.reserved) {
+            (0, 0) => Ok(()),
+            _ => Err(format!("leaked: {u:?}")),
         }
-        assert!(Instant::now() < deadline, "leaked: {u:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 pub const BASIC: &str = r#"

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::panic, dead_code)]
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tollgate_gateway::{Gateway, GatewayConfig};
@@ -212,14 +212,8 @@ pub fn redis_has(redis: &RedisServer, key: &str) -> bool {
     String::from_utf8_lossy(&out.stdout).trim() == "1"
 }
 
-/// Polls `f` until it holds, 10 s at most.
-pub async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(Instant::now() < deadline, "{what} within 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+#[allow(unused_imports)]
+pub use tollgate_testkit::wait::until;
 
 pub async fn sim() -> Sim {
     Sim::start(SimConfig {

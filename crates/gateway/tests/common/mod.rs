@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::panic, dead_code)]
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tollgate_core::Keeper as _;
 
 use bytes::Bytes;
@@ -239,15 +239,14 @@ pub async fn tenant_usage_when(
     what: &str,
     done: impl Fn(&ScopeUsage) -> bool,
 ) -> ScopeUsage {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
+    tollgate_testkit::wait::poll(Duration::from_secs(3), async || {
         let u = tenant_usage(store).await;
         if done(&u) {
-            return u;
+            return Ok(u);
         }
-        assert!(Instant::now() < deadline, "{what}: {u:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        Err(format!("{what}: {u:?}"))
+    })
+    .await
 }
 
 /// The tenant's settled total once nothing is held and it has reached what the simulator
