@@ -349,12 +349,12 @@ impl Books {
         if store.is_shared() {
             let changes: Vec<(String, Option<String>)> =
                 limits.into_iter().map(|(d, r)| (d, Some(r))).collect();
-            let step = crate::keys::copy::step()?;
+            let step = crate::key_copy::step()?;
             store
                 .write_records(RecordSet::Limits, &changes, step)
                 .await
                 .map_err(|e| e.to_string())?;
-            crate::keys::copy::copy_all(&self.ledger, store, true).await?;
+            crate::key_copy::copy_all(&self.ledger, store, true).await?;
         }
         store.keep_expiries().await.map_err(|e| e.to_string())?;
         store.acknowledge_loss().await.map_err(|e| e.to_string())?;

@@ -10,7 +10,7 @@ use tollgate_tokens::TokenCounter;
 
 use crate::config::GatewayConfig;
 use crate::contexts::Contexts;
-use crate::path::queue::Queue;
+use crate::queue::Queue;
 use crate::records::RecordSink;
 use crate::store::AnyStore;
 

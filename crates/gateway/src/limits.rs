@@ -147,7 +147,7 @@ async fn counted(
         },
     );
     let lost = || gw.store_lost();
-    let flow = crate::path::queue::Flow::of(&cfg.policy, &facts);
+    let flow = crate::queue::Flow::of(&cfg.policy, &facts);
     // The key's exemptions were applied above: the reads bucket is no rule's, and counts.
     let controls = Controls::of(gw, cfg, (&[], flow), false, &lost);
     match controls.decide_alone(&mut p).await {

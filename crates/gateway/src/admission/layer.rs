@@ -6,7 +6,7 @@ use axum::response::Response;
 use tollgate_core::{Policy, Reason, RequestFacts, Store};
 
 use crate::config::QueueConfig;
-use crate::path::queue::Queue;
+use crate::queue::Queue;
 use crate::store::AnyStore;
 
 /// Applies [`Admission`] to a service. Generic over the store: any [`Store`] (the memory store,

@@ -74,7 +74,7 @@ where
                 exempt: &layer.exempt,
                 kills: &layer.kills,
                 queue: layer.queue.as_ref().map(|(q, c)| (&**q, *c)),
-                flow: crate::path::queue::Flow::of(&layer.policy, &facts),
+                flow: crate::queue::Flow::of(&layer.policy, &facts),
                 alerts: layer.alerts.as_ref(),
                 on_lost: None,
             };

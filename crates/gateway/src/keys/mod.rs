@@ -4,7 +4,6 @@
 //! within [`REFRESH_EVERY`]. The secret is shown once and kept only as its SHA-256 digest.
 //! Keys of the configuration file keep working beside them.
 
-pub(crate) mod copy;
 pub mod life;
 pub mod record;
 pub mod registry;
@@ -13,7 +12,7 @@ mod truth;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use copy::copy_all;
+pub(crate) use crate::key_copy::copy_all;
 pub use life::{KeyRecord, Refusal, Secret};
 pub use record::{Issued, NewKey, Rotation};
 pub use registry::{Found, Registry};
@@ -417,7 +416,7 @@ fn validate(gw: &Gateway, new: NewKey, now: u64) -> Result<Issued, KeyError> {
 
 /// A random step for the store's version of its issued keys (the books' own, in `copy`).
 pub fn step() -> Result<u32, KeyError> {
-    copy::step().map_err(KeyError::Unavailable)
+    crate::key_copy::step().map_err(KeyError::Unavailable)
 }
 
 fn random<const N: usize>() -> Result<[u8; N], KeyError> {

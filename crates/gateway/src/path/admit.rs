@@ -11,8 +11,8 @@ use tollgate_core::decision::Killed;
 use tollgate_core::record::ShadowRefusal;
 use tollgate_core::{Admitted, Decision, Deny, Plan, Reason, ShadowOutcome, Store, StoreError};
 
-use super::queue::{Behind, Flow, Place, Queue, line_of};
 use crate::config::QueueConfig;
+use crate::queue::{Behind, Flow, Place, Queue, line_of};
 use crate::respond::{self, ApiError};
 
 /// What an admission is decided with, besides its plan.

@@ -9,9 +9,9 @@ use tollgate_core::{Decision, Dimension, Identity, Reason, RequestFacts, ScopeKe
 
 use super::admit::Controls;
 use super::intake::{Intake, operation};
-use super::queue::Flow;
 use crate::config::GatewayConfig;
 use crate::gateway::Gateway;
+use crate::queue::Flow;
 use crate::respond::{self, ApiError};
 
 /// Bodies larger than this are decided by their rates before they are counted: below it,

@@ -5,7 +5,7 @@
 //! 3. [`count`]: the body parsed and counted, the model resolved, the request's facts (with
 //!    [`idempotent`], [`trim`], [`loops`] and [`degrade`]);
 //! 4. [`admit`]: the six controls in one atomic admission (shared with the embedded layer),
-//!    waiting in the [`queue`] when one is configured;
+//!    waiting in the [`crate::queue`] when one is configured;
 //! 5. [`forward`]: the granted cap written into the body, the upstream called;
 //! 6. [`meter`]: the answer passed on and its usage read (streamed or whole);
 //! 7. [`settle`]: the admission's ticket ended with that usage, exactly once.
@@ -21,7 +21,6 @@ pub(crate) mod idempotent;
 pub(crate) mod intake;
 mod loops;
 pub(crate) mod meter;
-pub(crate) mod queue;
 pub(crate) mod settle;
 mod trim;
 
@@ -168,7 +167,7 @@ async fn admit_counted(
     }
     // A store that lost its state is told, and rebuilt from the ledger when there is one.
     let lost = || gw.store_lost();
-    let flow = queue::Flow::of(&cfg.policy, &counted.facts);
+    let flow = crate::queue::Flow::of(&cfg.policy, &counted.facts);
     let controls = Controls::of(gw, cfg, (&key.exempt, flow), true, &lost);
     let decided = Instant::now();
     let (decision, shadowed) = controls.decide_shadowed(&mut p, shadow).await?;
