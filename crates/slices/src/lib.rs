@@ -410,6 +410,9 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
     /// Gives back what this instance holds of the request's scopes beyond its requests in
     /// flight; whether there was anything.
     async fn give_back_for(&self, plan: &Plan, shadow: Option<&Plan>) -> Result<bool, StoreError> {
+        // Orders are made under the gate: one made before another exchange's answer would set
+        // a slice back to what it held before that answer.
+        let _gate = self.gate.lock().await;
         let back = {
             let mut st = self.lock()?;
             let State { book, engine, .. } = &mut *st;
@@ -418,7 +421,6 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
         if back.orders.is_empty() {
             return Ok(false);
         }
-        let _gate = self.gate.lock().await;
         // A failure leaves more held than needed: a refusal a little early at worst.
         let _ = self.send(back).await;
         Ok(true)
@@ -560,9 +562,9 @@ impl<S: SliceSource, C: Clock + Clone + 'static> Sliced<S, C> {
             if let Renewal::Renewed { expires_at } = r {
                 // The slices must outlive the request.
                 let until = expires_at.saturating_add(self.cfg.margin_ms);
+                let _gate = self.gate.lock().await;
                 let p = self.lock()?.book.renewals(until);
                 if !p.is_empty() {
-                    let _gate = self.gate.lock().await;
                     self.send(p).await?;
                 }
             }

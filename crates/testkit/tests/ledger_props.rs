@@ -761,12 +761,14 @@ async fn sliced_instances_racing_never_overshoot() {
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let violations = Arc::new(AtomicU64::new(0));
+    let first = Arc::new(std::sync::Mutex::new(String::new()));
     let checker = {
-        let (store, stop, violations, inst) = (
+        let (store, stop, violations, inst, first) = (
             store.clone(),
             stop.clone(),
             violations.clone(),
             inst.clone(),
+            first.clone(),
         );
         tokio::spawn(async move {
             let mut samples = 0u64;
@@ -774,9 +776,12 @@ async fn sliced_instances_racing_never_overshoot() {
                 let u = store
                     .usage_sync("all|global", Some(Period::Fixed(3_600_000)))
                     .unwrap();
-                let uncovered = inst.iter().any(|s| s.audit().is_err());
-                if u.settled + u.reserved > 30_000 || u.leases > 16 || uncovered {
-                    violations.fetch_add(1, Ordering::Relaxed);
+                let uncovered: Vec<String> = inst.iter().filter_map(|s| s.audit().err()).collect();
+                let over = u.settled + u.reserved > 30_000 || u.leases > 16;
+                if (over || !uncovered.is_empty())
+                    && violations.fetch_add(1, Ordering::Relaxed) == 0
+                {
+                    *first.lock().unwrap() = format!("{u:?}, uncovered: {uncovered:?}");
                 }
                 samples += 1;
                 tokio::task::yield_now().await;
@@ -852,7 +857,8 @@ async fn sliced_instances_racing_never_overshoot() {
     assert_eq!(
         violations.load(Ordering::Relaxed),
         0,
-        "over {samples} samples"
+        "over {samples} samples, the first: {}",
+        first.lock().unwrap()
     );
     assert!(samples > 100, "the checker ran ({samples} samples)");
     for s in &inst {
