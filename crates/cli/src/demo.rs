@@ -9,6 +9,9 @@ pub const DEMO_KEY: &str = "sk-tollgate-demo";
 /// The demo's key of priority class `critical`.
 pub const VIP_KEY: &str = "sk-tollgate-demo-vip";
 
+/// The demo's key for code that calls the provider itself: reservations only.
+pub const EDGE_KEY: &str = "sk-tollgate-demo-edge";
+
 /// The demo configuration: tight limits per key so that refusals come quickly, and an admin
 /// listener on a free port whose token is in `token_file`.
 pub fn config(upstream: &str, token_file: &std::path::Path) -> String {
@@ -37,6 +40,12 @@ name = "demo-vip"
 hash = "{vip_hash}"
 tenant = "demo"
 class = "critical"
+
+[[keys]]
+name = "demo-edge"
+hash = "{edge_hash}"
+tenant = "edge"
+uses = "reservations"
 
 [queue]
 max_wait = "5s"
@@ -84,6 +93,7 @@ budget = {{ tokens = 300, period = "day" }}
 "#,
         hash = tollgate_gateway::hash_key(DEMO_KEY),
         vip_hash = tollgate_gateway::hash_key(VIP_KEY),
+        edge_hash = tollgate_gateway::hash_key(EDGE_KEY),
         token_file = token_file.display().to_string(),
     )
 }
@@ -158,6 +168,15 @@ Try:
   curl -s http://{addr}/v1/messages -H 'x-api-key: {VIP_KEY}' \
     -H 'anthropic-version: 2023-06-01' -H 'content-type: application/json' \
     -d '{{"model":"claude-sonnet-4","max_tokens":256,"messages":[{{"role":"user","content":"Hello!"}}]}}'
+
+  Code that calls the provider itself (an edge function) reserves first, sends the body it
+  gets back (its output cap written in), then settles with the provider's usage; the same
+  rules and budgets apply ({EDGE_KEY} may only make reservations, for tenant edge):
+  curl -s http://{addr}/v1/reservations -H 'authorization: Bearer {EDGE_KEY}' \
+    -H 'content-type: application/json' \
+    -d '{{"endpoint":"/v1/chat/completions","body":{{"model":"gpt-4o-mini","max_tokens":50,"messages":[{{"role":"user","content":"Hi"}}]}}}}'
+  curl -s http://{addr}/v1/reservations/<its id>/settle -H 'authorization: Bearer {EDGE_KEY}' \
+    -H 'content-type: application/json' -d '{{"prompt_tokens":8,"completion_tokens":20}}'
 
   Switch the tenant off on every instance, look, and switch it on again:
   curl -s -u admin:{token} http://{admin}/admin/kill -H 'content-type: application/json' \

@@ -136,6 +136,35 @@ fn the_demo_does_what_its_banner_says() {
             && r.contains("limit $0.003"),
         "{r}"
     );
+    // A reservation, as printed, and its settlement.
+    let edge = banner
+        .iter()
+        .find(|l| l.contains("/v1/reservations -H"))
+        .and_then(|l| l.split("Bearer ").nth(1))
+        .expect("the reservation command")
+        .trim()
+        .trim_end_matches(['\\', ' '])
+        .trim_end_matches('\'');
+    let edge = format!("authorization: Bearer {edge}\r\n");
+    let asked = printed_body(&banner, "\"endpoint\":\"/v1/chat/completions\"");
+    let r = exchange(&gateway, "POST", "/v1/reservations", &edge, &asked);
+    assert!(r.starts_with("HTTP/1.1 201"), "{r}");
+    let json: serde_json::Value =
+        serde_json::from_str(r.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(json["body"]["max_tokens"], 50, "{json}");
+    let settled = printed_body(&banner, "\"prompt_tokens\":8");
+    let path = format!("/v1/reservations/{}/settle", json["id"].as_str().unwrap());
+    let r = exchange(
+        &gateway,
+        "POST",
+        &path,
+        &edge,
+        settled.trim_start_matches("-H 'content-type: application/json' -d '"),
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.contains(r#""status":"settled""#),
+        "{r}"
+    );
     // The admin listener, with the printed token: the kill switch, the status page, metrics.
     let basic = {
         use base64::Engine;

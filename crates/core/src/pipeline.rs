@@ -79,6 +79,9 @@ pub struct Plan {
     /// Kill-switch targets this request falls under: `all`, then `tenant:`, `key:`, `model:`,
     /// `user:` where known.
     pub kill_targets: KillTargets,
+    /// Admitted and ended by the shared store itself, never against an instance's slices, so
+    /// that any instance may end it (a reservation made for code that calls the provider).
+    pub held_in_store: bool,
 }
 
 impl Plan {
@@ -358,6 +361,7 @@ pub fn rate_plan(policy: &Policy, facts: &RequestFacts) -> Plan {
         price: None,
         fees: None,
         expired_usage: Usage::default(),
+        held_in_store: false,
     }
 }
 
@@ -493,6 +497,7 @@ fn build(
         price,
         fees,
         expired_usage: expired_usage(policy, estimate),
+        held_in_store: false,
     })
 }
 

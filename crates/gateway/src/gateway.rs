@@ -48,6 +48,8 @@ pub struct Gateway {
     pub keys: crate::keys::registry::Registry,
     /// Limits set at run time for one value (`/admin/limits`).
     pub overrides: crate::overrides::Overrides,
+    /// Reservations made here for code that calls the provider itself.
+    pub(crate) reservations: crate::reserved::Reservations,
     /// Set once [`crate::server::prepare`] has run.
     pub(crate) prepared: std::sync::atomic::AtomicBool,
 }
@@ -84,6 +86,7 @@ impl Gateway {
             keys: crate::keys::registry::Registry::default(),
             prepared: std::sync::atomic::AtomicBool::new(false),
             overrides: crate::overrides::Overrides::default(),
+            reservations: crate::reserved::Reservations::default(),
         }
     }
 

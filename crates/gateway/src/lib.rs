@@ -49,6 +49,8 @@ mod probes;
 pub(crate) mod provider;
 pub(crate) mod queue;
 pub mod records;
+pub mod reservations;
+pub(crate) mod reserved;
 pub mod respond;
 pub mod scrape;
 pub mod server;

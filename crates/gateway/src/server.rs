@@ -38,6 +38,19 @@ pub fn router(gw: Shared) -> Router {
     routes
         .route("/v1/models", get(models))
         .route("/v1/limits", get(crate::limits::limits))
+        .route("/v1/reservations", post(crate::reservations::reserve))
+        .route(
+            "/v1/reservations/{id}/settle",
+            post(crate::reservations::settle),
+        )
+        .route(
+            "/v1/reservations/{id}/renew",
+            post(crate::reservations::renew),
+        )
+        .route(
+            "/v1/reservations/{id}",
+            axum::routing::delete(crate::reservations::release),
+        )
         .route("/healthz", get(crate::probes::healthz))
         .fallback(|| async { crate::respond::unknown_url().into_response() })
         .with_state(gw)
@@ -228,6 +241,9 @@ async fn serve_shared(
     gw.start_draining();
     connections.drain(cfg.drain_timeout).await;
     gw.cut_off_answers();
+    // Open reservations stay in the store: another instance may end them, or their leases
+    // expire and the policy charges them.
+    gw.reservations.let_go_all();
     let deadline = tokio::time::Instant::now() + RELEASE_GRACE;
     while crate::path::settle::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;

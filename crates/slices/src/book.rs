@@ -312,7 +312,7 @@ impl Book {
         // A budget that carries over is the store's too: what it carries is found there.
         let carries = |p: &Plan| p.reserves().any(|(_, b)| b.carry_cap > 0);
         let store_only = |p: &Plan| own_counter(p) || carries(p);
-        if self.lost || store_only(plan) || shadow.is_some_and(store_only) {
+        if self.lost || plan.held_in_store || store_only(plan) || shadow.is_some_and(store_only) {
             return Ok(Step::Store { give_back: false });
         }
         let margin = self.margin(cfg);

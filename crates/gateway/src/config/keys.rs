@@ -54,7 +54,19 @@ pub(super) fn keys(
                 format!("{c:?} is not a class declared in [policy.classes]"),
             ));
         }
+        let uses = match k.uses.as_deref() {
+            None | Some("proxy") => super::Uses::Proxy,
+            Some("reservations") => super::Uses::Reservations,
+            Some("both") => super::Uses::Both,
+            Some(other) => {
+                return Err(err(
+                    format!("{field}.uses"),
+                    format!("{other:?}: expected \"proxy\", \"reservations\" or \"both\""),
+                ));
+            }
+        };
         let key = KeyConfig {
+            uses,
             name: k.name.unwrap_or_else(|| format!("key{i}")),
             key_id: hex[..16].to_owned(),
             tenant: k.tenant,

@@ -334,6 +334,32 @@ pub struct KeyConfig {
     pub exempt: Vec<Reason>,
     /// Its priority class, when it names one (else its tenant's).
     pub class: Option<String>,
+    /// What it may do: call through the proxy, make reservations, or both.
+    pub uses: Uses,
+}
+
+/// What a key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Uses {
+    /// Requests through the proxy only (the default).
+    #[default]
+    Proxy,
+    /// Reservations only (`/v1/reservations`): code that calls the provider itself.
+    Reservations,
+    /// Both.
+    Both,
+}
+
+impl Uses {
+    /// Whether requests through the proxy are allowed.
+    pub fn proxy(self) -> bool {
+        matches!(self, Uses::Proxy | Uses::Both)
+    }
+
+    /// Whether reservations are allowed.
+    pub fn reservations(self) -> bool {
+        matches!(self, Uses::Reservations | Uses::Both)
+    }
 }
 
 /// Queue limits.

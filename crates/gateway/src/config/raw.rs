@@ -403,6 +403,8 @@ pub struct RawKey {
     pub exempt: Vec<String>,
     /// Its priority class (one of `[policy.classes]`); default: its tenant's, else `standard`.
     pub class: Option<String>,
+    /// What it may do: `proxy` (default), `reservations` or `both`.
+    pub uses: Option<String>,
 }
 
 /// `[queue]`

@@ -53,6 +53,7 @@ impl Issued {
             exempt: Vec::new(),
             // An issued key is of its tenant's class: a tenant's own token must not raise it.
             class: None,
+            uses: crate::config::Uses::Proxy,
         }
     }
 

@@ -59,6 +59,9 @@ pub(crate) async fn intake<'a>(
 ) -> Result<Intake<'a>, ApiError> {
     let (parts, body) = req.into_parts();
     let key = authenticate(cfg, issued, &parts.headers)?;
+    if !key.uses.proxy() {
+        return Err(respond::key_not_for("requests through the proxy"));
+    }
     dialect.check_headers(cfg, &parts.headers)?;
     let peer = parts
         .extensions

@@ -114,7 +114,7 @@ fn tools_used(dialect: &dyn Dialect, v: &Value) -> Option<tollgate_core::Metered
 
 /// How an answer's reported usage compares with what the gateway saw pass through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Report {
+pub(crate) enum Report {
     /// Reported (or not reported at all) and no lower than the count.
     Sound,
     /// A reported number was not a count: the reservation is charged.
@@ -128,7 +128,7 @@ enum Report {
 /// (every part of it: text, refusals, tool-call arguments); without a report, the counted
 /// `input` and that output. When a reported number is not a count, the reservation (`input`
 /// and the `granted` cap).
-fn answered_usage(
+pub(crate) fn answered_usage(
     dialect: &dyn Dialect,
     v: &Value,
     input: u64,

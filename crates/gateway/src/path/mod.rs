@@ -14,7 +14,7 @@
 
 pub(crate) mod admit;
 pub(crate) mod count;
-mod degrade;
+pub(crate) mod degrade;
 pub(crate) mod early;
 pub(crate) mod forward;
 pub(crate) mod idempotent;
@@ -104,7 +104,7 @@ async fn steps(
         idempotent::Keyed::Go(claim) => claim,
         idempotent::Keyed::Replay(r) => return Ok(r),
     };
-    let admission = admit_counted(gw, &cfg, dialect, &intake.key, &counted, &early).await?;
+    let admission = admit_counted(gw, &cfg, dialect, &intake.key, &counted, &early, false).await?;
     let (trimmed, degraded) = (counted.trimmed, counted.degraded_from.clone());
     let mut f = forward::prepare(gw, &cfg, dialect, &intake, counted, admission).await?;
     f.answer.claim = claim;
@@ -138,15 +138,18 @@ pub(crate) struct Admission {
     pub ticket: Ticket,
 }
 
-/// The admit step of the proxy: the plan, the decision, its record, and for an admitted
-/// request its ticket; a refusal becomes its error, in words that say what was counted.
-async fn admit_counted(
+/// The admit step of the proxy and of reservations: the plan, the decision, its record, and for
+/// an admitted request its ticket; a refusal becomes its error, in words that say what was
+/// counted. `held_in_store`: the request is admitted by the shared store itself, so that any
+/// instance may end it (see [`Plan::held_in_store`]).
+pub(crate) async fn admit_counted(
     gw: &Gateway,
     cfg: &GatewayConfig,
     dialect: &dyn Dialect,
     key: &crate::config::KeyConfig,
     counted: &Counted,
     early: &[tollgate_core::ScopeKey],
+    held_in_store: bool,
 ) -> Result<Admission, ApiError> {
     let (mut p, shadow) = plans(&cfg.policy, &counted.facts).map_err(|e| match e {
         PlanError::UnpricedTier { model, tier, .. } => {
@@ -155,6 +158,7 @@ async fn admit_counted(
         PlanError::UnpricedUse { model, what, .. } => respond::unpriced_use(what, &model),
         e => respond::unpriced_model(e),
     })?;
+    p.held_in_store = held_in_store;
     // Limits set at run time for one value take their rules' place.
     gw.overrides.apply(&mut p);
     // The attempt was counted in these before its body was (see `early`).

@@ -381,6 +381,20 @@ impl<S: Store + Clone + 'static> Ticket<S> {
         &self.id
     }
 
+    /// Input + granted output: what a settlement may reach before it is flagged.
+    pub fn estimate(&self) -> u64 {
+        self.estimate
+    }
+
+    /// Leaves the request to the store without ending it: another instance may end it, or its
+    /// lease expires and the policy charges the reservation. Its record says so.
+    pub fn let_go(mut self) {
+        self.ended = true;
+        self.stop_renewing();
+        self.in_flight = None;
+        self.write_record("left_to_store", None, 1);
+    }
+
     /// Ends the request with its reported usage (bounded, see [`Usage::bounded`]); a settlement
     /// above the reservation is charged, counted and flagged in the record.
     pub async fn settle(self, usage: Usage) -> Result<Finish, StoreError> {

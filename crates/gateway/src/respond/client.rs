@@ -284,3 +284,81 @@ pub fn unpriced_tier(field: &str, tier: &str, model: &str) -> ApiError {
     )
     .param(field)
 }
+
+/// A key that may not do what it asks: the proxy with a key for reservations only, or the
+/// reverse (`uses` in its `[[keys]]` entry): 403.
+pub fn key_not_for(what: &str) -> ApiError {
+    ApiError::new(
+        Class::Client(Fault::Forbidden),
+        "invalid_request_error",
+        "key_not_allowed",
+        format!("This key may not be used for {what}: its `uses` setting does not allow it."),
+    )
+}
+
+/// A reservation this key does not hold, or that has ended and been forgotten: 404.
+pub fn reservation_not_found(id: &str) -> ApiError {
+    ApiError::new(
+        Class::Client(Fault::NotFound),
+        "invalid_request_error",
+        "reservation_not_found",
+        format!(
+            "No open reservation {} for this key: it was never made, was made by another key, \
+             or has ended.",
+            shown(id)
+        ),
+    )
+}
+
+/// A settlement without a usage the gateway can read: 400, and the reservation stays open.
+pub fn usage_missing() -> ApiError {
+    ApiError::invalid(
+        "usage_missing",
+        "The settlement holds no usage: send the provider's usage object, its final response, \
+         or the stream chunk that carries usage. The reservation is still open; end it with \
+         DELETE if the call was not made.",
+    )
+    .param("usage")
+}
+
+/// A settlement whose usage numbers are not token counts: 400, and the reservation stays
+/// open.
+pub fn usage_not_counts() -> ApiError {
+    ApiError::invalid(
+        "usage_invalid",
+        "A usage number is not a token count (a whole number no larger than 2^53): the \
+         reservation is still open.",
+    )
+    .param("usage")
+}
+
+/// A reservation whose lease ended before it was settled, renewed or released: it was charged
+/// as the policy charges an expired request, and a settlement now changes nothing: 409.
+pub fn reservation_expired(id: &str) -> ApiError {
+    ApiError::new(
+        Class::Client(Fault::Conflict),
+        "invalid_request_error",
+        "reservation_expired",
+        format!(
+            "Reservation {} expired before it was settled or renewed: it was charged as the \
+             policy charges an expired request (expired_reservation_charge, in full by \
+             default). Renew a reservation before its expires_at.",
+            shown(id)
+        ),
+    )
+}
+
+/// This instance holds as many open reservations as it may: 503, retry later.
+pub fn reservations_full(max: usize) -> ApiError {
+    let mut e = ApiError::new(
+        Class::Books,
+        "service_unavailable",
+        "reservations_full",
+        format!(
+            "This gateway instance holds {max} open reservations, as many as it may; nothing \
+             was reserved. Retry later."
+        ),
+    );
+    super::put_retry_after(&mut e.headers, 1_000);
+    e
+}

@@ -1,5 +1,6 @@
 //! An instance of the gateway served on loopback with an admin listener, started and stopped
-//! (drained) by a test, with three tenants' keys: acme, beta and gamma (`sk-<tenant>`).
+//! (drained) by a test, with three tenants' keys: acme, beta and gamma (`sk-<tenant>`), and
+//! acme's key for reservations only (`sk-edge`).
 
 #![allow(clippy::unwrap_used, clippy::panic, dead_code)]
 
@@ -44,7 +45,12 @@ impl Instance {
                     tollgate_gateway::hash_key(&format!("sk-{t}"))
                 )
             })
-            .collect();
+            .collect::<String>()
+            // acme's key for code that calls the provider itself: reservations only.
+            + &format!(
+                "[[keys]]\nhash = \"{}\"\ntenant = \"acme\"\nuses = \"reservations\"\n",
+                tollgate_gateway::hash_key("sk-edge")
+            );
         let text = format!(
             "{text}[admin]\nlisten = \"{admin_addr}\"\ntoken_file = \"{}\"\n\
              [[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n{keys}\
@@ -145,25 +151,7 @@ impl Instance {
         path: &str,
         body: Option<Value>,
     ) -> (u16, Value) {
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<http_body_util::Full<bytes::Bytes>>();
-        let req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("http://{}{path}", self.admin))
-            .header("authorization", format!("Bearer {token}"))
-            .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from(
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )))
-            .unwrap();
-        let r = client.request(req).await.unwrap();
-        let status = r.status().as_u16();
-        let body = http_body_util::BodyExt::collect(r.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
-        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+        request(self.admin, method, path, token, body).await
     }
 
     pub async fn store_state(&self) -> String {
@@ -222,4 +210,32 @@ pub async fn sim() -> Sim {
     })
     .await
     .unwrap()
+}
+
+/// One call to `addr` with a bearer `secret` and a JSON body: (status, JSON answer).
+pub async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    secret: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("authorization", format!("Bearer {secret}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )))
+        .unwrap();
+    let r = client.request(req).await.unwrap();
+    let status = r.status().as_u16();
+    let body = http_body_util::BodyExt::collect(r.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
 }
