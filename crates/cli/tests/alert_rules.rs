@@ -26,7 +26,7 @@ fn promtool() -> PathBuf {
             .find(|p| p.is_file())
     });
     found.unwrap_or_else(|| {
-        panic!("promtool is needed: run .ci/run, or install it (Debian: prometheus) or set TOLLGATE_PROMTOOL")
+        panic!("promtool is needed: run scripts/test, or install it (Debian: prometheus) or set TOLLGATE_PROMTOOL")
     })
 }
 

@@ -1,5 +1,5 @@
 //! The official OpenAI and Anthropic Python SDKs end to end (`tests/sdk/sdk_e2e.py`,
-//! `tests/sdk/responses_e2e.py`, `tests/sdk/anthropic_e2e.py`, `tests/sdk/idempotency_e2e.py`, `tests/sdk/cap_e2e.py`) against the gateway and the simulator. `.ci/run` makes the venv
+//! `tests/sdk/responses_e2e.py`, `tests/sdk/anthropic_e2e.py`, `tests/sdk/idempotency_e2e.py`, `tests/sdk/cap_e2e.py`) against the gateway and the simulator. `scripts/test` makes the venv
 //! (`.venv`, `tests/sdk/requirements.txt`); elsewhere set `TOLLGATE_PYTHON` to a Python with
 //! `openai` and `anthropic` installed.
 
@@ -10,9 +10,11 @@
     clippy::print_stderr
 )]
 
+mod common;
+
 use std::path::PathBuf;
 
-use tollgate_gateway::{GatewayConfig, hash_key};
+use tollgate_gateway::hash_key;
 use tollgate_sim::{Sim, SimConfig};
 
 fn repo(path: &str) -> PathBuf {
@@ -28,7 +30,7 @@ fn python() -> PathBuf {
     let venv = repo(".venv/bin/python");
     assert!(
         venv.exists(),
-        "no Python with the openai and anthropic SDKs: run .ci/run, or `python3 -m venv .venv && .venv/bin/pip install -r tests/sdk/requirements.txt`"
+        "no Python with the openai and anthropic SDKs: run scripts/test, or `python3 -m venv .venv && .venv/bin/pip install -r tests/sdk/requirements.txt`"
     );
     venv
 }
@@ -62,14 +64,7 @@ async fn run_sdk_script_with(script: &str, model: &str, sim: SimConfig, checks: 
         "[[policy.scopes]]\nname = \"retry\"\nkey = \"tenant\"\nmatch = { tenant = \"retry\" }\nrequests = { limit = 2, window = \"2s\" }\n\
          [[policy.scopes]]\nname = \"budget\"\nkey = \"tenant\"\nmatch = { tenant = \"budget\" }\nbudget = { tokens = 30, period = \"day\" }\n",
     );
-    let config = GatewayConfig::from_toml(&text).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(tollgate_gateway::serve(
-        config,
-        listener,
-        std::future::pending(),
-    ));
+    let addr = common::serve_in_process(&text).await;
     let out = tokio::process::Command::new(python())
         .arg(repo(&format!("tests/sdk/{script}")))
         .env("TOLLGATE_BASE_URL", format!("http://{addr}"))

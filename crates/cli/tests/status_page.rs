@@ -35,7 +35,7 @@ fn chromium() -> PathBuf {
             })
         })
         .unwrap_or_else(|| {
-            panic!("Chromium is needed: run .ci/run, or install it (Debian: chromium) or set TOLLGATE_CHROMIUM")
+            panic!("Chromium is needed: run scripts/test, or install it (Debian: chromium) or set TOLLGATE_CHROMIUM")
         })
 }
 

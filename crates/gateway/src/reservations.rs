@@ -160,6 +160,12 @@ async fn make(gw: &Shared, req: Request<Body>) -> Result<(StatusCode, HeaderMap,
     }
     let mut headers = HeaderMap::new();
     respond::admitted_headers(&mut headers, &p, &admitted);
+    // What a money budget holds for it: the most any of its budgets reserved.
+    let money = p
+        .reserves()
+        .filter(|(_, b)| b.unit == tollgate_core::Unit::MicroUsd)
+        .map(|(_, b)| b.amount)
+        .max();
     let v = json!({
         "id": id,
         "object": "reservation",
@@ -169,6 +175,8 @@ async fn make(gw: &Shared, req: Request<Body>) -> Result<(StatusCode, HeaderMap,
         "max_output_tokens": per_choice,
         "cap_field": dialect.cap_field(),
         "reserved_tokens": ticket.estimate(),
+        "reserved_micro_usd": money,
+        "reserved_usd": money.map(|m| crate::words::amount(m, tollgate_core::Unit::MicroUsd)),
         "expires_at": crate::words::instant_ms(admitted.expires_at),
         "expires_at_ms": admitted.expires_at,
         "degraded_from": counted.degraded_from,

@@ -1,6 +1,6 @@
 //! What the binary's process tests share.
 
-#![allow(clippy::unwrap_used, dead_code)]
+#![allow(clippy::unwrap_used, clippy::panic, dead_code)]
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -98,4 +98,19 @@ pub fn admin_token_file(token: &str) -> (tempfile::TempDir, std::path::PathBuf) 
     let file = dir.path().join("admin-token");
     std::fs::write(&file, token).unwrap();
     (dir, file)
+}
+
+/// Serves the gateway configuration `text` in this process on a free loopback port, until the
+/// test ends: its address.
+pub async fn serve_in_process(text: &str) -> std::net::SocketAddr {
+    let config =
+        tollgate_gateway::GatewayConfig::from_toml(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(tollgate_gateway::serve(
+        config,
+        listener,
+        std::future::pending(),
+    ));
+    addr
 }
