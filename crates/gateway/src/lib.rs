@@ -43,6 +43,7 @@ pub(crate) mod key_copy;
 pub mod keys;
 pub mod limits;
 pub mod memo;
+pub mod otel;
 pub mod overrides;
 mod path;
 mod probes;

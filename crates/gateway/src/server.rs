@@ -213,6 +213,13 @@ async fn serve_shared(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     prepare(&gw).await?;
+    if let Some(otlp) = &gw.config().otlp {
+        // A collector that is down is retried by the exporter; a configuration it cannot use
+        // is logged once, and the gateway serves without the export.
+        if let Err(e) = crate::otel::start(otlp) {
+            tracing::error!(error = %e, "OpenTelemetry export not started");
+        }
+    }
     crate::keys::spawn_refresh(gw.clone());
     let app = router(gw.clone());
     crate::scrape::spawn_budget_refresh(gw.clone());
@@ -255,6 +262,7 @@ async fn serve_shared(
         let _ = m.await;
     }
     gw.store.return_slices().await;
+    crate::otel::shutdown().await;
     // The endings of the drained requests, written before the process ends.
     if let Some(b) = &gw.books {
         if !b.ledger.flush(RELEASE_GRACE).await {

@@ -7,6 +7,7 @@ mod admin;
 mod check;
 mod keys;
 mod log;
+mod otlp;
 mod raw;
 mod resolve;
 mod stores;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use tollgate_core::{Policy, PolicyError, Reason};
 
 pub use log::{LogConfig, RawLog};
+pub use otlp::{OtlpConfig, OtlpProtocol, RawOtlp};
 pub use raw::*;
 
 use crate::upstream::UpstreamClient;
@@ -157,6 +159,8 @@ pub struct GatewayConfig {
     pub metrics: MetricsConfig,
     /// The run-time log.
     pub log: LogConfig,
+    /// OpenTelemetry export, when configured.
+    pub otlp: Option<OtlpConfig>,
     /// Kill switches of the file: (target, reason).
     pub kills: Vec<(String, String)>,
     /// Alerts.

@@ -60,6 +60,8 @@ pub struct RawConfig {
     /// `[log]`
     #[serde(default)]
     pub log: super::RawLog,
+    /// `[otlp]`: OpenTelemetry export, off when absent.
+    pub otlp: Option<super::RawOtlp>,
     /// Kill switches that hold whatever the store holds.
     #[serde(default)]
     pub kill: Vec<RawKill>,

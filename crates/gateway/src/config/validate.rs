@@ -91,6 +91,7 @@ pub(super) fn check(raw: RawConfig) -> Result<Checked, ConfigError> {
         idempotency: idempotency(&raw.idempotency)?,
         metrics: metrics(&raw.metrics)?,
         log: super::log::log(&raw.log)?,
+        otlp: super::otlp::otlp(raw.otlp.as_ref())?,
         kills: kills(&raw.kill)?,
         alerts: super::AlertsConfig {
             queue: bounded(raw.alerts.queue, 1000, 1..=100_000, "alerts.queue")?,

@@ -400,9 +400,18 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
 /// A request's decision, counted once (however many times the queue asked the store).
 pub(crate) fn counted(d: &Decision) {
     match d {
-        Decision::Admit(_) => crate::telemetry::decision("admit", ""),
-        Decision::Deny(x) => crate::telemetry::decision(x.reason.code(), x.scope.rule()),
-        Decision::Killed(_) => crate::telemetry::decision(d.code(), ""),
+        Decision::Admit(_) => {
+            crate::telemetry::decision("admit", "");
+            crate::otel::decision("admit", "");
+        }
+        Decision::Deny(x) => {
+            crate::telemetry::decision(x.reason.code(), x.scope.rule());
+            crate::otel::decision("deny", x.reason.code());
+        }
+        Decision::Killed(_) => {
+            crate::telemetry::decision(d.code(), "");
+            crate::otel::decision("killed", d.code());
+        }
     }
 }
 

@@ -339,6 +339,7 @@ impl MeteredStream {
                     let out = self.meter.feed(&data);
                     if self.meter.events > seen {
                         self.last_event = Instant::now();
+                        self.ticket.first_chunk();
                     }
                     if !self.left {
                         self.ticket.partial = Some(self.usage_so_far());

@@ -207,6 +207,8 @@ pub(crate) async fn admit_counted(
             if let Some(sink) = &gw.records {
                 sink.emit(record(&refused, facts));
             }
+            let tokens = p.estimate_tokens();
+            crate::otel::refused(dialect.format(), &counted.model, refused.code(), tokens);
             return Err(refusal(dialect, counted, &p, &refused));
         }
     };
@@ -218,6 +220,12 @@ pub(crate) async fn admit_counted(
         );
     }
     ticket.shadow(shadowed.admitted());
+    ticket.trace(crate::otel::Operation::admitted(
+        dialect.format(),
+        &counted.model,
+        admitted.max_output_tokens,
+        p.estimate_tokens(),
+    ));
     if let Some(b) = &gw.books {
         // The store's time of the admission, which its reservations' periods were taken at.
         let at = admitted.expires_at.saturating_sub(p.ttl_ms);

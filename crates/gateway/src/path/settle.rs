@@ -48,6 +48,8 @@ pub struct Ticket<S: Store + Clone + 'static = AnyStore> {
     fees: Option<tollgate_core::policy::FeeRule>,
     /// The fee-carrying calls its answer showed, once read (`None`: not known).
     used: Option<tollgate_core::Metered>,
+    /// Its OpenTelemetry operation, when exported.
+    op: Option<Box<crate::otel::Operation>>,
 }
 
 /// A request's decision record, completed and written when the ticket ends.
@@ -230,6 +232,7 @@ impl<S: Store + Clone + 'static> Ticket<S> {
             booking: None,
             fees: None,
             used: None,
+            op: None,
         }
     }
 
@@ -320,8 +323,23 @@ impl<S: Store + Clone + 'static> Ticket<S> {
         }));
     }
 
+    /// Traces the request as `op` until it ends.
+    pub fn trace(&mut self, op: Option<crate::otel::Operation>) {
+        self.op = op.map(Box::new);
+    }
+
+    /// The first chunk of its stream arrived.
+    pub fn first_chunk(&mut self) {
+        if let Some(op) = self.op.as_mut() {
+            op.first_chunk();
+        }
+    }
+
     /// Sets the upstream status for the record.
     pub fn upstream_status(&mut self, status: u16) {
+        if let Some(op) = self.op.as_mut() {
+            op.upstream_status(status);
+        }
         if let Some(r) = self.record.as_mut() {
             r.record.upstream_status = Some(status);
         }
@@ -392,6 +410,9 @@ impl<S: Store + Clone + 'static> Ticket<S> {
         self.ended = true;
         self.stop_renewing();
         self.in_flight = None;
+        if let Some(op) = self.op.take() {
+            op.end(None, "left_to_store");
+        }
         self.write_record("left_to_store", None, 1);
     }
 
@@ -419,6 +440,9 @@ impl<S: Store + Clone + 'static> Ticket<S> {
             }
         }
         self.count_usage(usage.as_ref());
+        if let Some(op) = self.op.take() {
+            op.end(usage.as_ref(), ending);
+        }
         self.in_flight = None;
         if let Some(r) = self.record.as_mut() {
             r.record.usage = usage;
@@ -533,6 +557,9 @@ impl<S: Store + Clone + 'static> Drop for Ticket<S> {
             r.record.usage = Some(u.bounded());
         }
         self.count_usage(self.partial.as_ref());
+        if let Some(op) = self.op.take() {
+            op.end(self.partial.as_ref(), "abandoned");
+        }
         if self.detached {
             self.write_record("abandoned", None, 1);
             return;
