@@ -27,7 +27,8 @@ use crate::path::meter::{Report, answered_usage};
 use crate::reserved::{Held, MAX_OPEN};
 use crate::respond::{self, ApiError};
 
-/// `POST /v1/reservations`.
+/// `POST /v1/reservations`: the body the caller will send, or, when it cannot send it, the
+/// model, input tokens and output cap it states.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewReservation {
@@ -35,7 +36,38 @@ struct NewReservation {
     /// `/v1/responses`, `/v1/messages`, `/v1/completions` or `/v1/embeddings`.
     endpoint: String,
     /// The request body the caller will send.
-    body: Value,
+    body: Option<Value>,
+    /// Stated instead of a body: the model,
+    model: Option<String>,
+    /// the input tokens, counted by the caller,
+    input_tokens: Option<u64>,
+    /// and the output cap it will send.
+    max_output_tokens: Option<u64>,
+}
+
+/// What a reservation is for: a body, or stated counts.
+enum Asked {
+    Body(Value),
+    Stated(String, u64, u64),
+}
+
+impl NewReservation {
+    fn asked(self) -> Result<Asked, ApiError> {
+        match (
+            self.body,
+            self.model,
+            self.input_tokens,
+            self.max_output_tokens,
+        ) {
+            (Some(b), None, None, None) => Ok(Asked::Body(b)),
+            (None, Some(m), Some(i), Some(o)) => Ok(Asked::Stated(m, i, o)),
+            _ => Err(respond::invalid_field(
+                "body",
+                "Send the request body the call will send (`body`), or, when it cannot be sent, \
+                 `model`, `input_tokens` and `max_output_tokens`; not both.",
+            )),
+        }
+    }
 }
 
 fn answer(r: Result<(StatusCode, HeaderMap, Value), ApiError>) -> Response {
@@ -128,7 +160,12 @@ async fn make(gw: &Shared, req: Request<Body>) -> Result<(StatusCode, HeaderMap,
         .get::<ConnectInfo<std::net::SocketAddr>>()
         .map_or(std::net::IpAddr::from([127, 0, 0, 1]), |c| c.0.ip());
     let ip = intake::client_ip(&cfg.trusted_proxies, peer, &parts.headers).to_string();
-    let body = serde_json::to_vec(&asked.body).map_err(|e| respond::internal("internal", e))?;
+    let asked = asked.asked()?;
+    let stated = matches!(asked, Asked::Stated(..));
+    let body = match &asked {
+        Asked::Body(b) => serde_json::to_vec(b).map_err(|e| respond::internal("internal", e))?,
+        Asked::Stated(..) => Vec::new(),
+    };
     let id = new_id(&key, index)?;
     let intake = Intake {
         key,
@@ -137,7 +174,12 @@ async fn make(gw: &Shared, req: Request<Body>) -> Result<(StatusCode, HeaderMap,
         body: body.into(),
     };
     let early = crate::path::early::early_rate(gw, &cfg, &intake, &id).await?;
-    let mut counted = crate::path::count::count(gw, &cfg, dialect, &intake, &id).await?;
+    let mut counted = match asked {
+        Asked::Body(_) => crate::path::count::count(gw, &cfg, dialect, &intake, &id).await?,
+        Asked::Stated(model, input, output) => {
+            crate::path::count::stated(&cfg, &intake, &id, (model, input, output))?
+        }
+    };
     // A rule's degrade applies as to a proxied request: the body to send names the model.
     counted.degraded_from =
         crate::path::degrade::degrade(gw, &cfg, &intake.key, &mut counted).await;
@@ -180,7 +222,7 @@ async fn make(gw: &Shared, req: Request<Body>) -> Result<(StatusCode, HeaderMap,
         "expires_at": crate::words::instant_ms(admitted.expires_at),
         "expires_at_ms": admitted.expires_at,
         "degraded_from": counted.degraded_from,
-        "body": out,
+        "body": if stated { Value::Null } else { out },
     });
     gw.reservations.let_go_stale(admitted.expires_at, p.ttl_ms);
     gw.reservations.put_back(

@@ -263,6 +263,32 @@ async fn keys_are_held_to_their_uses_and_their_reservations() {
         (404, Some("reservation_not_found"))
     );
 
+    // Counts stated instead of a body: reserved as stated, checked as a body's would be.
+    let stated = json!({"endpoint": "/v1/chat/completions", "model": "gpt-4o",
+        "input_tokens": 1200, "max_output_tokens": 300});
+    let (status, s) = call(on.addr, "POST", "/v1/reservations", EDGE, Some(stated)).await;
+    assert_eq!(status, 201, "{s}");
+    assert_eq!(
+        (&s["reserved_tokens"], &s["body"]),
+        (&json!(1500), &Value::Null),
+        "{s}"
+    );
+    let path = format!("/v1/reservations/{}", s["id"].as_str().unwrap());
+    assert_eq!(call(on.addr, "DELETE", &path, EDGE, None).await.0, 200);
+    for bad in [
+        json!({"endpoint": "/v1/chat/completions", "model": "gpt-4o", "input_tokens": 10}),
+        json!({"endpoint": "/v1/chat/completions", "body": chat(10), "model": "gpt-4o",
+            "input_tokens": 10, "max_output_tokens": 10}),
+        json!({"endpoint": "/v1/chat/completions", "model": "gpt-4o",
+            "input_tokens": 1_000_000_000u64, "max_output_tokens": 10}),
+        json!({"endpoint": "/v1/chat/completions", "model": "gpt-4o",
+            "input_tokens": -1, "max_output_tokens": 10}),
+        json!({"endpoint": "/v1/chat/completions", "model": "no-such-model",
+            "input_tokens": 10, "max_output_tokens": 10}),
+    ] {
+        let (status, v) = call(on.addr, "POST", "/v1/reservations", EDGE, Some(bad.clone())).await;
+        assert!(matches!(status, 400 | 404), "{bad}: {status} {v}");
+    }
     let asked = json!({"endpoint": "/v1/images/generations", "body": chat(10)});
     let (status, v) = call(on.addr, "POST", "/v1/reservations", EDGE, Some(asked)).await;
     assert_eq!(

@@ -221,6 +221,69 @@ async fn count_body(
     })
 }
 
+/// The most input tokens a caller may state for a request it does not send.
+pub(crate) const MAX_STATED_INPUT: u64 = 100_000_000;
+
+/// A request its caller states rather than sends (a reservation for a body it cannot send):
+/// its model, input tokens and output cap, checked as a body's would be. Fields, tools and
+/// files are not known: what they cost is the caller's to include in `input_tokens`.
+pub(crate) fn stated(
+    cfg: &GatewayConfig,
+    intake: &Intake<'_>,
+    id: &str,
+    (model, input_tokens, max_output_tokens): (String, u64, u64),
+) -> Result<Counted, ApiError> {
+    let key: &KeyConfig = &intake.key;
+    let Some(&upstream) = cfg.models.get(&model) else {
+        return Err(respond::model_not_found(&respond::shown(&model)));
+    };
+    if key.models.as_ref().is_some_and(|m| !m.contains(&model)) {
+        return Err(respond::model_not_allowed(&model));
+    }
+    if input_tokens > MAX_STATED_INPUT {
+        return Err(respond::invalid_field(
+            "input_tokens",
+            format!("at most {MAX_STATED_INPUT} input tokens may be stated"),
+        ));
+    }
+    if max_output_tokens > cfg.max_output_tokens {
+        let largest = cfg.max_output_tokens;
+        let e = respond::output_cap_too_large("max_output_tokens", max_output_tokens, largest);
+        return Err(e);
+    }
+    let json = Value::Object(serde_json::Map::new());
+    let user = end_user(key, &json, &intake.headers)?;
+    let mut identity = identity(key, &intake.ip, &model, user);
+    if let Some(op) = operation(cfg, &intake.headers)? {
+        identity = identity.with(Dimension::Operation, op);
+    }
+    let facts = RequestFacts {
+        request_id: id.to_owned(),
+        identity,
+        input_tokens,
+        max_output_tokens: Some(max_output_tokens),
+        cache_write_tokens: 0,
+        fingerprint: None,
+        tool_call_repeats: 0,
+        extra_output_tokens: 0,
+        price_tier: None,
+        class: key.class.clone(),
+        metered: tollgate_core::Metered::default(),
+    };
+    Ok(Counted {
+        json,
+        model,
+        upstream,
+        choices: 1,
+        predicted: 0,
+        facts,
+        allowances: [0; 3],
+        input_bounded: false,
+        trimmed: None,
+        degraded_from: None,
+    })
+}
+
 /// The smallest input limit of the `trim`-mode rules the request falls under (none for a key
 /// exempt from input limits).
 fn trim_target(
