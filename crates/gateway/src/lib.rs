@@ -58,6 +58,7 @@ pub mod server;
 pub mod sse;
 pub mod store;
 pub mod telemetry;
+pub(crate) mod ticket;
 pub mod upstream;
 pub mod upstream_tools;
 mod usage;

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use crate::path::settle::Ticket;
+use crate::ticket::Ticket;
 
 /// Open reservations one instance keeps; past it a new one is refused (503) until some end.
 pub const MAX_OPEN: usize = 100_000;

@@ -252,7 +252,7 @@ async fn serve_shared(
     // expire and the policy charges them.
     gw.reservations.let_go_all();
     let deadline = tokio::time::Instant::now() + RELEASE_GRACE;
-    while crate::path::settle::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
+    while crate::ticket::open_tickets() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     // The slices are tended no more (a process that goes on without this gateway must not keep

@@ -278,7 +278,7 @@ async fn status(State(gw): State<Shared>) -> Response {
         "policy_version": &*cfg.policy.version,
         "store": store,
         "store_loss": store_loss,
-        "in_flight": crate::path::settle::open_tickets(),
+        "in_flight": crate::ticket::open_tickets(),
         "kills": kills,
         "rules": rules,
     }))

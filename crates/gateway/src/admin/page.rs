@@ -190,7 +190,7 @@ pub(crate) async fn page(
     let page = StatusPage {
         version: cfg.policy.version.to_string(),
         store,
-        in_flight: crate::path::settle::open_tickets(),
+        in_flight: crate::ticket::open_tickets(),
         csrf: form.for_session(&session),
         budgets,
         leases,

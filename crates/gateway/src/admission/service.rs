@@ -12,9 +12,9 @@ use tollgate_core::{Decision, Store, Usage};
 use super::future::ResponseFuture;
 use super::layer::Admission;
 use crate::path::admit::Controls;
-use crate::path::settle::Ticket;
 use crate::respond;
 use crate::store::AnyStore;
+use crate::ticket::Ticket;
 
 /// An admitted request's handle, in the request's extensions. Cheap to clone.
 #[derive(Clone, Debug)]

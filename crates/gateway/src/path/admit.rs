@@ -136,7 +136,7 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         let (decided, shadowed) = self.decide(p, shadow.as_mut()).await?;
         let shadowed = match shadowed {
             Shadowed::Apart(id) if !matches!(decided, Decision::Admit(_)) => {
-                crate::path::settle::release_unanswered(self.store, &id, UNANSWERED_RELEASE_WINDOW);
+                crate::ticket::release_unanswered(self.store, &id, UNANSWERED_RELEASE_WINDOW);
                 Shadowed::None
             }
             other => other,
@@ -235,7 +235,7 @@ impl<S: Store + Clone + 'static> Controls<'_, S> {
         // (a sharded store) is released now, and a request admitted from the queue then holds
         // nothing under the shadow rules.
         if let Shadowed::Apart(id) = &shadowed {
-            crate::path::settle::release_unanswered(self.store, id, UNANSWERED_RELEASE_WINDOW);
+            crate::ticket::release_unanswered(self.store, id, UNANSWERED_RELEASE_WINDOW);
             shadowed = Shadowed::None;
         }
         if !matches!(shadowed, Shadowed::None) {
@@ -463,7 +463,7 @@ impl<S: Store + Clone + 'static> Unanswered<'_, S> {
 impl<S: Store + Clone + 'static> Drop for Unanswered<'_, S> {
     fn drop(&mut self) {
         if let Some((store, id)) = self.0.take() {
-            crate::path::settle::release_unanswered(store, id, UNANSWERED_RELEASE_WINDOW);
+            crate::ticket::release_unanswered(store, id, UNANSWERED_RELEASE_WINDOW);
         }
     }
 }

@@ -18,12 +18,12 @@ use super::Admission;
 use super::count::Counted;
 use super::intake::Intake;
 use super::meter::{self, Answer, MAX_UPSTREAM_BODY};
-use super::settle::Ticket;
 use crate::config::GatewayConfig;
 use crate::contexts::conversation_id;
 use crate::dialect::Dialect;
 use crate::gateway::Shared;
 use crate::respond::{self, ApiError};
+use crate::ticket::Ticket;
 
 /// Headers of an admitted request's response: up to eight quota headers, `content-type`,
 /// `cache-control` for a stream, and `x-request-id`.

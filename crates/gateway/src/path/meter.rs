@@ -24,12 +24,12 @@ use tokio::time::Instant;
 use tollgate_core::Usage;
 use tollgate_tokens::TokenCounter;
 
-use super::settle::Ticket;
 use crate::config::{GatewayConfig, StreamBounds};
 use crate::dialect::Dialect;
 use crate::gateway::Shared;
 use crate::respond::{self, ApiError};
 use crate::sse::SseMeter;
+use crate::ticket::Ticket;
 
 /// Upstream response bodies larger than this are refused (not streamed ones).
 pub(crate) const MAX_UPSTREAM_BODY: usize = 64 << 20;

@@ -8,7 +8,7 @@
 //!    waiting in the [`crate::queue`] when one is configured;
 //! 5. [`forward`]: the granted cap written into the body, the upstream called;
 //! 6. [`meter`]: the answer passed on and its usage read (streamed or whole);
-//! 7. [`settle`]: the admission's ticket ended with that usage, exactly once.
+//! 7. [`crate::ticket`]: the admission's ticket ended with that usage, exactly once.
 //!
 //! Each API format's own rules come from its [`crate::dialect`].
 
@@ -21,7 +21,6 @@ pub(crate) mod idempotent;
 pub(crate) mod intake;
 mod loops;
 pub(crate) mod meter;
-pub(crate) mod settle;
 mod trim;
 
 use std::time::Instant;
@@ -36,11 +35,11 @@ use tollgate_core::{Admitted, Decision, Plan, PlanError, Reason, Unit};
 
 use self::admit::Controls;
 use self::count::Counted;
-use self::settle::Ticket;
 use crate::config::GatewayConfig;
 use crate::dialect::Dialect;
 use crate::gateway::{Gateway, Shared};
 use crate::respond::{self, ApiError};
+use crate::ticket::Ticket;
 
 /// The property the `agents` fuzz target checks, shared with the test that replays its corpus:
 /// any client body, in every format, gives loop facts and turns without panicking; the
