@@ -144,6 +144,7 @@ fn keys_call(
             user,
             allow_user,
             models,
+            uses,
             expires_in,
             expires_at,
             metadata,
@@ -160,6 +161,7 @@ fn keys_call(
             for (k, v) in [
                 ("name", name),
                 ("user", user),
+                ("uses", uses),
                 ("expires_in", expires_in),
                 ("expires_at", expires_at),
             ] {

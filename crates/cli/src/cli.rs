@@ -267,6 +267,9 @@ pub enum KeysCommand {
         /// A model it may use (repeat for more; default all).
         #[arg(long = "model")]
         models: Vec<String>,
+        /// What it may do: `proxy` (default), `reservations` or `both`.
+        #[arg(long)]
+        uses: Option<String>,
         /// How long it lives, e.g. `30d`.
         #[arg(long, conflicts_with = "expires_at")]
         expires_in: Option<String>,

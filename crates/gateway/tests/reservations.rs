@@ -308,6 +308,19 @@ async fn keys_are_held_to_their_uses_and_their_reservations() {
         "{v}"
     );
 
+    // A key issued at run time may be allowed both.
+    let (status, issued) = on
+        .admin(
+            "POST",
+            "/admin/keys",
+            Some(json!({"tenant": "beta", "uses": "both"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{issued}");
+    assert_eq!(issued["key"]["uses"], "both", "{issued}");
+    let secret = issued["secret"].as_str().unwrap();
+    assert_eq!(reserve(&on, secret, chat(10)).await.0, 201);
+    assert_eq!(on.ask_with(secret).await.0, 200);
     let (status, v) = on
         .admin(
             "POST",

@@ -343,7 +343,8 @@ pub struct KeyConfig {
 }
 
 /// What a key may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Uses {
     /// Requests through the proxy only (the default).
     #[default]
@@ -358,6 +359,11 @@ impl Uses {
     /// Whether requests through the proxy are allowed.
     pub fn proxy(self) -> bool {
         matches!(self, Uses::Proxy | Uses::Both)
+    }
+
+    /// Whether it is the default (the proxy only).
+    pub fn is_proxy(&self) -> bool {
+        *self == Uses::Proxy
     }
 
     /// Whether reservations are allowed.

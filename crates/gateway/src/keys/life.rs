@@ -213,6 +213,7 @@ pub(super) fn sample() -> Issued {
         user: None,
         allow_user: false,
         models: None,
+        uses: crate::config::Uses::Proxy,
         created_at_ms: 0,
         expires_at_ms: Some(50_000),
         metadata: Default::default(),

@@ -408,6 +408,7 @@ fn validate(gw: &Gateway, new: NewKey, now: u64) -> Result<Issued, KeyError> {
         user: new.user,
         allow_user: new.allow_user,
         models: new.models,
+        uses: new.uses,
         created_at_ms: now,
         expires_at_ms,
         metadata: new.metadata,

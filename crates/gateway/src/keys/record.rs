@@ -30,6 +30,9 @@ pub struct Issued {
     /// The models it may use (`None`: all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub models: Option<Vec<String>>,
+    /// What it may do: the proxy (default), reservations, or both.
+    #[serde(default, skip_serializing_if = "crate::config::Uses::is_proxy")]
+    pub uses: crate::config::Uses,
     /// When it was created (ms since the epoch).
     pub created_at_ms: u64,
     /// When it stops working (ms since the epoch); `None`: never.
@@ -53,7 +56,7 @@ impl Issued {
             exempt: Vec::new(),
             // An issued key is of its tenant's class: a tenant's own token must not raise it.
             class: None,
-            uses: crate::config::Uses::Proxy,
+            uses: self.uses,
         }
     }
 
@@ -78,6 +81,9 @@ pub struct NewKey {
     pub allow_user: bool,
     /// The models it may use.
     pub models: Option<Vec<String>>,
+    /// What it may do: `proxy` (default), `reservations` or `both`.
+    #[serde(default)]
+    pub uses: crate::config::Uses,
     /// How long it lives, e.g. `30d`; or
     pub expires_in: Option<String>,
     /// when it stops, RFC 3339.
