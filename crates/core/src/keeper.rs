@@ -249,6 +249,22 @@ pub trait Keeper: Send + Sync {
         done(None)
     }
 
+    /// Keeps a short text under `name` for `ttl`, for every instance. A store that lives and
+    /// dies with its process keeps none: no other instance could read it.
+    fn put_text(
+        &self,
+        _name: &str,
+        _value: &str,
+        _ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        done(())
+    }
+
+    /// The text kept under `name` by [`Keeper::put_text`], if it has not expired.
+    fn text(&self, _name: &str) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+        done(None)
+    }
+
     /// The records of `set` and their version, unless the version is still `known`.
     fn records(
         &self,

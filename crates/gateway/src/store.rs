@@ -336,6 +336,12 @@ impl Keeper for AnyStore {
     async fn note(&self, name: &str) -> Result<Option<u64>, StoreError> {
         keep!(self, k => Keeper::note(k, name))
     }
+    async fn put_text(&self, name: &str, value: &str, ttl: Duration) -> Result<(), StoreError> {
+        keep!(self, k => Keeper::put_text(k, name, value, ttl))
+    }
+    async fn text(&self, name: &str) -> Result<Option<String>, StoreError> {
+        keep!(self, k => Keeper::text(k, name))
+    }
     async fn records(&self, set: RecordSet, known: u64) -> Result<Option<Records>, StoreError> {
         keep!(self, k => Keeper::records(k, set, known))
     }

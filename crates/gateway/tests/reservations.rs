@@ -343,3 +343,53 @@ async fn keys_are_held_to_their_uses_and_their_reservations() {
     );
     on.stop().await;
 }
+
+/// With a spend ledger, a reservation settled or released on an instance that did not make it
+/// is booked all the same: its ending reaches the ledger with what the store charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ending_on_another_instance_reaches_the_ledger() {
+    use tollgate_ledger::{By, Ledger, Settings};
+    let (sim, redis, pg) = (
+        sim().await,
+        RedisServer::start(),
+        tollgate_testkit::pg_server::PgServer::start(),
+    );
+    let text = format!(
+        "{}[ledger]\nurl = \"{}\"\nflush_every = \"20ms\"\n",
+        redis_text(&redis),
+        pg.url()
+    );
+    let a = Instance::start_with(&sim, &text, &budget(100_000)).await;
+    let b = Instance::start_with(&sim, &text, &budget(100_000)).await;
+    let (_, settled) = reserve(&a, EDGE, chat(100)).await;
+    let (_, released) = reserve(&a, EDGE, chat(100)).await;
+    let usage = json!({"prompt_tokens": 17, "completion_tokens": 12});
+    let (status, v) = settle(&b, settled["id"].as_str().unwrap(), usage).await;
+    assert_eq!(status, 200, "{v}");
+    let path = format!("/v1/reservations/{}", released["id"].as_str().unwrap());
+    assert_eq!(call(b.addr, "DELETE", &path, EDGE, None).await.0, 200);
+    let ledger = Ledger::open(Settings::new(pg.url())).await.unwrap();
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    tollgate_testkit::wait::until("both endings in the ledger", async || {
+        let spent = ledger
+            .spend(By::Tenant, now - 60_000, now + 60_000)
+            .await
+            .unwrap();
+        let acme = spent.iter().find(|r| r.group == "acme");
+        let totals = ledger.current_totals(now).await.unwrap();
+        let kept = totals
+            .iter()
+            .find(|t| t.scope == "tenant|tenant:acme")
+            .map_or(0, |t| t.amount);
+        acme.is_some_and(|r| r.requests == 2) && kept == 29
+    })
+    .await;
+    a.stop().await;
+    b.stop().await;
+}

@@ -100,6 +100,31 @@ impl Keeper for RedisStore {
         RedisStore::note(self, name).await
     }
 
+    async fn put_text(&self, name: &str, value: &str, ttl: Duration) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let mut set = redis::cmd("SET");
+        set.arg(crate::key(self.shard_prefix(name), "t", name))
+            .arg(value)
+            .arg("PX")
+            .arg(ms);
+        tokio::time::timeout(self.config.call_timeout, set.query_async::<()>(&mut conn))
+            .await
+            .map_err(|_| StoreError::Unavailable("SET timed out".into()))?
+            .map_err(crate::unavailable)
+    }
+
+    async fn text(&self, name: &str) -> Result<Option<String>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut get = redis::cmd("GET");
+        get.arg(crate::key(self.shard_prefix(name), "t", name));
+        let get = get.query_async::<Option<String>>(&mut conn);
+        tokio::time::timeout(self.config.call_timeout, get)
+            .await
+            .map_err(|_| StoreError::Unavailable("GET timed out".into()))?
+            .map_err(crate::unavailable)
+    }
+
     async fn records(&self, set: RecordSet, known: u64) -> Result<Option<Records>, StoreError> {
         RedisStore::records(self, set, known).await
     }

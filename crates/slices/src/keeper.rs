@@ -105,6 +105,14 @@ impl<S: SliceSource + Keeper, C: Clock + Clone + 'static> Keeper for Sliced<S, C
         self.inner().note(name).await
     }
 
+    async fn put_text(&self, name: &str, value: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.inner().put_text(name, value, ttl).await
+    }
+
+    async fn text(&self, name: &str) -> Result<Option<String>, StoreError> {
+        self.inner().text(name).await
+    }
+
     async fn records(&self, set: RecordSet, known: u64) -> Result<Option<Records>, StoreError> {
         self.inner().records(set, known).await
     }

@@ -64,7 +64,8 @@ macro_rules! conformance_tests {
             a_providers_token_hold_refuses_only_larger_requests,
             fees_are_reserved_settled_and_charged_on_expiry,
             an_unpriced_fee_is_refused_under_a_money_budget,
-            a_restored_total_counts_against_its_budget, an_initialised_store_reads_as_kept);
+            a_restored_total_counts_against_its_budget, an_initialised_store_reads_as_kept,
+            a_kept_text_reads_back_where_the_store_is_shared);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(

@@ -44,3 +44,24 @@ pub async fn an_initialised_store_reads_as_kept<H: Harness>(h: &H) {
     assert!(s.loss_cause().is_none());
     s.ping().await.unwrap_or_else(|e| panic!("ping: {e}"));
 }
+
+/// A text kept for every instance reads back on a shared store (the same store: what another
+/// instance would read); a store of one process keeps none.
+pub async fn a_kept_text_reads_back_where_the_store_is_shared<H: Harness>(h: &H) {
+    let (s, _) = setup(h).await;
+    let ttl = std::time::Duration::from_secs(60);
+    let text = r#"{"tenant":"acme","model":"gpt-4o"}"#;
+    s.put_text("res:a", text, ttl)
+        .await
+        .unwrap_or_else(|e| panic!("put_text: {e}"));
+    let read = s
+        .text("res:a")
+        .await
+        .unwrap_or_else(|e| panic!("text: {e}"));
+    if s.is_shared() {
+        assert_eq!(read.as_deref(), Some(text));
+        assert_eq!(s.text("res:b").await.ok().flatten(), None);
+    } else {
+        assert_eq!(read, None);
+    }
+}

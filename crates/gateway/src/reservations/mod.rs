@@ -10,6 +10,8 @@
 //! charges an expired request (`expired_reservation_charge`, in full by default) when its lease
 //! ends. Its id names the key that made it and 128 random bits: only that key may end it.
 
+mod kept;
+
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, State};
@@ -186,6 +188,9 @@ async fn make(gw: &Shared, req: Request<Body>) -> Result<(StatusCode, HeaderMap,
     let admission =
         crate::path::admit_counted(gw, &cfg, dialect, &intake.key, &counted, &early, true).await?;
     let (p, admitted, ticket) = (admission.plan, admission.granted, admission.ticket);
+    // The store's time of the admission, which its reservations' periods were taken at.
+    let at = admitted.expires_at.saturating_sub(p.ttl_ms);
+    kept::keep(gw, &counted.facts, at, p.ttl_ms).await;
     let per_choice = admitted.max_output_tokens.saturating_sub(counted.predicted) / counted.choices;
     if dialect.has_output() && per_choice == 0 {
         let _ = ticket.release(Some(Usage::default())).await;
@@ -293,6 +298,7 @@ async fn settle_with(
         let model = answer["model"].as_str().unwrap_or_default();
         let (usage, _) = answered_usage(ALL[index], &answer, 0, 0, &cfg.counter, model);
         let f = gw.store.settle(id, usage.bounded()).await;
+        kept::book(gw, id, "settled", &f, usage.bounded()).await;
         return ended(gw, id, "settled", f, usage, None);
     };
     let dialect = ALL[held.dialect];
@@ -384,6 +390,7 @@ async fn renew_with(
     match r {
         Ok(Renewal::Renewed { expires_at }) => {
             gw.reservations.renewed(id, expires_at);
+            kept::renewed(gw, id).await;
             let v = json!({
                 "id": id,
                 "object": "reservation",
@@ -425,7 +432,11 @@ async fn release_with(
     let none = Usage::default();
     let f = match gw.reservations.take(id) {
         Some(h) => h.ticket.release(Some(none)).await,
-        None => gw.store.release(id, Some(none)).await,
+        None => {
+            let f = gw.store.release(id, Some(none)).await;
+            kept::book(gw, id, "released", &f, none).await;
+            f
+        }
     };
     ended(gw, id, "released", f, none, None)
 }
