@@ -27,7 +27,7 @@ export interface TollgateOptions {
 }
 
 /** A granted reservation. */
-export interface Reservation<B = Record<string, unknown>> {
+export interface Reservation<B = Record<string, unknown> | null> {
   id: string;
   object: "reservation";
   endpoint: Endpoint;
@@ -135,6 +135,19 @@ export class Tollgate {
     options: { signal?: AbortSignal } = {},
   ): Promise<Reservation<B>> {
     return this.#call("POST", "/v1/reservations", { endpoint, body }, options.signal);
+  }
+
+  /**
+   * Reserves for a request stated by its counts, when its body cannot be sent: the gateway
+   * checks them as it would a body's, and the answer's `body` is `null` (send
+   * `max_output_tokens` as the cap).
+   */
+  reserveCounts(
+    endpoint: Endpoint,
+    counts: { model: string; input_tokens: number; max_output_tokens: number },
+    options: { signal?: AbortSignal } = {},
+  ): Promise<Reservation<null>> {
+    return this.#call("POST", "/v1/reservations", { endpoint, ...counts }, options.signal);
   }
 
   /**

@@ -92,6 +92,23 @@ test("withBudget settles an Anthropic SDK stream from its events", async () => {
   assert.ok(after.used > before.used);
 });
 
+test("counts stated instead of a body are reserved as stated", async () => {
+  const key = env("TOLLGATE_SDK_KEY");
+  const tollgate = new Tollgate({ baseUrl: GATEWAY(), apiKey: key });
+  const before = await budget(key);
+  const r = await tollgate.reserveCounts("/v1/chat/completions", {
+    model: "gpt-4o",
+    input_tokens: 1200,
+    max_output_tokens: 300,
+  });
+  assert.equal(r.reserved_tokens, 1500);
+  assert.equal(r.body, null);
+  assert.equal((await budget(key)).reserved, before.reserved + r.reserved_micro_usd);
+  const ended = await tollgate.settle(r.id, { prompt_tokens: 1200, completion_tokens: 40 });
+  assert.equal(ended.status, "settled");
+  assert.equal((await budget(key)).reserved, before.reserved);
+});
+
 test("a refusal is a TollgateError with the gateway's code", async () => {
   const tollgate = new Tollgate({ baseUrl: GATEWAY(), apiKey: env("TOLLGATE_SDK_KEY") });
   await assert.rejects(tollgate.reserve("/v1/chat/completions", { ...body(), surprise: 1 }), (e) => {

@@ -14,7 +14,7 @@ use tollgate_gateway::hash_key;
 use tollgate_sim::{Sim, SimConfig};
 
 /// The tests in `clients/typescript/test/`, every one of which must pass.
-const TESTS: u32 = 6;
+const TESTS: u32 = 7;
 
 fn client_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../clients/typescript")
