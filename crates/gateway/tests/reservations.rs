@@ -393,3 +393,46 @@ async fn an_ending_on_another_instance_reaches_the_ledger() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A store that does not answer while a reservation ends never gets a 503, which would say
+/// nothing changed: the instance that made it retries the ending (202 pending), another may
+/// have had it taken (500); sent again, the ending tells what the store did, charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ending_the_store_does_not_answer_is_never_a_503() {
+    let (sim, redis) = (sim().await, RedisServer::start());
+    let a = Instance::start_with(&sim, &redis_text(&redis), &budget(100_000)).await;
+    assert_eq!(a.admin("POST", "/admin/store/init", None).await.0, 200);
+    let b = Instance::start_with(&sim, &redis_text(&redis), &budget(100_000)).await;
+    let (_, here) = reserve(&a, EDGE, chat(100)).await;
+    let (_, there) = reserve(&a, EDGE, chat(100)).await;
+    let usage = json!({"prompt_tokens": 17, "completion_tokens": 12});
+    // Longer than the instances' call timeout (2 s): the commands wait, then run.
+    redis.cli_run(&["CLIENT", "PAUSE", "4000", "ALL"]);
+    let ((s1, v1), (s2, v2)) = tokio::join!(
+        settle(&a, here["id"].as_str().unwrap(), usage.clone()),
+        settle(&b, there["id"].as_str().unwrap(), usage.clone()),
+    );
+    assert_eq!((s1, &v1["status"]), (202, &json!("pending")), "{v1}");
+    assert_eq!(
+        (s2, v2["error"]["code"].as_str()),
+        (500, Some("reservation_outcome_unknown")),
+        "{v2}"
+    );
+    tollgate_testkit::wait::until("the pause ends and both endings are taken", async || {
+        // Read only once the store answers again.
+        call(a.addr, "GET", "/v1/limits", "sk-acme", None).await.0 == 200
+            && books(&a).await == (58, 0)
+    })
+    .await;
+    for (on, r) in [(&a, &here), (&b, &there)] {
+        let (status, v) = settle(on, r["id"].as_str().unwrap(), usage.clone()).await;
+        assert_eq!(
+            (status, &v["status"]),
+            (200, &json!("already_settled")),
+            "{v}"
+        );
+    }
+    assert_eq!(books(&b).await, (58, 0), "each charged once");
+    a.stop().await;
+    b.stop().await;
+}

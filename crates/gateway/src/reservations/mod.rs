@@ -299,7 +299,7 @@ async fn settle_with(
         let (usage, _) = answered_usage(ALL[index], &answer, 0, 0, &cfg.counter, model);
         let f = gw.store.settle(id, usage.bounded()).await;
         kept::book(gw, id, "settled", &f, usage.bounded()).await;
-        return ended(gw, id, "settled", f, usage, None);
+        return ended(gw, id, ("settled", false), f, usage, None);
     };
     let dialect = ALL[held.dialect];
     let answer = match reported(dialect, &body, held.input) {
@@ -323,14 +323,17 @@ async fn settle_with(
     }
     let estimate = ticket.estimate();
     let f = ticket.settle(usage).await;
-    ended(gw, id, "settled", f, usage, Some(estimate))
+    ended(gw, id, ("settled", true), f, usage, Some(estimate))
 }
 
-/// The answer to an ending, kept for a repeat when the store took it.
+/// The answer to an ending (`how`, and whether its ticket retries it when the store does not
+/// answer), kept for a repeat when the store took it. A store that did not answer is never a
+/// 503, which would say nothing changed: a retried ending is pending (202), and one that is not
+/// may have been taken (500); either way the ending is idempotent, to be sent again.
 fn ended(
     gw: &Shared,
     id: &str,
-    how: &str,
+    (how, retried): (&str, bool),
     f: Result<Finish, StoreError>,
     usage: Usage,
     estimate: Option<u64>,
@@ -343,6 +346,17 @@ fn ended(
         Ok(Finish::AlreadyEnded(Ending::Settled)) => "already_settled",
         Ok(Finish::AlreadyEnded(Ending::Released)) => "already_released",
         Ok(Finish::Unknown) => return Err(respond::reservation_not_found(id)),
+        Err(StoreError::Unavailable(_)) if retried => {
+            let v = json!({
+                "id": id,
+                "object": "reservation",
+                "status": "pending",
+                "message": "The store did not answer; the ending is retried in the background. \
+                            Send it again to learn its outcome: endings are idempotent.",
+            });
+            return Ok((StatusCode::ACCEPTED, HeaderMap::new(), v));
+        }
+        Err(StoreError::Unavailable(_)) => return Err(respond::reservation_outcome_unknown(id)),
         Err(e) => return Err(respond::store_failed(&e)),
     };
     let over = estimate.is_some_and(|e| usage.total() > e);
@@ -430,15 +444,15 @@ async fn release_with(
         return Ok((StatusCode::OK, HeaderMap::new(), v));
     }
     let none = Usage::default();
-    let f = match gw.reservations.take(id) {
-        Some(h) => h.ticket.release(Some(none)).await,
+    let (f, retried) = match gw.reservations.take(id) {
+        Some(h) => (h.ticket.release(Some(none)).await, true),
         None => {
             let f = gw.store.release(id, Some(none)).await;
             kept::book(gw, id, "released", &f, none).await;
-            f
+            (f, false)
         }
     };
-    ended(gw, id, "released", f, none, None)
+    ended(gw, id, ("released", retried), f, none, None)
 }
 
 #[cfg(test)]

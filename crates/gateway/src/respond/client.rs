@@ -362,3 +362,19 @@ pub fn reservations_full(max: usize) -> ApiError {
     super::put_retry_after(&mut e.headers, 1_000);
     e
 }
+
+/// An ending of a reservation sent to a store that did not answer in time: it may have been
+/// taken. Not a 503, which says nothing changed: 500, to be sent again (endings are
+/// idempotent).
+pub fn reservation_outcome_unknown(id: &str) -> ApiError {
+    ApiError::new(
+        Class::Internal,
+        "api_error",
+        "reservation_outcome_unknown",
+        format!(
+            "The store did not answer in time about reservation {}: the ending may have been \
+             taken. Send it again; endings are idempotent and the answer will say.",
+            shown(id)
+        ),
+    )
+}
