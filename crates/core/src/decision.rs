@@ -239,7 +239,7 @@ pub struct Deny {
 pub struct Quota {
     /// The control.
     pub reason: Reason,
-    /// Which check of the plan: its place in the plan's `checks` ([`crate::Plan::scope_of`]
+    /// Which check of the plan: its place in the plan's `checks` (the plan's `scope_of`
     /// finds its scope). An index, not the scope
     /// key: cloning a shared key into every quota costs two atomic operations each.
     pub check: usize,

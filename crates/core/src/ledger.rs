@@ -2,7 +2,6 @@
 //! function here has a line-for-line twin in the Redis Lua scripts.
 
 use crate::clock::Millis;
-use crate::policy::Price;
 
 mod calendar;
 pub use calendar::{Calendar, Every, Zone};
@@ -376,6 +375,17 @@ impl Price {
             + u128::from(u.fees.min(MAX_FEES));
         u64::try_from(cost).unwrap_or(u64::MAX)
     }
+}
+
+/// A price in micro-units per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Price {
+    /// Input tokens.
+    pub input: u64,
+    /// Cached input tokens.
+    pub cached_input: u64,
+    /// Output tokens.
+    pub output: u64,
 }
 
 #[cfg(test)]

@@ -250,7 +250,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Up to `max` expiries kept, oldest first, each with its tag for
     /// [`MemoryStore::ack_expiries`]; they stay until acknowledged.
-    pub fn expiries(&self, max: usize) -> Result<Vec<(u64, crate::Expiry)>, StoreError> {
+    pub fn expiries(&self, max: usize) -> Result<Vec<(u64, crate::store::Expiry)>, StoreError> {
         let (st, _) = self.lock()?;
         Ok(st.expiries.peek(max))
     }

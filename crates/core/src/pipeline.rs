@@ -7,6 +7,7 @@
 //! state, so they are decided here, as verdicts at their place; the store counts every count
 //! first and reports a rate denial ahead of them, as the order says.
 
+pub use crate::controls::budget::PlanError;
 use crate::decision::{Deny, Reason};
 use crate::ledger::Usage;
 use crate::policy::{OutputMode, Policy, Price, Unit};
@@ -293,41 +294,6 @@ impl Plan {
     }
 }
 
-/// A request the policy cannot price.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    /// A money limit applies but the model has no price.
-    #[error("model {model:?} has no price, and scope {scope} has a money limit")]
-    UnpricedModel {
-        /// The model.
-        model: String,
-        /// The scope with the money limit.
-        scope: String,
-    },
-    /// A money limit applies but the model has no price for something the request may use.
-    #[error("model {model:?} has no price for {what}, and scope {scope} has a money limit")]
-    UnpricedUse {
-        /// The model.
-        model: String,
-        /// What it has no price for (`web search`, `audio input`...).
-        what: &'static str,
-        /// The scope with the money limit.
-        scope: String,
-    },
-    /// A money limit applies but the service tier asked for has no price for the model.
-    #[error(
-        "service tier {tier:?} has no price for model {model:?}, and scope {scope} has a money limit"
-    )]
-    UnpricedTier {
-        /// The model.
-        model: String,
-        /// The tier.
-        tier: String,
-        /// The scope with the money limit.
-        scope: String,
-    },
-}
-
 /// Builds the plan of one request under `policy`'s enforced rules.
 pub fn plan(policy: &Policy, facts: &RequestFacts) -> Result<Plan, PlanError> {
     let mut scopes = matched_scopes(policy, facts);
@@ -345,7 +311,7 @@ pub fn rate_plan(policy: &Policy, facts: &RequestFacts) -> Plan {
     let rules: Vec<_> = scopes
         .iter()
         .filter(|(i, _)| !policy.scopes[*i].shadow)
-        .map(|(i, k)| (&policy.scopes[*i], k))
+        .map(|(i, k)| (&policy.scopes[*i].controls, k))
         .collect();
     let checks = crate::controls::rate_checks(&rules);
     Plan {
@@ -438,12 +404,12 @@ fn build(
 ) -> Result<Plan, PlanError> {
     let rules: Vec<_> = scopes
         .iter()
-        .map(|(i, k)| (&policy.scopes[*i], k))
+        .map(|(i, k)| (&policy.scopes[*i].controls, k))
         .collect();
     let input = facts.input_tokens;
     let ttl_ms = rules
         .iter()
-        .filter_map(|(r, _)| concurrency::lease_ttl_ms(r))
+        .filter_map(|(r, _)| concurrency::lease_ttl_ms(r.concurrency))
         .min()
         .unwrap_or(policy.reservation_ttl.get());
     let model = facts.identity.model.as_deref().unwrap_or("");

@@ -5,37 +5,27 @@
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
-use std::time::Duration;
 
-mod prices;
-pub use prices::{Charges, FeeRule, Prices, Source as PriceSource};
 mod raw;
-pub(crate) mod validate;
+mod scope_rule;
 pub use raw::*;
-use validate::{duration_ms, positive, validate_scope};
+pub use scope_rule::ScopeRule;
+use scope_rule::validate_scope;
+
+pub use crate::controls::budget::{AlertAt, BudgetLimit, RawBudget, Unit};
+pub use crate::controls::concurrency::{ConcurrencyLimit, RawConcurrency};
+pub use crate::controls::loops::{LoopLimit, RawLoops};
+pub use crate::controls::rate::{RateLimit, RawRequests};
+pub use crate::controls::tokens::{OutputLimit, OutputMode, RawInput, RawInputRule, RawOutput};
+pub use crate::controls::tool_calls::RawToolCalls;
+pub use crate::ledger::Price;
+pub use crate::prices::{
+    Charges, FeeRule, Prices, RawLongContext, RawPrice, Source as PriceSource,
+};
+pub use crate::rule::{MAX_LIMIT, MAX_WINDOW_MS, PolicyError, RawCalendar, RawPeriod};
+use crate::rule::{duration_ms, positive};
 
 use crate::clock::Millis;
-use crate::ledger::Period;
-use crate::scope::{Dimension, Identity, IpPrefix, ScopeKey};
-
-/// A policy that failed validation: the path of the field and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: {message}")]
-pub struct PolicyError {
-    /// Dotted path of the field, e.g. `policy.scopes[2].budget.period`.
-    pub path: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl PolicyError {
-    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            path: path.into(),
-            message: message.into(),
-        }
-    }
-}
 
 /// A validated policy. Cheap to clone (shared).
 #[derive(Debug, Clone)]
@@ -82,218 +72,6 @@ pub enum ExpiredCharge {
     /// Nothing.
     None,
 }
-
-/// A price in micro-units per million tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Price {
-    /// Input tokens.
-    pub input: u64,
-    /// Cached input tokens.
-    pub cached_input: u64,
-    /// Output tokens.
-    pub output: u64,
-}
-
-/// One validated scope rule.
-#[derive(Debug, Clone)]
-pub struct ScopeRule {
-    /// Unique rule name.
-    pub name: Arc<str>,
-    /// Dimensions in canonical order; empty for global.
-    pub dims: Vec<Dimension>,
-    /// Required dimension values.
-    pub matches: Vec<(Dimension, String)>,
-    /// Every control's part of the rule, read as the rule's own fields (`rule.budget`).
-    pub controls: crate::controls::Rules,
-    /// How client addresses are grouped into `ip` scopes.
-    pub ip_prefix: IpPrefix,
-    /// A shadow rule: its controls are evaluated and its counters, leases and reservations
-    /// kept as if it were enforced, in a plan of its own ([`crate::shadow_plan`]), but it never
-    /// refuses; a refusal it would have made is recorded and counted.
-    pub shadow: bool,
-    /// The one key of a rule with no dimensions (`name|global`), derived once here so that
-    /// a plan shares it instead of building it per request.
-    pub global_key: Option<ScopeKey>,
-    /// The first earlier rule over the same dimensions and address grouping: where both apply,
-    /// this rule's key is that rule's renamed ([`ScopeKey::renamed`]), not derived again (a
-    /// shadow rule trying other limits on an enforced rule's scopes is the common case).
-    pub same_key_as: Option<usize>,
-}
-
-impl ScopeRule {
-    /// The key of this rule's scope for `identity`, when the rule applies to it: its matches
-    /// met and its dimensions known.
-    pub fn key_of(&self, identity: &crate::scope::Identity) -> Option<ScopeKey> {
-        if self
-            .matches
-            .iter()
-            .any(|(d, v)| identity.get(*d) != Some(v.as_str()))
-        {
-            return None;
-        }
-        ScopeKey::derive_in(&self.name, &self.dims, identity, self.ip_prefix)
-    }
-}
-
-impl std::ops::Deref for ScopeRule {
-    type Target = crate::controls::Rules;
-
-    fn deref(&self) -> &Self::Target {
-        &self.controls
-    }
-}
-
-impl std::ops::DerefMut for ScopeRule {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.controls
-    }
-}
-
-/// Attempts per sliding window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateLimit {
-    /// Attempts per window.
-    pub limit: NonZeroU64,
-    /// Window length in ms.
-    pub window_ms: NonZeroU64,
-}
-
-/// Loop detection: repeats of one request within a window, and of one tool call in a
-/// request's history.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoopLimit {
-    /// Identical requests allowed within the window, and identical tool calls in one history:
-    /// the one past it is refused.
-    pub max_identical: NonZeroU64,
-    /// Window of request repeats, ms.
-    pub window_ms: NonZeroU64,
-}
-
-/// How an output cap treats a request above it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputMode {
-    /// Refuse the request.
-    Reject,
-    /// Lower the request's cap to the limit.
-    Clamp,
-}
-
-/// An output-token cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutputLimit {
-    /// The cap.
-    pub max: NonZeroU64,
-    /// Reject or clamp.
-    pub mode: OutputMode,
-    /// Cap for requests that state none (≤ `max`).
-    pub default: NonZeroU64,
-}
-
-/// A concurrency limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConcurrencyLimit {
-    /// Unfinished requests at once.
-    pub limit: NonZeroU64,
-    /// Lease lifetime without renewal, ms.
-    pub lease_ttl_ms: NonZeroU64,
-}
-
-/// The unit of a budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Unit {
-    /// Input + output tokens.
-    Tokens,
-    /// Money in integer micro-units, from the model's price.
-    MicroUsd,
-    /// Tool calls the model emitted.
-    ToolCalls,
-}
-
-impl Unit {
-    /// `tokens` or `micro_usd`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Unit::Tokens => "tokens",
-            Unit::MicroUsd => "micro_usd",
-            Unit::ToolCalls => "tool_calls",
-        }
-    }
-
-    /// The control that refuses when this unit runs out.
-    pub fn reason(self) -> crate::decision::Reason {
-        match self {
-            Unit::Tokens | Unit::MicroUsd => crate::decision::Reason::BudgetLimit,
-            Unit::ToolCalls => crate::decision::Reason::ToolCallLimit,
-        }
-    }
-}
-
-/// A budget per period.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BudgetLimit {
-    /// The limit in `unit`.
-    pub limit: NonZeroU64,
-    /// Tokens or money.
-    pub unit: Unit,
-    /// The period.
-    pub period: Period,
-    /// Where alerts fire.
-    pub alert_at: AlertAt,
-    /// The most of what a period leaves unused that the next one adds to its limit, in `unit`
-    /// (0: nothing carried over).
-    pub carry_cap: u64,
-}
-
-/// Per cents of a budget's limit (1 to 100) at which an alert fires, once per scope and period:
-/// a set, held in one word so that a budget stays `Copy`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AlertAt(u128);
-
-impl AlertAt {
-    /// The set of `percents`, each from 1 to 100.
-    pub fn of(percents: &[u64]) -> Result<Self, String> {
-        let mut bits = 0u128;
-        for &p in percents {
-            if !(1..=100).contains(&p) {
-                return Err(format!("{p} is not a per cent from 1 to 100"));
-            }
-            bits |= 1 << (p - 1);
-        }
-        Ok(Self(bits))
-    }
-
-    /// Whether no alert is set.
-    pub fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
-    /// The per cents, lowest first.
-    pub fn iter(self) -> impl Iterator<Item = u64> {
-        // Set bits only: checked on every request with alerts, where trying all hundred per
-        // cents cost more than the rest of the alert check.
-        let mut bits = self.0;
-        std::iter::from_fn(move || {
-            if bits == 0 {
-                return None;
-            }
-            let p = u64::from(bits.trailing_zeros()) + 1;
-            bits &= bits - 1;
-            Some(p)
-        })
-    }
-
-    /// The per cents that `committed` of `limit` has reached.
-    pub fn reached(self, committed: u64, limit: u64) -> impl Iterator<Item = u64> {
-        self.iter()
-            .filter(move |p| u128::from(committed) * 100 >= u128::from(*p) * u128::from(limit))
-    }
-}
-
-/// Upper bounds that keep every product of the ledger arithmetic inside 2^53, so the Lua
-/// implementation (doubles) computes exactly what Rust computes.
-pub const MAX_LIMIT: u64 = 1_000_000_000_000;
-/// Longest rate window or fixed period: 400 days.
-pub const MAX_WINDOW_MS: u64 = 400 * 86_400_000;
 
 impl Policy {
     /// Parses and validates a TOML policy document.
@@ -348,7 +126,7 @@ impl Policy {
             }
             fail_open.push(r);
         }
-        let prices = prices::validate(raw.prices, raw.price_catalog.as_deref(), root)?;
+        let prices = crate::prices::validate(raw.prices, raw.price_catalog.as_deref(), root)?;
         let classes = crate::controls::reserve::Classes::check(raw.classes, root)?;
         let mut scopes: Vec<ScopeRule> = Vec::with_capacity(raw.scopes.len());
         for (i, s) in raw.scopes.into_iter().enumerate() {
@@ -404,37 +182,6 @@ impl Policy {
                 has_shadow: false,
             }))
         })
-    }
-}
-
-impl Period {
-    /// A period as written: a name or duration ([`Period::parse`]), or a calendar in a zone.
-    pub fn of(raw: &raw::RawPeriod) -> Result<Self, String> {
-        match raw {
-            raw::RawPeriod::Named(s) => Self::parse(s),
-            raw::RawPeriod::Calendar(c) => {
-                crate::ledger::Calendar::parse(&c.every, c.zone.as_deref(), c.starts.as_deref())
-                    .map(Period::Calendar)
-            }
-        }
-    }
-
-    /// Parses `day`, `month` or a fixed duration (`1h`, `7d`).
-    pub fn parse(s: &str) -> Result<Self, String> {
-        match s.trim() {
-            "day" | "calendar_day" => Ok(Period::Fixed(86_400_000)),
-            "month" | "calendar_month" => Ok(Period::CalendarMonth),
-            other => {
-                let d = humantime::parse_duration(other).map_err(|e| {
-                    format!("unknown period {other:?} ({e}); expected \"day\", \"month\" or a duration like \"1h\"")
-                })?;
-                let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-                if ms == 0 || ms > MAX_WINDOW_MS {
-                    return Err("must be between 1ms and 400 days".into());
-                }
-                Ok(Period::Fixed(ms))
-            }
-        }
     }
 }
 

@@ -45,12 +45,12 @@ pub struct Gateway {
     /// The spend ledger, when one is configured (fixed at start-up).
     pub books: Option<Arc<crate::books::Books>>,
     /// Virtual keys issued at run time (`/admin/keys`).
-    pub keys: crate::keys::registry::Registry,
+    pub keys: crate::keyring::Registry,
     /// Limits set at run time for one value (`/admin/limits`).
     pub overrides: crate::overrides::Overrides,
     /// Reservations made here for code that calls the provider itself.
     pub(crate) reservations: crate::reserved::Reservations,
-    /// Set once [`crate::server::prepare`] has run.
+    /// Set once the server's `prepare` has run.
     pub(crate) prepared: std::sync::atomic::AtomicBool,
 }
 
@@ -83,14 +83,14 @@ impl Gateway {
             draining: std::sync::atomic::AtomicBool::new(false),
             cut: tokio::sync::watch::Sender::new(false),
             contexts: Contexts::default(),
-            keys: crate::keys::registry::Registry::default(),
+            keys: crate::keyring::Registry::default(),
             prepared: std::sync::atomic::AtomicBool::new(false),
             overrides: crate::overrides::Overrides::default(),
             reservations: crate::reserved::Reservations::default(),
         }
     }
 
-    /// Keeps the spend ledger `books` (see [`crate::server::open_books`]).
+    /// Keeps the spend ledger `books` (opened by the server's `open_books`).
     #[must_use]
     pub fn with_books(mut self, books: Option<Arc<crate::books::Books>>) -> Self {
         self.books = books;

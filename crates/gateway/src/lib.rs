@@ -40,6 +40,7 @@ pub mod dialect;
 pub mod faults;
 pub mod gateway;
 pub(crate) mod key_copy;
+pub mod keyring;
 pub mod keys;
 pub mod limits;
 pub mod memo;

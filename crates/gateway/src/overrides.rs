@@ -2,7 +2,7 @@
 //! rule keys), set, raised or lowered through the admin API without a reload. An override
 //! replaces that rule's limit for that scope only; every other rule still applies, so a tighter
 //! rule elsewhere still refuses. Kept like issued keys (the store, the ledger, every instance
-//! within [`crate::keys::REFRESH_EVERY`]), and named in the decision records of the requests it
+//! within the key refresh interval), and named in the decision records of the requests it
 //! decided, with its revision.
 
 use std::collections::HashMap;

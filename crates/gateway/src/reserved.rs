@@ -1,4 +1,4 @@
-//! The reservations an instance made and has not ended (see [`crate::reservations`]), and the
+//! The reservations an instance made and has not ended (the reservation API's), and the
 //! answers of those it ended, kept for a settlement sent again.
 
 use std::collections::{HashMap, VecDeque};

@@ -197,9 +197,9 @@ pub enum InitError {
 
 /// Initialises the store `config` names, without a gateway (an operator's step before the first
 /// start): refused when the ledger it names holds books. True when a marker was written.
-pub async fn init_store(config: &crate::GatewayConfig) -> Result<bool, InitError> {
+pub async fn init_store(config: &crate::config::GatewayConfig) -> Result<bool, InitError> {
     let fail = |e: std::io::Error| InitError::Failed(e.to_string());
-    let store = crate::start_store(config).await.map_err(fail)?;
+    let store = crate::store::start_store(config).await.map_err(fail)?;
     let books = crate::books::Books::open(config).await.map_err(fail)?;
     initialise(&store, books.as_deref()).await
 }

@@ -1,7 +1,7 @@
 //! Batching: admissions and settlements that wait at the same moment travel in one script call
 //! per shard (`batch_v5.lua`), each applied as its own atomic transition, in order.
 
-use crate::marker::Mark;
+use crate::mark::Mark;
 use std::sync::{Arc, OnceLock};
 
 use redis::Value;

@@ -10,12 +10,12 @@ use tollgate_core::{Expiry, ExpiryCharge, Period, StoreError, Unit};
 use crate::conn::{no_answer, unavailable};
 use crate::decode::{items, text};
 use crate::encode::key;
-use crate::shard_of;
+use crate::shards::shard_of;
 
 /// Where an expiry is in the store, to delete it once written: (shard, stream entry id).
 pub type ExpiryTag = (usize, String);
 
-impl crate::RedisStore {
+impl crate::store::RedisStore {
     /// [`tollgate_core::Store::usage`], and with `carry` (the cap and the limit),
     /// [`tollgate_core::Store::usage_carrying`] (`usage_v2.lua`).
     pub(crate) fn usage_of(
@@ -128,7 +128,7 @@ impl crate::RedisStore {
                 .ignore()
                 .cmd("SET")
                 .arg(format!("{p}:marker"))
-                .arg(crate::SCHEMA)
+                .arg(crate::mark::SCHEMA)
                 .ignore()
                 .cmd("HSET")
                 .arg(format!("{p}:seq"))

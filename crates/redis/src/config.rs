@@ -36,7 +36,7 @@ pub struct RedisConfig {
     /// The prefix is new by the caller's word (a scratch prefix: a test, a replay, a load run):
     /// the first admission that finds it empty writes its marker. Off by default: an empty
     /// prefix may be one that forgot, and a marker written over a loss hides it; a gateway
-    /// decides from its ledger or an operator's [`crate::RedisStore::initialise`] instead.
+    /// decides from its ledger or an operator's initialisation (`RedisStore::initialise`) instead.
     pub initialise_on_first_use: bool,
 }
 

@@ -167,7 +167,9 @@ pub(crate) fn unavailable(e: impl std::fmt::Display) -> StoreError {
 
 /// The client of one node: the URL's user and password unless the configuration gives them,
 /// and for `rediss://` the configured CA or Mozilla's roots.
-pub(crate) fn single_client(config: &crate::RedisConfig) -> Result<redis::Client, StoreError> {
+pub(crate) fn single_client(
+    config: &crate::config::RedisConfig,
+) -> Result<redis::Client, StoreError> {
     use redis::IntoConnectionInfo;
     let mut info = config
         .url

@@ -10,30 +10,25 @@
 //! continued at all (a restart, another server) says nothing by itself, and the marker and the
 //! write sequence decide.
 
-use tollgate_core::StoreError;
-
-use crate::RedisStore;
-use crate::conn::{Conn, no_answer, unavailable};
-
 /// A history and how far an instance saw it go, in an epoch of the write sequence (a loss
 /// acknowledged since, or a store rebuilt, starts another: what came before is settled).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Seen {
-    id: String,
-    offset: u64,
-    epoch: String,
+    pub(crate) id: String,
+    pub(crate) offset: u64,
+    pub(crate) epoch: String,
 }
 
 /// What `INFO replication` says of a primary's history.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Info {
-    id: String,
-    offset: u64,
+pub(crate) struct Info {
+    pub(crate) id: String,
+    pub(crate) offset: u64,
     /// The history it followed before its promotion, and where its copy ended.
-    before: Option<(String, u64)>,
+    pub(crate) before: Option<(String, u64)>,
 }
 
-fn parse(info: &str) -> Option<Info> {
+pub(crate) fn parse(info: &str) -> Option<Info> {
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
@@ -58,7 +53,7 @@ fn parse(info: &str) -> Option<Info> {
 
 /// What a new reading means against what was seen: the loss's words when the history was cut
 /// short.
-fn cut_short(seen: &Seen, now: &Info) -> Option<String> {
+pub(crate) fn cut_short(seen: &Seen, now: &Info) -> Option<String> {
     if now.id == seen.id {
         return None;
     }
@@ -67,75 +62,6 @@ fn cut_short(seen: &Seen, now: &Info) -> Option<String> {
             Some(format!("history {id} {ended} {}", seen.offset))
         }
         _ => None,
-    }
-}
-
-impl RedisStore {
-    /// Reads the primary's history; when it was cut short of what this instance saw in the
-    /// store's current `epoch`, writes the loss down on every shard (the cause, and the marker
-    /// removed, as the scripts do) and answers true. A server that does not answer `INFO`, or a
-    /// cluster, is not read.
-    pub(crate) async fn check_history(&self, epoch: Option<String>) -> Result<bool, StoreError> {
-        let Conn::Single(conn) = &self.conn else {
-            return Ok(false);
-        };
-        let Some(epoch) = epoch else {
-            return Ok(false);
-        };
-        let mut conn = conn.clone();
-        let timeout = self.config.call_timeout;
-        let info = tokio::time::timeout(
-            timeout,
-            redis::cmd("INFO")
-                .arg("replication")
-                .query_async::<String>(&mut conn),
-        )
-        .await
-        .map_err(|_| no_answer(timeout))?;
-        let Some(now) = info.ok().as_deref().and_then(parse) else {
-            return Ok(false);
-        };
-        let cut = {
-            let Ok(mut seen) = self.history.lock() else {
-                return Ok(false);
-            };
-            let cut = seen
-                .as_ref()
-                .filter(|s| s.epoch == epoch)
-                .and_then(|s| cut_short(s, &now));
-            let offset = match seen.as_ref() {
-                Some(s) if s.id == now.id && s.epoch == epoch => s.offset.max(now.offset),
-                _ => now.offset,
-            };
-            *seen = Some(Seen {
-                id: now.id.clone(),
-                offset,
-                epoch,
-            });
-            cut
-        };
-        let Some(why) = cut else {
-            return Ok(false);
-        };
-        for p in self.shards.iter() {
-            let mut pipe = redis::pipe();
-            pipe.atomic()
-                .cmd("SET")
-                .arg(format!("{p}:lost"))
-                .arg(&why)
-                .ignore()
-                .cmd("DEL")
-                .arg(format!("{p}:marker"))
-                .ignore();
-            tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn))
-                .await
-                .map_err(|_| no_answer(timeout))?
-                .map_err(unavailable)?;
-        }
-        for m in self.markers.iter() {
-            m.found(&why);
-        }
-        Ok(true)
     }
 }
 

@@ -7,9 +7,9 @@ use redis::Value;
 use tollgate_core::StoreError;
 pub use tollgate_core::keeper::{KeyPut, KeyWrite, RecordSet};
 
-use crate::RedisStore;
 use crate::conn::{Function, fcall, no_answer, unavailable};
 use crate::decode::{items, text};
+use crate::store::RedisStore;
 
 /// The hash field that holds the version (a digest is hex, never this).
 const VERSION: &str = "~version";

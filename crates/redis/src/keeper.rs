@@ -1,12 +1,12 @@
 //! The store's [`Keeper`]: what a shared store keeps beyond admission, each method one of the
-//! store's own calls (marker.rs, books.rs, issued.rs and the notes in lib.rs).
+//! store's own calls (marker.rs, books.rs, issued.rs and the notes in store.rs).
 
 use std::time::Duration;
 
 use tollgate_core::keeper::{KeyPut, KeyWrite, Mark, PeriodRef, RecordSet, Records};
 use tollgate_core::{Expiry, ExpiryTag, Keeper, Loss, StoreError, StoreState};
 
-use crate::RedisStore;
+use crate::store::RedisStore;
 
 impl Keeper for RedisStore {
     fn is_shared(&self) -> bool {
@@ -62,7 +62,7 @@ impl Keeper for RedisStore {
     }
 
     async fn ack_expiries(&self, tags: Vec<ExpiryTag>) -> Result<(), StoreError> {
-        let ours: Vec<crate::ExpiryTag> = tags
+        let ours: Vec<crate::books::ExpiryTag> = tags
             .into_iter()
             .filter_map(|t| match t {
                 ExpiryTag::Shared(shard, entry) => Some((shard, entry)),
@@ -104,25 +104,25 @@ impl Keeper for RedisStore {
         let mut conn = self.conn.clone();
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let mut set = redis::cmd("SET");
-        set.arg(crate::key(self.shard_prefix(name), "t", name))
+        set.arg(crate::encode::key(self.shard_prefix(name), "t", name))
             .arg(value)
             .arg("PX")
             .arg(ms);
         tokio::time::timeout(self.config.call_timeout, set.query_async::<()>(&mut conn))
             .await
             .map_err(|_| StoreError::Unavailable("SET timed out".into()))?
-            .map_err(crate::unavailable)
+            .map_err(crate::conn::unavailable)
     }
 
     async fn text(&self, name: &str) -> Result<Option<String>, StoreError> {
         let mut conn = self.conn.clone();
         let mut get = redis::cmd("GET");
-        get.arg(crate::key(self.shard_prefix(name), "t", name));
+        get.arg(crate::encode::key(self.shard_prefix(name), "t", name));
         let get = get.query_async::<Option<String>>(&mut conn);
         tokio::time::timeout(self.config.call_timeout, get)
             .await
             .map_err(|_| StoreError::Unavailable("GET timed out".into()))?
-            .map_err(crate::unavailable)
+            .map_err(crate::conn::unavailable)
     }
 
     async fn records(&self, set: RecordSet, known: u64) -> Result<Option<Records>, StoreError> {

@@ -9,7 +9,8 @@ use tollgate_core::{KeyClaim, KeyUse, StoreError};
 use crate::conn::{Function, query};
 use crate::decode::{items, text};
 use crate::encode::{key, num};
-use crate::{RedisStore, shard_of};
+use crate::shards::shard_of;
+use crate::store::RedisStore;
 
 /// Every reply kind of `keys_v1.lua`.
 pub const KEY_REPLIES: [&str; 6] = [

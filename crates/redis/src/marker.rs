@@ -2,72 +2,11 @@
 //! finds at start, what its watcher reads while it is idle, and an operator's initialisation of
 //! a new store (see `state_v1.lua`).
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use tollgate_core::{Loss, StoreError, StoreState};
 
-use crate::RedisStore;
+use crate::mark::SCHEMA;
+use crate::store::RedisStore;
 
-/// What this store has seen of one shard: its marker (once seen, its absence means the store
-/// forgot), and the highest write sequence of the store's epoch (`seq_v1.lua`: a store behind
-/// it went back in time).
-#[derive(Debug, Default)]
-pub struct Mark {
-    seen: AtomicBool,
-    /// The store's epoch and the highest `n` seen in it.
-    high: Mutex<Option<(String, u64)>>,
-    /// Why the store was found lost at its last answer (none when it was not).
-    cause: Mutex<Option<Loss>>,
-}
-
-impl Mark {
-    pub(crate) fn seen(&self) -> bool {
-        self.seen.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_seen(&self) {
-        self.seen.store(true, Ordering::Relaxed);
-    }
-
-    /// The scripts' `seen` argument: `flag`, and the sequence seen once there is one.
-    pub(crate) fn arg(&self, flag: &str) -> String {
-        match self.high().filter(|(e, _)| !e.is_empty()) {
-            Some((epoch, n)) => format!("{flag}:{epoch}:{n}"),
-            None => flag.to_owned(),
-        }
-    }
-
-    /// A reply's sequence: the highest of an epoch is kept; another epoch (a store initialised
-    /// or its loss acknowledged since) starts again from its own.
-    pub(crate) fn saw(&self, epoch: &str, n: u64) {
-        if epoch.is_empty() {
-            return;
-        }
-        if let Ok(mut h) = self.high.lock() {
-            match &mut *h {
-                Some((e, high)) if e == epoch => *high = (*high).max(n),
-                other => *other = Some((epoch.to_owned(), n)),
-            }
-        }
-    }
-
-    /// What the store's loss flag said at its last answer ('' when it was not lost).
-    pub(crate) fn found(&self, why: &str) {
-        if let Ok(mut c) = self.cause.lock() {
-            *c = (!why.is_empty()).then(|| read_loss(why));
-        }
-    }
-
-    /// The epoch and the highest sequence seen in it.
-    pub(crate) fn high(&self) -> Option<(String, u64)> {
-        self.high.lock().ok().and_then(|h| h.clone())
-    }
-}
-
-/// The schema of what the scripts keep under a prefix, written as its marker's value (`SCHEMA`
-/// in `common_v7.lua`): instances of another schema refuse to start on the prefix.
-pub const SCHEMA: &str = "7.6";
 use crate::conn::{Function, fcall, no_answer, unavailable};
 
 impl RedisStore {
@@ -80,10 +19,10 @@ impl RedisStore {
             let seen = mark.map_or_else(String::new, |m| m.arg(if m.seen() { "1" } else { "0" }));
             let (answer, found) = self.marker_call(shard, prefix, "watch", &seen).await?;
             let state = match answer.as_str() {
-                "kept" if found != crate::SCHEMA => {
+                "kept" if found != SCHEMA => {
                     return Err(StoreError::OtherSchema {
                         found,
-                        ours: crate::SCHEMA.to_owned(),
+                        ours: SCHEMA.to_owned(),
                     });
                 }
                 "kept" => {
@@ -126,10 +65,10 @@ impl RedisStore {
             let (answer, found) = self.marker_call(shard, prefix, "init", "0").await?;
             match answer.as_str() {
                 "initialised" => wrote = true,
-                "kept" if found != crate::SCHEMA => {
+                "kept" if found != SCHEMA => {
                     return Err(StoreError::OtherSchema {
                         found,
-                        ours: crate::SCHEMA.to_owned(),
+                        ours: SCHEMA.to_owned(),
                     });
                 }
                 "kept" => {}
@@ -184,7 +123,7 @@ impl RedisStore {
                 &mut conn,
                 Function::State,
                 &keys,
-                &[op, seen, crate::SCHEMA],
+                &[op, seen, SCHEMA],
             ),
         )
         .await
@@ -282,23 +221,5 @@ impl RedisStore {
                 m.saw(epoch, *n);
             }
         }
-    }
-}
-
-/// The loss a flag's cause names.
-fn read_loss(why: &str) -> Loss {
-    let mut w = why.split(' ');
-    match (w.next(), w.next(), w.next(), w.next()) {
-        (Some("behind"), Some(epoch), Some(store), Some(seen)) => Loss::Behind {
-            epoch: epoch.to_owned(),
-            store: store.parse().unwrap_or(0),
-            seen: seen.parse().unwrap_or(0),
-        },
-        (Some("history"), Some(id), Some(ended), Some(seen)) => Loss::CutShort {
-            history: id.to_owned(),
-            ended: ended.parse().unwrap_or(0),
-            seen: seen.parse().unwrap_or(0),
-        },
-        _ => Loss::Forgot,
     }
 }

@@ -10,13 +10,13 @@ use tollgate_core::ledger::RateWindow;
 use tollgate_core::policy::Unit;
 use tollgate_core::{SliceSource, StoreError};
 
-use crate::RedisStore;
 use crate::batch::{is_lost, is_uninitialised};
 use crate::contract::{
     BudgetGrant, BudgetOrder, LeaseGrant, LeaseOrder, RateGrant, RateOrder, SliceHeader,
 };
 use crate::decode::{int, items, text};
 use crate::encode::{Invocation, Strs, period_arg};
+use crate::store::RedisStore;
 
 /// Every reply kind of a slice item: its own, and a slice the store no longer holds.
 pub const SLICE_REPLIES: [&str; 2] = ["sliced", "gone"];
@@ -206,7 +206,7 @@ impl SliceSource for RedisStore {
         let shards = self.shard_count();
         let mut by_shard: Vec<Vec<(usize, &Order)>> = vec![Vec::new(); shards];
         for (i, o) in ex.orders.iter().enumerate() {
-            let s = crate::shard_of(scope_of(o), shards);
+            let s = crate::shards::shard_of(scope_of(o), shards);
             if let Some(list) = by_shard.get_mut(s) {
                 list.push((i, o));
             }

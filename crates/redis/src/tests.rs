@@ -1,6 +1,12 @@
 use super::*;
-use crate::sharded::Admission;
-use tollgate_core::{Dimension, Identity, Policy, Reason, RequestFacts, plan};
+use crate::decode::{decision, finish_reply};
+use crate::encode::{admit_shadowed_invocation, finish_invocation, num};
+use crate::shards::Admission;
+use redis::Value;
+use std::sync::Arc;
+use tollgate_core::{
+    Decision, Dimension, Identity, Policy, Reason, RequestFacts, StoreError, plan,
+};
 
 /// Request `req-1` of user alice of tenant acme: 40 tokens in, at most 60 out, on gpt-4o.
 fn alice() -> RequestFacts {

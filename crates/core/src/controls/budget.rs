@@ -5,13 +5,17 @@
 //!
 //! Lua twin: `crates/redis/src/lua/controls/budget.lua`.
 
+use std::num::NonZeroU64;
+
+use serde::Deserialize;
+
 use crate::clock::Millis;
 use crate::decision::{Deny, Quota, Reason};
 use crate::ledger::{Period, Usage};
-use crate::pipeline::PlanError;
 
-use crate::policy::validate::validate_budget;
-use crate::policy::{AlertAt, BudgetLimit, PolicyError, Price, RawBudget, ScopeRule, Unit};
+use crate::ledger::Price;
+use crate::prices::Prices;
+use crate::rule::{PolicyError, RawPeriod, percent, positive};
 use crate::scope::ScopeKey;
 
 /// A reservation to make in one scope: of tokens, money, or tool calls.
@@ -76,7 +80,7 @@ impl Pricing<'_> {
 pub fn rule(
     raw: Option<RawBudget>,
     path: &str,
-    prices: &crate::policy::Prices,
+    prices: &Prices,
 ) -> Result<Option<BudgetLimit>, PolicyError> {
     raw.map(|b| validate_budget(b, path, prices)).transpose()
 }
@@ -84,11 +88,11 @@ pub fn rule(
 /// The budget check of `rule` in scope `key`: input + granted output in tokens, or its price
 /// at the estimate in money (a model without a price cannot be reserved in money).
 pub fn plan(
-    rule: &ScopeRule,
+    limit: Option<BudgetLimit>,
     key: &ScopeKey,
     p: Pricing<'_>,
 ) -> Result<Option<BudgetCheck>, PlanError> {
-    let Some(b) = rule.budget else {
+    let Some(b) = limit else {
         return Ok(None);
     };
     let e = p.estimate;
@@ -187,4 +191,194 @@ pub fn check(
 /// Whether `amount` more fits in `headroom` (what a limit has left).
 pub fn fits(amount: u64, headroom: u64) -> bool {
     amount <= headroom
+}
+
+/// The unit of a budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// Input + output tokens.
+    Tokens,
+    /// Money in integer micro-units, from the model's price.
+    MicroUsd,
+    /// Tool calls the model emitted.
+    ToolCalls,
+}
+
+impl Unit {
+    /// `tokens` or `micro_usd`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Tokens => "tokens",
+            Unit::MicroUsd => "micro_usd",
+            Unit::ToolCalls => "tool_calls",
+        }
+    }
+
+    /// The control that refuses when this unit runs out.
+    pub fn reason(self) -> crate::decision::Reason {
+        match self {
+            Unit::Tokens | Unit::MicroUsd => crate::decision::Reason::BudgetLimit,
+            Unit::ToolCalls => crate::decision::Reason::ToolCallLimit,
+        }
+    }
+}
+
+/// A budget per period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetLimit {
+    /// The limit in `unit`.
+    pub limit: NonZeroU64,
+    /// Tokens or money.
+    pub unit: Unit,
+    /// The period.
+    pub period: Period,
+    /// Where alerts fire.
+    pub alert_at: AlertAt,
+    /// The most of what a period leaves unused that the next one adds to its limit, in `unit`
+    /// (0: nothing carried over).
+    pub carry_cap: u64,
+}
+
+/// Per cents of a budget's limit (1 to 100) at which an alert fires, once per scope and period:
+/// a set, held in one word so that a budget stays `Copy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AlertAt(u128);
+
+impl AlertAt {
+    /// The set of `percents`, each from 1 to 100.
+    pub fn of(percents: &[u64]) -> Result<Self, String> {
+        let mut bits = 0u128;
+        for &p in percents {
+            if !(1..=100).contains(&p) {
+                return Err(format!("{p} is not a per cent from 1 to 100"));
+            }
+            bits |= 1 << (p - 1);
+        }
+        Ok(Self(bits))
+    }
+
+    /// Whether no alert is set.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The per cents, lowest first.
+    pub fn iter(self) -> impl Iterator<Item = u64> {
+        // Set bits only: checked on every request with alerts, where trying all hundred per
+        // cents cost more than the rest of the alert check.
+        let mut bits = self.0;
+        std::iter::from_fn(move || {
+            if bits == 0 {
+                return None;
+            }
+            let p = u64::from(bits.trailing_zeros()) + 1;
+            bits &= bits - 1;
+            Some(p)
+        })
+    }
+
+    /// The per cents that `committed` of `limit` has reached.
+    pub fn reached(self, committed: u64, limit: u64) -> impl Iterator<Item = u64> {
+        self.iter()
+            .filter(move |p| u128::from(committed) * 100 >= u128::from(*p) * u128::from(limit))
+    }
+}
+
+/// `budget = { tokens = 100000, period = "day" }` or `{ micro_usd = 5000000, period = "month" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudget {
+    /// A budget in tokens (input + output).
+    pub tokens: Option<u64>,
+    /// A budget in money, integer micro-units.
+    pub micro_usd: Option<u64>,
+    /// `day`, `month` (UTC calendar), a fixed duration such as `1h`, `7d`, or a calendar in a
+    /// zone (`{ every = "month", zone = "Europe/Berlin", starts = "1 09:00" }`).
+    pub period: RawPeriod,
+    /// Per cent of the limit at which an alert fires, once per scope and period.
+    #[serde(default)]
+    pub alert_at: Vec<u64>,
+    /// What a period leaves unused is added to the next one's, up to this share of the limit
+    /// (`"25%"`); off by default.
+    pub carry_over: Option<String>,
+}
+
+/// `budget = { tokens | micro_usd, period }`: money needs prices.
+pub(crate) fn validate_budget(
+    b: RawBudget,
+    path: &str,
+    prices: &Prices,
+) -> Result<BudgetLimit, PolicyError> {
+    let bpath = format!("{path}.budget");
+    let (limit, unit) = match (b.tokens, b.micro_usd) {
+        (Some(t), None) => (positive(t, &format!("{bpath}.tokens"))?, Unit::Tokens),
+        (None, Some(m)) => {
+            if prices.is_empty() {
+                return Err(PolicyError::new(
+                    format!("{bpath}.micro_usd"),
+                    "a money budget needs a [prices] table",
+                ));
+            }
+            (positive(m, &format!("{bpath}.micro_usd"))?, Unit::MicroUsd)
+        }
+        _ => {
+            return Err(PolicyError::new(
+                bpath,
+                "give exactly one of `tokens` or `micro_usd`",
+            ));
+        }
+    };
+    let period =
+        Period::of(&b.period).map_err(|m| PolicyError::new(format!("{bpath}.period"), m))?;
+    let alert_at =
+        AlertAt::of(&b.alert_at).map_err(|m| PolicyError::new(format!("{bpath}.alert_at"), m))?;
+    let carry_cap = match b.carry_over.as_deref() {
+        None => 0,
+        Some(share) => {
+            let pct = percent(share, &format!("{bpath}.carry_over"))?;
+            limit.get().saturating_mul(pct) / 100
+        }
+    };
+    Ok(BudgetLimit {
+        limit,
+        unit,
+        period,
+        alert_at,
+        carry_cap,
+    })
+}
+
+/// A request the policy cannot price.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// A money limit applies but the model has no price.
+    #[error("model {model:?} has no price, and scope {scope} has a money limit")]
+    UnpricedModel {
+        /// The model.
+        model: String,
+        /// The scope with the money limit.
+        scope: String,
+    },
+    /// A money limit applies but the model has no price for something the request may use.
+    #[error("model {model:?} has no price for {what}, and scope {scope} has a money limit")]
+    UnpricedUse {
+        /// The model.
+        model: String,
+        /// What it has no price for (`web search`, `audio input`...).
+        what: &'static str,
+        /// The scope with the money limit.
+        scope: String,
+    },
+    /// A money limit applies but the service tier asked for has no price for the model.
+    #[error(
+        "service tier {tier:?} has no price for model {model:?}, and scope {scope} has a money limit"
+    )]
+    UnpricedTier {
+        /// The model.
+        model: String,
+        /// The tier.
+        tier: String,
+        /// The scope with the money limit.
+        scope: String,
+    },
 }

@@ -3,12 +3,13 @@
 //!
 //! Lua twin: `crates/redis/src/lua/controls/concurrency.lua`.
 
+use serde::Deserialize;
+
 use crate::clock::Millis;
 use crate::decision::{Deny, Quota, Reason};
 use std::num::NonZeroU64;
 
-use crate::policy::validate::{duration_ms, positive};
-use crate::policy::{ConcurrencyLimit, PolicyError, RawConcurrency, ScopeRule};
+use crate::rule::{PolicyError, duration_ms, positive};
 use crate::scope::ScopeKey;
 
 /// The longest wait a concurrency refusal suggests: when a lease ends is not known, only when
@@ -52,8 +53,8 @@ pub fn rule(
 }
 
 /// The concurrency check of `rule` in scope `key`, when the rule limits concurrency.
-pub fn plan(rule: &ScopeRule, key: &ScopeKey) -> Option<ConcurrencyCheck> {
-    rule.concurrency.map(|c| ConcurrencyCheck {
+pub fn plan(limit: Option<ConcurrencyLimit>, key: &ScopeKey) -> Option<ConcurrencyCheck> {
+    limit.map(|c| ConcurrencyCheck {
         scope: key.clone(),
         limit: c.limit.get(),
         kept_percent: 0,
@@ -61,8 +62,8 @@ pub fn plan(rule: &ScopeRule, key: &ScopeKey) -> Option<ConcurrencyCheck> {
 }
 
 /// How long a lease of `rule` lives without renewal, when the rule limits concurrency.
-pub fn lease_ttl_ms(rule: &ScopeRule) -> Option<u64> {
-    rule.concurrency.map(|c| c.lease_ttl_ms.get())
+pub fn lease_ttl_ms(limit: Option<ConcurrencyLimit>) -> Option<u64> {
+    limit.map(|c| c.lease_ttl_ms.get())
 }
 
 /// Checks one more lease in a scope that holds `held`, the soonest of which expires at
@@ -103,4 +104,23 @@ pub fn quota(reason: Reason, check: usize, c: &ConcurrencyCheck, remaining: u64)
         window_ms: None,
         reset_after_ms: None,
     }
+}
+
+/// A concurrency limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencyLimit {
+    /// Unfinished requests at once.
+    pub limit: NonZeroU64,
+    /// Lease lifetime without renewal, ms.
+    pub lease_ttl_ms: NonZeroU64,
+}
+
+/// `concurrency = { limit = 2, lease_ttl = "5m" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConcurrency {
+    /// Unfinished requests at once.
+    pub limit: u64,
+    /// How long a lease lives without renewal (default 5m).
+    pub lease_ttl: Option<String>,
 }

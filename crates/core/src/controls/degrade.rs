@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::policy::PolicyError;
+use crate::rule::PolicyError;
 
 /// `degrade = { at, models }` as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -47,7 +47,7 @@ pub fn rule(
             "degrades past a share of the rule's budget: set `budget` too",
         ));
     }
-    let at_percent = crate::policy::validate::percent(&raw.at, &format!("{path}.at"))?;
+    let at_percent = crate::rule::percent(&raw.at, &format!("{path}.at"))?;
     if raw.models.is_empty() {
         return Err(PolicyError::new(
             format!("{path}.models"),

@@ -38,12 +38,15 @@ use serde::de::MapAccess;
 use crate::clock::Millis;
 use crate::decision::{Deny, Quota, Reason};
 use crate::ledger::Period;
-use crate::pipeline::PlanError;
-use crate::policy::{
-    BudgetLimit, ConcurrencyLimit, LoopLimit, OutputLimit, PolicyError, RateLimit, RawBudget,
-    RawConcurrency, RawInput, RawLoops, RawOutput, RawRequests, RawToolCalls, ScopeRule,
-};
+use crate::prices::Prices;
+use crate::rule::PolicyError;
 use crate::scope::ScopeKey;
+use budget::{BudgetLimit, PlanError, RawBudget};
+use concurrency::{ConcurrencyLimit, RawConcurrency};
+use loops::{LoopLimit, RawLoops};
+use rate::{RateLimit, RawRequests};
+use tokens::{OutputLimit, RawInput, RawOutput};
+use tool_calls::RawToolCalls;
 
 /// Every control's part of a scope rule as written, each under its key in the rule's table.
 #[derive(Debug, Clone, Default)]
@@ -113,7 +116,7 @@ impl RawRules {
     }
 }
 
-/// Every control's part of a scope rule, checked. A [`ScopeRule`] reads these as its own
+/// Every control's part of a scope rule, checked. A policy's scope rule reads these as its own
 /// fields (`rule.budget`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rules {
@@ -150,7 +153,7 @@ impl Rules {
     pub fn check(
         raw: RawRules,
         path: &str,
-        prices: &crate::policy::Prices,
+        prices: &Prices,
         classes: &reserve::Classes,
     ) -> Result<Self, PolicyError> {
         let requests = rate::rule(raw.requests, path)?;
@@ -174,12 +177,21 @@ impl Rules {
         })
     }
 
+    /// The three token limits.
+    pub fn tokens(&self) -> tokens::Limits {
+        tokens::Limits {
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            total_tokens: self.total_tokens,
+        }
+    }
+
     /// Whether the rule limits money, so that every model it meets needs a price.
     pub fn limits_money(&self) -> bool {
         self.request_cost.is_some()
             || self
                 .budget
-                .is_some_and(|b| b.unit == crate::policy::Unit::MicroUsd)
+                .is_some_and(|b| b.unit == budget::Unit::MicroUsd)
     }
 
     /// The controls the rule sets, each with its key and the reason it refuses with, in the
@@ -312,7 +324,7 @@ fn period_len(p: Period, at: Millis) -> u64 {
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
     /// The rules a request falls under, with the scope each puts it in, in policy order.
-    pub rules: &'a [(&'a ScopeRule, &'a ScopeKey)],
+    pub rules: &'a [(&'a Rules, &'a ScopeKey)],
     /// Input tokens.
     pub input: u64,
     /// The output cap granted.
@@ -335,17 +347,23 @@ pub fn checks(x: Inputs<'_>) -> Result<Vec<Check>, PlanError> {
     let mut out = Vec::with_capacity(3 * x.rules.len() + 2);
     let mut add = |reason: Reason, kind: Kind| out.push(Check { reason, kind });
     for (r, k) in rules.clone() {
-        if let Some(c) = rate::plan(r, k) {
+        if let Some(c) = rate::plan(r.requests, k) {
             add(rate::REASON, Kind::Count(c));
         }
     }
-    if let Some(d) = tokens::verdict(rules.clone(), x.input, x.granted) {
+    if let Some(d) = tokens::verdict(
+        rules.clone().map(|(r, k)| (r.tokens(), k)),
+        x.input,
+        x.granted,
+    ) {
         add(d.reason, Kind::Verdict(d));
-    } else if let Some(d) = request_cost::verdict(rules.clone(), x.pricing)? {
+    } else if let Some(d) =
+        request_cost::verdict(rules.clone().map(|(r, k)| (r.request_cost, k)), x.pricing)?
+    {
         add(d.reason, Kind::Verdict(d));
     }
     for (r, k) in rules.clone() {
-        if let Some(c) = concurrency::plan(r, k) {
+        if let Some(c) = concurrency::plan(r.concurrency, k) {
             let (reason, c) = match &r.reserve {
                 Some(s) => reserve::apply(s, x.class.0, x.class.1, c),
                 None => (concurrency::REASON, c),
@@ -354,23 +372,23 @@ pub fn checks(x: Inputs<'_>) -> Result<Vec<Check>, PlanError> {
         }
     }
     for (r, k) in rules.clone() {
-        if let Some(b) = budget::plan(r, k, x.pricing)? {
+        if let Some(b) = budget::plan(r.budget, k, x.pricing)? {
             add(b.unit.reason(), Kind::Reserve(b));
         }
     }
     for (r, k) in rules.clone() {
-        if let Some(b) = tool_calls::plan(r, k) {
+        if let Some(b) = tool_calls::plan(r.tool_calls, k) {
             add(tool_calls::REASON, Kind::Reserve(b));
         }
     }
     for (r, k) in rules.clone() {
-        if let Some(c) = loops::plan(r, k, x.fingerprint) {
+        if let Some(c) = loops::plan(r.loops, k, x.fingerprint) {
             add(loops::REASON, Kind::Count(c));
         }
     }
     if let Some(d) = rules
         .clone()
-        .find_map(|(r, k)| loops::history_verdict(r, k, x.tool_call_repeats))
+        .find_map(|(r, k)| loops::history_verdict(r.loops, k, x.tool_call_repeats))
     {
         add(loops::REASON, Kind::Verdict(d));
     }
@@ -378,10 +396,10 @@ pub fn checks(x: Inputs<'_>) -> Result<Vec<Check>, PlanError> {
 }
 
 /// The rate checks alone (a request's attempt-counting plan, before its body is read).
-pub fn rate_checks(rules: &[(&ScopeRule, &ScopeKey)]) -> Vec<Check> {
+pub fn rate_checks(rules: &[(&Rules, &ScopeKey)]) -> Vec<Check> {
     rules
         .iter()
-        .filter_map(|(r, k)| rate::plan(r, k))
+        .filter_map(|(r, k)| rate::plan(r.requests, k))
         .map(|c| Check {
             reason: rate::REASON,
             kind: Kind::Count(c),

@@ -4,11 +4,14 @@
 //!
 //! Lua twin: `crates/redis/src/lua/controls/rate.lua`.
 
+use std::num::NonZeroU64;
+
+use serde::Deserialize;
+
 use crate::clock::Millis;
 use crate::decision::{Deny, Quota, Reason};
 use crate::ledger::RateWindow;
-use crate::policy::validate::{duration_ms, positive};
-use crate::policy::{PolicyError, RateLimit, RawRequests, ScopeRule};
+use crate::rule::{PolicyError, duration_ms, positive};
 use crate::scope::ScopeKey;
 
 /// The reason the request rate refuses with.
@@ -37,8 +40,8 @@ pub fn rule(raw: Option<RawRequests>, path: &str) -> Result<Option<RateLimit>, P
 }
 
 /// The rate check of `rule` in scope `key`, when the rule limits the request rate.
-pub fn plan(rule: &ScopeRule, key: &ScopeKey) -> Option<RateCheck> {
-    rule.requests.map(|r| RateCheck {
+pub fn plan(limit: Option<RateLimit>, key: &ScopeKey) -> Option<RateCheck> {
+    limit.map(|r| RateCheck {
         scope: key.clone(),
         limit: r.limit.get(),
         window_ms: r.window_ms.get(),
@@ -126,4 +129,23 @@ pub fn quota(reason: Reason, check: usize, c: &RateCheck, counted: Counted) -> Q
 /// Attempts left at `now` in a window that has counted `w` (nothing counted now).
 pub fn remaining(w: &RateWindow, c: &RateCheck, now: Millis) -> u64 {
     w.remaining(now, c.window_ms, c.limit)
+}
+
+/// Attempts per sliding window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Attempts per window.
+    pub limit: NonZeroU64,
+    /// Window length in ms.
+    pub window_ms: NonZeroU64,
+}
+
+/// `requests = { limit = 60, window = "1m" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRequests {
+    /// Attempts per window.
+    pub limit: u64,
+    /// Window length, e.g. `60s`, `1m`, `1h`.
+    pub window: String,
 }

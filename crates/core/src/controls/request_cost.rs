@@ -10,11 +10,12 @@
 
 use std::num::NonZeroU64;
 
+use super::budget::PlanError;
 use super::budget::Pricing;
 use crate::decision::{Deny, Reason};
 use crate::ledger::micro_usd;
-use crate::pipeline::PlanError;
-use crate::policy::{PolicyError, ScopeRule};
+use crate::prices::Prices;
+use crate::rule::PolicyError;
 use crate::scope::ScopeKey;
 
 /// The reason a request over its cost cap is refused with.
@@ -25,7 +26,7 @@ pub const REASON: Reason = Reason::RequestCostLimit;
 pub fn rule(
     raw: Option<String>,
     path: &str,
-    prices: &crate::policy::Prices,
+    prices: &Prices,
 ) -> Result<Option<NonZeroU64>, PolicyError> {
     let Some(text) = raw else { return Ok(None) };
     let path = format!("{path}.request_cost");
@@ -43,11 +44,11 @@ pub fn rule(
 
 /// The first cost cap among `rules` (in policy order) that the request's estimate exceeds.
 pub fn verdict<'a>(
-    mut rules: impl Iterator<Item = (&'a ScopeRule, &'a ScopeKey)>,
+    mut rules: impl Iterator<Item = (Option<NonZeroU64>, &'a ScopeKey)>,
     p: Pricing<'_>,
 ) -> Result<Option<Deny>, PlanError> {
     rules.try_fold(None, |found, (r, k)| {
-        let Some(cap) = r.request_cost.filter(|_| found.is_none()) else {
+        let Some(cap) = r.filter(|_| found.is_none()) else {
             return Ok(found);
         };
         let cost = p.cost(k)?;
@@ -67,7 +68,7 @@ pub fn verdict<'a>(
 mod tests {
     use super::*;
 
-    fn prices() -> crate::policy::Prices {
+    fn prices() -> Prices {
         let text =
             "price_catalog = \"none\"\n[prices.\"gpt-4o\"]\ninput = 2500000\noutput = 10000000\n";
         crate::Policy::from_toml(text)

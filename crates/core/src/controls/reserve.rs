@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::ConcurrencyCheck;
+use super::concurrency::ConcurrencyCheck;
 use crate::decision::Reason;
-use crate::policy::PolicyError;
+use crate::rule::PolicyError;
 
 /// The reason a request outside a reserve is refused with.
 pub const REASON: Reason = Reason::CapacityReserved;
@@ -128,7 +128,7 @@ pub fn rule(
         if !classes.weights.contains_key(class.as_str()) {
             return Err(PolicyError::new(at, "not a class declared in [classes]"));
         }
-        let pct = crate::policy::validate::percent(&share, &at)?;
+        let pct = crate::rule::percent(&share, &at)?;
         total += pct;
         let weight = classes.weight(&class);
         shares.push((Arc::from(class), weight, pct));

@@ -3,13 +3,14 @@
 //! known only from its answer, and settled then. Checked as a budget in calls
 //! ([`super::budget::check`]), under its own scope (the rule's, with `/tool_calls`).
 
+use serde::Deserialize;
+
 use crate::decision::Reason;
 use crate::ledger::Period;
-use crate::policy::validate::positive;
-use crate::policy::{AlertAt, BudgetLimit, PolicyError, RawToolCalls, ScopeRule, Unit};
+use crate::rule::{PolicyError, RawPeriod, positive};
 use crate::scope::ScopeKey;
 
-use super::BudgetCheck;
+use super::budget::{AlertAt, BudgetCheck, BudgetLimit, Unit};
 
 /// The reason a tool-call budget refuses with.
 pub const REASON: Reason = Reason::ToolCallLimit;
@@ -30,8 +31,8 @@ pub fn rule(raw: Option<RawToolCalls>, path: &str) -> Result<Option<BudgetLimit>
 }
 
 /// The tool-call check of `rule` in scope `key`, when the rule limits tool calls.
-pub fn plan(rule: &ScopeRule, key: &ScopeKey) -> Option<BudgetCheck> {
-    rule.tool_calls.map(|t| BudgetCheck {
+pub fn plan(limit: Option<BudgetLimit>, key: &ScopeKey) -> Option<BudgetCheck> {
+    limit.map(|t| BudgetCheck {
         scope: key.child("tool_calls"),
         limit: t.limit.get(),
         unit: Unit::ToolCalls,
@@ -40,4 +41,14 @@ pub fn plan(rule: &ScopeRule, key: &ScopeKey) -> Option<BudgetCheck> {
         alert_at: t.alert_at,
         carry_cap: 0,
     })
+}
+
+/// `tool_calls = { limit = 50, period = "1h" }`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawToolCalls {
+    /// Tool calls per period.
+    pub limit: u64,
+    /// As a budget's.
+    pub period: RawPeriod,
 }

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use super::{Hold, Slots};
 use crate::clock::Millis;
 use crate::ledger::Period;
-use crate::{Expiry, ExpiryCharge};
+use crate::store::{Expiry, ExpiryCharge, StoreError};
 
 #[derive(Debug, Default)]
 pub(super) struct Expiries {
@@ -90,14 +90,12 @@ impl<C: crate::clock::Clock> super::MemoryStore<C> {
         period_id: u64,
         end_ms: Millis,
         amount: u64,
-    ) -> Result<(), crate::StoreError> {
+    ) -> Result<(), StoreError> {
         let (mut st, _) = self.lock()?;
         let id: std::sync::Arc<str> = std::sync::Arc::from(scope_id);
         let slot = st.slot_by_id(&id);
         let Some(scope) = st.slots.get_mut(slot) else {
-            return Err(crate::StoreError::Protocol(format!(
-                "no slot for {scope_id}"
-            )));
+            return Err(StoreError::Protocol(format!("no slot for {scope_id}")));
         };
         let key = (period, period_id);
         match scope.cells.iter_mut().find(|(k, _)| *k == key) {
@@ -124,24 +122,21 @@ impl<C: crate::clock::Clock> crate::keeper::Keeper for super::MemoryStore<C> {
         (period, period_id, _): crate::keeper::PeriodRef<'_>,
         end_ms: u64,
         amount: u64,
-    ) -> Result<(), crate::StoreError> {
+    ) -> Result<(), StoreError> {
         self.add_settled(scope_id, period, period_id, end_ms, amount)
     }
 
     async fn expiries(
         &self,
         max: usize,
-    ) -> Result<Vec<(crate::keeper::ExpiryTag, Expiry)>, crate::StoreError> {
+    ) -> Result<Vec<(crate::keeper::ExpiryTag, Expiry)>, StoreError> {
         Ok(super::MemoryStore::expiries(self, max)?
             .into_iter()
             .map(|(t, e)| (crate::keeper::ExpiryTag::Local(t), e))
             .collect())
     }
 
-    async fn ack_expiries(
-        &self,
-        tags: Vec<crate::keeper::ExpiryTag>,
-    ) -> Result<(), crate::StoreError> {
+    async fn ack_expiries(&self, tags: Vec<crate::keeper::ExpiryTag>) -> Result<(), StoreError> {
         match crate::keeper::last_local(&tags) {
             Some(last) => super::MemoryStore::ack_expiries(self, last),
             None => Ok(()),

@@ -8,6 +8,7 @@ use serde::de::{Error as _, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 pub use crate::controls::RawRules;
+use crate::prices::RawPrice;
 
 /// The policy as written. Unknown fields are errors, so a typo never silently disables a limit.
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -38,48 +39,6 @@ pub struct RawPolicy {
     /// The scopes and their limits, checked in this order within each control.
     #[serde(default)]
     pub scopes: Vec<RawScope>,
-}
-
-/// A model's price, in micro-units (micro-USD by default) per million tokens.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawPrice {
-    /// Input tokens.
-    pub input: u64,
-    /// Cached input tokens (defaults to the input price).
-    pub cached_input: Option<u64>,
-    /// Output tokens.
-    pub output: u64,
-    /// The prices of the model's service tiers, by the tier's name as the request states it
-    /// (`priority`, `flex`; `inference_geo:us` for Anthropic's region): a request for a tier
-    /// that has no price here is refused under a money budget.
-    #[serde(default)]
-    pub tiers: BTreeMap<String, RawPrice>,
-    /// Audio input tokens, per million (the model's audio price, above its text price).
-    pub audio_input: Option<u64>,
-    /// One web search the upstream runs, in micro-units.
-    pub web_search: Option<u64>,
-    /// One file search the upstream runs, in micro-units.
-    pub file_search: Option<u64>,
-    /// One code-interpreter session (container) the upstream starts, in micro-units.
-    pub code_session: Option<u64>,
-    /// The price of a request whose input is above a number of tokens (the whole request is
-    /// billed at it): `{ above = 200000, input = .., output = .. }`.
-    pub long_context: Option<RawLongContext>,
-}
-
-/// A long-context price as written.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLongContext {
-    /// Input tokens above which it applies.
-    pub above: u64,
-    /// Input tokens.
-    pub input: u64,
-    /// Cached input tokens (defaults to the input price).
-    pub cached_input: Option<u64>,
-    /// Output tokens.
-    pub output: u64,
 }
 
 /// One scope rule as written: its own fields, and each control's under its key
@@ -157,143 +116,6 @@ pub struct RawIpPrefix {
     pub v4: Option<u8>,
     /// Prefix length of IPv6 networks, 1 to 128 (default 64).
     pub v6: Option<u8>,
-}
-
-/// `requests = { limit = 60, window = "1m" }`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawRequests {
-    /// Attempts per window.
-    pub limit: u64,
-    /// Window length, e.g. `60s`, `1m`, `1h`.
-    pub window: String,
-}
-
-/// `input_tokens = 8000` or `input_tokens = { max = 8000, mode = "trim" }`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum RawInput {
-    /// The limit; a request above it is refused.
-    Max(u64),
-    /// The limit and what happens above it.
-    Rule(RawInputRule),
-}
-
-/// `{ max = 8000, mode = "trim" }`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawInputRule {
-    /// The limit.
-    pub max: u64,
-    /// `reject` (default: a request above it is refused) or `trim` (its oldest turns are
-    /// dropped until it fits, and it is refused only if it still does not).
-    pub mode: Option<String>,
-}
-
-/// `output_tokens = { max = 1000, mode = "clamp", default = 512 }`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawOutput {
-    /// The cap.
-    pub max: u64,
-    /// `reject` (a request over the cap is refused) or `clamp` (it is lowered to the cap).
-    pub mode: Option<String>,
-    /// The cap given to a request that states none (defaults to `max`).
-    pub default: Option<u64>,
-}
-
-/// `concurrency = { limit = 2, lease_ttl = "5m" }`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawConcurrency {
-    /// Unfinished requests at once.
-    pub limit: u64,
-    /// How long a lease lives without renewal (default 5m).
-    pub lease_ttl: Option<String>,
-}
-
-/// `budget = { tokens = 100000, period = "day" }` or `{ micro_usd = 5000000, period = "month" }`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawBudget {
-    /// A budget in tokens (input + output).
-    pub tokens: Option<u64>,
-    /// A budget in money, integer micro-units.
-    pub micro_usd: Option<u64>,
-    /// `day`, `month` (UTC calendar), a fixed duration such as `1h`, `7d`, or a calendar in a
-    /// zone (`{ every = "month", zone = "Europe/Berlin", starts = "1 09:00" }`).
-    pub period: RawPeriod,
-    /// Per cent of the limit at which an alert fires, once per scope and period.
-    #[serde(default)]
-    pub alert_at: Vec<u64>,
-    /// What a period leaves unused is added to the next one's, up to this share of the limit
-    /// (`"25%"`); off by default.
-    pub carry_over: Option<String>,
-}
-
-/// `tool_calls = { limit = 50, period = "1h" }`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawToolCalls {
-    /// Tool calls per period.
-    pub limit: u64,
-    /// As a budget's.
-    pub period: RawPeriod,
-}
-
-/// A period as written: `"day"`, `"month"`, a duration, or a calendar table.
-#[derive(Debug, Clone)]
-pub enum RawPeriod {
-    /// `"day"`, `"month"` (UTC) or a fixed duration.
-    Named(String),
-    /// `{ every, zone, starts }`.
-    Calendar(RawCalendar),
-}
-
-/// `{ every = "quarter", zone = "America/New_York", starts = "April 1 00:00" }`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawCalendar {
-    /// `day`, `week`, `month`, `quarter` or `year`.
-    pub every: String,
-    /// An IANA time zone (default `UTC`).
-    pub zone: Option<String>,
-    /// Where each period starts: `"09:00"`, `"Monday 09:00"`, `"1 09:00"`, `"April 1 00:00"`.
-    pub starts: Option<String>,
-}
-
-impl<'de> Deserialize<'de> for RawPeriod {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = RawPeriod;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a period: \"day\", \"month\", a duration, or { every, zone, starts }")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawPeriod, E> {
-                Ok(RawPeriod::Named(v.to_owned()))
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawPeriod, A::Error> {
-                RawCalendar::deserialize(serde::de::value::MapAccessDeserializer::new(map))
-                    .map(RawPeriod::Calendar)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// `loops = { max_identical = 3, window = "10m" }`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLoops {
-    /// How many identical requests may be sent within the window, and how often one tool call
-    /// (name and arguments) may appear in one request's history.
-    pub max_identical: u64,
-    /// The window of request repeats, e.g. `10m`.
-    pub window: String,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
 use super::*;
+use crate::ledger::Period;
+use crate::scope::{Dimension, IpPrefix};
 
 fn err(text: &str) -> PolicyError {
     match Policy::from_toml(text) {

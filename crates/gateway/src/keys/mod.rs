@@ -4,18 +4,15 @@
 //! within [`REFRESH_EVERY`]. The secret is shown once and kept only as its SHA-256 digest.
 //! Keys of the configuration file keep working beside them.
 
-pub mod life;
-pub mod record;
-pub mod registry;
 mod truth;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use crate::key_copy::copy_all;
-pub use life::{KeyRecord, Refusal, Secret};
-pub use record::{Issued, NewKey, Rotation};
-pub use registry::{Found, Registry};
+pub use crate::keyring::{
+    Found, Issued, KeyRecord, NewKey, Refusal, Registry, Rotation, Secret, life, record, registry,
+};
 use tollgate_core::Keeper;
 use tollgate_core::keeper::{KeyWrite, RecordSet};
 use tollgate_ledger::Kept;

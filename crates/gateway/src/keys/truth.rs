@@ -11,10 +11,10 @@ use tollgate_core::keeper::{KeyPut, KeyWrite, RecordSet};
 
 use crate::store::AnyStore;
 
-use super::life::KeyRecord;
-pub(super) use super::registry::Swap;
 use super::{KeyError, now_ms, step};
 use crate::gateway::Gateway;
+use crate::keyring::life::KeyRecord;
+pub(super) use crate::keyring::registry::Swap;
 
 /// Key `id`'s record in the truth, and the instant after which a write from it is refused
 /// (the store's, where Redis is the truth).

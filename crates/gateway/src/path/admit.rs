@@ -1,4 +1,4 @@
-//! The admit step, one for the proxy and the embedded layer ([`crate::admission`]): a key's
+//! The admit step, one for the proxy and the embedded layer (the tower layer): a key's
 //! exemptions, the configuration's kill switches, one atomic admission in the store, what an
 //! unreachable store means (a token verdict still refuses, a fail-open policy admits, otherwise
 //! 503), and the bounded queue in front of a full concurrency scope or a provider's hold.

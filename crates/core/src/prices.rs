@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 
 use tollgate_prices::{Catalog, Entry, Rates};
 
-use super::{MAX_LIMIT, PolicyError, Price, RawLongContext, RawPrice};
-use crate::ledger::{MAX_FEES, Metered, Usage};
+use serde::Deserialize;
+
+use crate::ledger::{MAX_FEES, Metered, Price, Usage};
+use crate::rule::{MAX_LIMIT, PolicyError};
 
 /// What a model charges besides its token prices, in micro-units: per million tokens for audio
 /// and the long context, per call or session for tools.
@@ -280,4 +282,46 @@ fn checked(input: u64, cached: Option<u64>, output: u64, path: &str) -> Result<P
         cached_input: cached.unwrap_or(input).min(MAX_LIMIT),
         output,
     })
+}
+
+/// A model's price, in micro-units (micro-USD by default) per million tokens.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrice {
+    /// Input tokens.
+    pub input: u64,
+    /// Cached input tokens (defaults to the input price).
+    pub cached_input: Option<u64>,
+    /// Output tokens.
+    pub output: u64,
+    /// The prices of the model's service tiers, by the tier's name as the request states it
+    /// (`priority`, `flex`; `inference_geo:us` for Anthropic's region): a request for a tier
+    /// that has no price here is refused under a money budget.
+    #[serde(default)]
+    pub tiers: BTreeMap<String, RawPrice>,
+    /// Audio input tokens, per million (the model's audio price, above its text price).
+    pub audio_input: Option<u64>,
+    /// One web search the upstream runs, in micro-units.
+    pub web_search: Option<u64>,
+    /// One file search the upstream runs, in micro-units.
+    pub file_search: Option<u64>,
+    /// One code-interpreter session (container) the upstream starts, in micro-units.
+    pub code_session: Option<u64>,
+    /// The price of a request whose input is above a number of tokens (the whole request is
+    /// billed at it): `{ above = 200000, input = .., output = .. }`.
+    pub long_context: Option<RawLongContext>,
+}
+
+/// A long-context price as written.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLongContext {
+    /// Input tokens above which it applies.
+    pub above: u64,
+    /// Input tokens.
+    pub input: u64,
+    /// Cached input tokens (defaults to the input price).
+    pub cached_input: Option<u64>,
+    /// Output tokens.
+    pub output: u64,
 }

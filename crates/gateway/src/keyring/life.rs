@@ -205,7 +205,7 @@ pub fn carried_over(entries: &[(String, String)]) -> Vec<KeyRecord> {
 
 /// A key for tests: `vk_1` of acme, expiring at 50 s.
 #[cfg(test)]
-pub(super) fn sample() -> Issued {
+pub(crate) fn sample() -> Issued {
     Issued {
         id: "vk_1".into(),
         name: "k".into(),

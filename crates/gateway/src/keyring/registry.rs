@@ -98,7 +98,7 @@ impl Registry {
     }
 
     /// What [`Registry::replace`] is given, read when the read of the store begins.
-    pub(super) fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.table.read().map_or(0, |t| t.generation)
     }
 
@@ -106,7 +106,7 @@ impl Registry {
     /// under the changes it has not taken yet, unless this instance changed a key since
     /// `generation` (the next refresh reads again); a record that cannot be read is skipped and
     /// logged.
-    pub(super) fn replace(&self, generation: u64, version: u64, entries: &[(String, String)]) {
+    pub(crate) fn replace(&self, generation: u64, version: u64, entries: &[(String, String)]) {
         let mut records = HashMap::with_capacity(entries.len());
         for (id, value) in entries {
             let json = value.split_once(' ').map_or(value.as_str(), |(_, j)| j);
@@ -146,7 +146,7 @@ impl Registry {
     }
 
     /// Puts a record that is newer than the one known.
-    pub(super) fn put(&self, record: KeyRecord) {
+    pub(crate) fn put(&self, record: KeyRecord) {
         if let Ok(mut t) = self.table.write() {
             t.generation += 1;
             newer(&mut t.records, record);
@@ -155,7 +155,7 @@ impl Registry {
     }
 
     /// The compare-and-set of a store that is this process's own.
-    pub(super) fn swap_local(&self, expected: u64, next: &KeyRecord) -> Swap {
+    pub(crate) fn swap_local(&self, expected: u64, next: &KeyRecord) -> Swap {
         let Ok(mut t) = self.table.write() else {
             return Swap::Changed(0);
         };
@@ -170,24 +170,24 @@ impl Registry {
         Swap::Done
     }
 
-    pub(super) fn hold(&self, record: KeyRecord) {
+    pub(crate) fn hold(&self, record: KeyRecord) {
         if let Ok(mut h) = self.held.lock() {
             h.retain(|r| r.key.id != record.key.id);
             h.push(record);
         }
     }
 
-    pub(super) fn held(&self) -> Vec<KeyRecord> {
+    pub(crate) fn held(&self) -> Vec<KeyRecord> {
         self.held.lock().map(|h| h.clone()).unwrap_or_default()
     }
 
-    pub(super) fn release(&self, record: &KeyRecord) {
+    pub(crate) fn release(&self, record: &KeyRecord) {
         if let Ok(mut h) = self.held.lock() {
             h.retain(|r| r.key.id != record.key.id || r.version > record.version);
         }
     }
 
-    pub(super) fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         self.table.read().map_or(0, |t| t.version)
     }
 }
@@ -204,7 +204,7 @@ fn newer(records: &mut HashMap<String, Arc<KeyRecord>>, r: KeyRecord) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::Issued;
+    use crate::keyring::Issued;
 
     fn entry(r: &KeyRecord) -> (String, String) {
         let json = serde_json::to_string(r).unwrap_or_default();
@@ -217,7 +217,7 @@ mod tests {
     fn a_lower_version_is_not_news() {
         let issued = Issued {
             expires_at_ms: None,
-            ..crate::keys::life::sample()
+            ..crate::keyring::life::sample()
         };
         let live = KeyRecord::new(issued, "d1".into(), "c1".into());
         let revoked = live

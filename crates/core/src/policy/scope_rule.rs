@@ -1,32 +1,11 @@
 //! A policy's rules checked one by one: each field's bounds, with the path of the field that is
 //! wrong in the error.
 
-#[allow(clippy::wildcard_imports)]
-// the policy's types and raw forms, which this module checks
-use super::*;
+use std::sync::Arc;
 
-pub(crate) fn positive(v: u64, path: &str) -> Result<NonZeroU64, PolicyError> {
-    if v > MAX_LIMIT {
-        return Err(PolicyError::new(
-            path,
-            format!("must be at most {MAX_LIMIT}"),
-        ));
-    }
-    NonZeroU64::new(v).ok_or_else(|| PolicyError::new(path, "must be greater than 0"))
-}
-
-pub(crate) fn duration_ms(s: &str, path: &str) -> Result<NonZeroU64, PolicyError> {
-    let d: Duration = humantime::parse_duration(s.trim())
-        .map_err(|e| PolicyError::new(path, format!("invalid duration {s:?}: {e}")))?;
-    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    if ms == 0 {
-        return Err(PolicyError::new(path, "must be at least 1ms"));
-    }
-    if ms > MAX_WINDOW_MS {
-        return Err(PolicyError::new(path, "must be at most 400 days"));
-    }
-    NonZeroU64::new(ms).ok_or_else(|| PolicyError::new(path, "must be at least 1ms"))
-}
+use super::raw::{RawIpPrefix, RawScope};
+use crate::rule::PolicyError;
+use crate::scope::{Dimension, Identity, IpPrefix, ScopeKey};
 
 /// A rule's `ip_prefix`: only on rules keyed on `ip`; each length within its family's.
 pub(super) fn validate_ip_prefix(
@@ -151,88 +130,57 @@ pub(super) fn validate_dims(key: &str, path: &str) -> Result<Vec<Dimension>, Pol
     Ok(dims)
 }
 
-/// `output_tokens = { max, mode, default }`: the default at most the max.
-pub(crate) fn validate_output(o: RawOutput, path: &str) -> Result<OutputLimit, PolicyError> {
-    let max = positive(o.max, &format!("{path}.output_tokens.max"))?;
-    let mode = match o.mode.as_deref() {
-        None | Some("reject") => OutputMode::Reject,
-        Some("clamp") => OutputMode::Clamp,
-        Some(m) => {
-            return Err(PolicyError::new(
-                format!("{path}.output_tokens.mode"),
-                format!("unknown mode {m:?}; expected \"reject\" or \"clamp\""),
-            ));
+/// One validated scope rule.
+#[derive(Debug, Clone)]
+pub struct ScopeRule {
+    /// Unique rule name.
+    pub name: Arc<str>,
+    /// Dimensions in canonical order; empty for global.
+    pub dims: Vec<Dimension>,
+    /// Required dimension values.
+    pub matches: Vec<(Dimension, String)>,
+    /// Every control's part of the rule, read as the rule's own fields (`rule.budget`).
+    pub controls: crate::controls::Rules,
+    /// How client addresses are grouped into `ip` scopes.
+    pub ip_prefix: IpPrefix,
+    /// A shadow rule: its controls are evaluated and its counters, leases and reservations
+    /// kept as if it were enforced, in a plan of its own ([`crate::shadow_plan`]), but it never
+    /// refuses; a refusal it would have made is recorded and counted.
+    pub shadow: bool,
+    /// The one key of a rule with no dimensions (`name|global`), derived once here so that
+    /// a plan shares it instead of building it per request.
+    pub global_key: Option<ScopeKey>,
+    /// The first earlier rule over the same dimensions and address grouping: where both apply,
+    /// this rule's key is that rule's renamed ([`ScopeKey::renamed`]), not derived again (a
+    /// shadow rule trying other limits on an enforced rule's scopes is the common case).
+    pub same_key_as: Option<usize>,
+}
+
+impl ScopeRule {
+    /// The key of this rule's scope for `identity`, when the rule applies to it: its matches
+    /// met and its dimensions known.
+    pub fn key_of(&self, identity: &crate::scope::Identity) -> Option<ScopeKey> {
+        if self
+            .matches
+            .iter()
+            .any(|(d, v)| identity.get(*d) != Some(v.as_str()))
+        {
+            return None;
         }
-    };
-    let default = match o.default {
-        Some(d) => positive(d, &format!("{path}.output_tokens.default"))?,
-        None => max,
-    };
-    if default > max {
-        return Err(PolicyError::new(
-            format!("{path}.output_tokens.default"),
-            format!("{default} is above max {max}"),
-        ));
+        ScopeKey::derive_in(&self.name, &self.dims, identity, self.ip_prefix)
     }
-    Ok(OutputLimit { max, mode, default })
 }
 
-/// `budget = { tokens | micro_usd, period }`: money needs prices.
-pub(crate) fn validate_budget(
-    b: RawBudget,
-    path: &str,
-    prices: &crate::policy::Prices,
-) -> Result<BudgetLimit, PolicyError> {
-    let bpath = format!("{path}.budget");
-    let (limit, unit) = match (b.tokens, b.micro_usd) {
-        (Some(t), None) => (positive(t, &format!("{bpath}.tokens"))?, Unit::Tokens),
-        (None, Some(m)) => {
-            if prices.is_empty() {
-                return Err(PolicyError::new(
-                    format!("{bpath}.micro_usd"),
-                    "a money budget needs a [prices] table",
-                ));
-            }
-            (positive(m, &format!("{bpath}.micro_usd"))?, Unit::MicroUsd)
-        }
-        _ => {
-            return Err(PolicyError::new(
-                bpath,
-                "give exactly one of `tokens` or `micro_usd`",
-            ));
-        }
-    };
-    let period =
-        Period::of(&b.period).map_err(|m| PolicyError::new(format!("{bpath}.period"), m))?;
-    let alert_at =
-        AlertAt::of(&b.alert_at).map_err(|m| PolicyError::new(format!("{bpath}.alert_at"), m))?;
-    let carry_cap = match b.carry_over.as_deref() {
-        None => 0,
-        Some(share) => {
-            let pct = percent(share, &format!("{bpath}.carry_over"))?;
-            limit.get().saturating_mul(pct) / 100
-        }
-    };
-    Ok(BudgetLimit {
-        limit,
-        unit,
-        period,
-        alert_at,
-        carry_cap,
-    })
+impl std::ops::Deref for ScopeRule {
+    type Target = crate::controls::Rules;
+
+    fn deref(&self) -> &Self::Target {
+        &self.controls
+    }
 }
 
-/// A share written as a per cent, `"20%"`, from 1% to 100%.
-pub(crate) fn percent(share: &str, path: &str) -> Result<u64, PolicyError> {
-    share
-        .trim()
-        .strip_suffix('%')
-        .and_then(|n| n.trim().parse::<u64>().ok())
-        .filter(|n| (1..=100).contains(n))
-        .ok_or_else(|| {
-            PolicyError::new(
-                path,
-                format!("{share:?}: expected a share such as \"20%\" (1% to 100%)"),
-            )
-        })
+impl std::ops::DerefMut for ScopeRule {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.controls
+    }
 }
