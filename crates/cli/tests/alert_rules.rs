@@ -159,15 +159,16 @@ async fn scrape(url: &str) -> String {
     use http_body_util::BodyExt;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Full<bytes::Bytes>>();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
+    // The budget gauges come with the first refresh of the store's figures.
+    tollgate_testkit::wait::poll(std::time::Duration::from_secs(5), async || {
         let resp = client.get(url.parse().unwrap()).await.unwrap();
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         let text = String::from_utf8_lossy(&body).into_owned();
-        // The budget gauges come with the first refresh of the store's figures.
-        if text.contains("tollgate_budget_remaining") || std::time::Instant::now() > deadline {
-            return text;
+        if text.contains("tollgate_budget_remaining") {
+            Ok(text)
+        } else {
+            Err(format!("no budget gauge yet:\n{text}"))
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }

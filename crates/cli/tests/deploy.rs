@@ -156,20 +156,18 @@ fn the_image_builds_from_scratch_and_answers_healthz_where_docker_runs() {
         "--listen",
         "127.0.0.1:0",
     ]);
-    let mut url = None;
-    for _ in 0..100 {
-        let logs = docker(&["logs", &id]);
-        // The demo's banner: `  gateway:   http://127.0.0.1:PORT   (…`.
-        url = logs
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("gateway:"))
-            .and_then(|rest| rest.split_whitespace().next())
-            .map(str::to_owned);
-        if url.is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let url = tollgate_testkit::wait::at_most_blocking(
+        std::time::Duration::from_secs(10),
+        || {
+            let logs = docker(&["logs", &id]);
+            // The demo's banner: `  gateway:   http://127.0.0.1:PORT   (…`.
+            logs.lines()
+                .find_map(|l| l.trim().strip_prefix("gateway:"))
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_owned)
+        },
+        Option::is_some,
+    );
     let url = url.expect("the container printed where it serves");
     let out = Command::new("curl")
         .args(["-s", &format!("{url}/healthz")])

@@ -121,17 +121,12 @@ fn sigterm(env: &Env) {
 
 /// Waits up to `within` for the process to exit; returns whether it exited with success.
 fn exits_within(env: &mut Env, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = env.instance.0.try_wait().unwrap() {
-            return status.success();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running {within:?} after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut exit = None;
+    tollgate_testkit::wait::until_blocking("the exit after SIGTERM", within, || {
+        exit = env.instance.0.try_wait().unwrap();
+        exit.is_some()
+    });
+    exit.is_some_and(|s| s.success())
 }
 
 /// The tenant's budget and leases as the Redis store holds them.

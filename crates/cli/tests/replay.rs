@@ -333,15 +333,16 @@ fn sighup_reloads_the_policy() {
     let path = dir.path().join("gateway.toml");
     let config = |limit: u64| {
         format!(
-            "[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n[[keys]]\nhash = \"{}\"\ntenant = \"t\"\n\
+            "[metrics]\nlisten = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"sim\"\nbase_url = \"{}\"\nmodels = [\"gpt-4o\"]\n[[keys]]\nhash = \"{}\"\ntenant = \"t\"\n\
              [policy]\nversion = \"v{limit}\"\n[[policy.scopes]]\nkey = \"tenant\"\nrequests = {{ limit = {limit}, window = \"1m\" }}\n",
             sim.base_url(),
             tollgate_gateway::hash_key("sk-hup")
         )
     };
     std::fs::write(&path, config(100)).unwrap();
-    let (instance, url) = common::start_instance(&path);
-    let addr = url.trim_start_matches("http://").to_owned();
+    let (instance, urls) = common::start_instance_with(&path, &["metrics"]);
+    let addr = urls[0].trim_start_matches("http://").to_owned();
+    let metrics = urls[1].trim_start_matches("http://").to_owned();
     let status = || {
         let body =
             r#"{"model":"gpt-4o","max_tokens":3,"messages":[{"role":"user","content":"x"}]}"#;
@@ -351,7 +352,18 @@ fn sighup_reloads_the_policy() {
         s.read_to_string(&mut resp).unwrap();
         resp[9..12].to_owned()
     };
+    let reloads = || {
+        let mut s = std::net::TcpStream::connect(&metrics).unwrap();
+        write!(s, "GET /metrics HTTP/1.0\r\nhost: x\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        resp.lines()
+            .filter(|l| l.starts_with("tollgate_reloads_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
     let hup = |pid: u32| {
+        let before = reloads();
         assert!(
             std::process::Command::new("kill")
                 .args(["-HUP", &pid.to_string()])
@@ -359,7 +371,11 @@ fn sighup_reloads_the_policy() {
                 .unwrap()
                 .success()
         );
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        tollgate_testkit::wait::until_blocking(
+            "the reload",
+            std::time::Duration::from_secs(5),
+            || reloads() > before,
+        );
     };
     assert_eq!(status(), "200");
     // A bad file: refused; the old policy (100 per minute) stays.

@@ -9,7 +9,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tollgate_sim::{Sim, SimConfig};
@@ -87,18 +87,16 @@ async fn whatif_counts_what_a_new_policy_would_change() {
         [400, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200]
     );
     // Admitted requests are recorded when they end.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let lines = loop {
+    let read = || -> Vec<Value> {
         let text = std::fs::read_to_string(&records).unwrap_or_default();
-        let lines: Vec<Value> = text
-            .lines()
+        text.lines()
             .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        if lines.len() == 11 || Instant::now() > deadline {
-            break lines;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+            .collect()
     };
+    tollgate_testkit::wait::until_blocking("11 records", Duration::from_secs(5), || {
+        read().len() >= 11
+    });
+    let lines = read();
     drop(gateway);
     assert_eq!(lines.len(), 11);
     // Nothing a client chose is kept in clear.

@@ -42,6 +42,9 @@ const PRIVATE_CONNECTIONS_PER_IP: usize = 16;
 /// The bounds of one listener's connections.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    /// Which listener, as the connection gauge names it: `public`, or `private` (admin and
+    /// metrics).
+    pub listener: &'static str,
     /// From accept to the first complete request head.
     pub header_timeout: Duration,
     /// From the end of a response to the next complete request head.
@@ -62,6 +65,7 @@ impl Limits {
     /// The public listener's, from `[server]`.
     pub fn public(cfg: &GatewayConfig) -> Self {
         Self {
+            listener: "public",
             header_timeout: cfg.header_timeout,
             idle_timeout: cfg.idle_timeout,
             max_connections: cfg.max_connections,
@@ -76,6 +80,7 @@ impl Limits {
     /// room made for a new connection by closing the longest-idle one.
     pub fn private(cfg: &GatewayConfig) -> Self {
         Self {
+            listener: "private",
             header_timeout: cfg.header_timeout,
             idle_timeout: cfg.idle_timeout,
             max_connections: PRIVATE_CONNECTIONS,
@@ -172,12 +177,30 @@ pub async fn accept(
             activity,
             drain_rx.clone(),
         );
+        let counted = Counted::new(limits.listener);
         set.spawn(async move {
             conn.await;
-            drop((permit, slot, entry));
+            drop((permit, slot, entry, counted));
         });
     }
     Connections { set, drain }
+}
+
+/// An open connection in the gauge, for as long as it is held (a connection cut off at the
+/// drain is dropped with its task).
+struct Counted(&'static str);
+
+impl Counted {
+    fn new(listener: &'static str) -> Self {
+        crate::telemetry::connections_open(listener, 1.0);
+        Self(listener)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        crate::telemetry::connections_open(self.0, -1.0);
+    }
 }
 
 /// Serves one connection until it ends, idles past its deadline, or is drained.

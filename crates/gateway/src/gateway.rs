@@ -166,8 +166,22 @@ impl Gateway {
 
     /// Reads the configuration file again and swaps it in atomically. A file that does not
     /// validate is refused with the field at fault, and the old configuration stays. The
-    /// listener, store and record settings are fixed at start-up and are not changed.
+    /// listener, store and record settings are fixed at start-up and are not changed. Each
+    /// reload is logged and counted, a refused one with its cause.
     pub fn reload(&self) -> Result<Arc<GatewayConfig>, String> {
+        let result = self.reload_file();
+        match &result {
+            Ok(c) => tracing::info!(policy_version = %c.policy.version, "configuration reloaded"),
+            Err(cause) => tracing::warn!(
+                %cause,
+                "configuration reload refused; the running configuration stays"
+            ),
+        }
+        crate::telemetry::reloaded(if result.is_ok() { "applied" } else { "refused" });
+        result
+    }
+
+    fn reload_file(&self) -> Result<Arc<GatewayConfig>, String> {
         let path = self
             .config_path
             .as_ref()

@@ -359,6 +359,11 @@ pub fn store_loss(cause: &'static str) {
     counter!("tollgate_store_losses_total", "cause" => cause).increment(1);
 }
 
+/// A connection accepted (`1.0`) or ended (`-1.0`) on a listener.
+pub fn connections_open(listener: &'static str, delta: f64) {
+    gauge!("tollgate_connections_open", "listener" => listener).increment(delta);
+}
+
 /// An idle connection of a full admin or metrics listener closed to take a new one.
 pub fn connection_evicted() {
     counter!("tollgate_connections_evicted_total").increment(1);
@@ -464,6 +469,11 @@ pub fn policy_in_force(old: Option<&str>, new: &str) {
         gauge!("tollgate_policy_info", "version" => old.to_owned()).set(0.0);
     }
     gauge!("tollgate_policy_info", "version" => new.to_owned()).set(1.0);
+}
+
+/// A reload of the configuration file (SIGHUP or `POST /admin/reload`), applied or refused.
+pub fn reloaded(result: &'static str) {
+    counter!("tollgate_reloads_total", "result" => result).increment(1);
 }
 
 /// A request admitted without the store because the policy lets its controls fail open.

@@ -97,7 +97,11 @@ async fn instance(path: &Path) -> (String, String) {
         },
         std::future::pending(),
     ));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let health = format!("{url}/healthz");
+    tollgate_testkit::wait::until("the gateway serving", async || {
+        call("GET", &health, None, "").await.0 == 200
+    })
+    .await;
     (url, admin)
 }
 
@@ -304,14 +308,10 @@ async fn in_flight_requests_settle_against_their_reservations_across_a_reload() 
     });
     // Until the slow request holds its reservation (admitted at the old price).
     let usage = format!("{admin}/admin/usage?scope=tenant%7Ctenant:acme");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while call("GET", &usage, Some(TOKEN), "").await.1["reserved"].as_u64() == Some(0) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the slow request was never admitted"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tollgate_testkit::wait::until("the slow request admitted", async || {
+        call("GET", &usage, Some(TOKEN), "").await.1["reserved"].as_u64() != Some(0)
+    })
+    .await;
     // Ten times the input price from now on.
     std::fs::write(&path, config(10_000_000)).unwrap();
     assert_eq!(

@@ -70,20 +70,19 @@ async fn round(env: &Env, format: &str, stream: bool, op: &str) -> Reply {
 /// The operation's tool calls (settled, reserved), once nothing is reserved or after 2 s.
 async fn calls_of(env: &Env, op: &str) -> (u64, u64) {
     let scope = format!("calls|tenant:acme/operation:{op}?tool_calls");
-    let mut u = (0, 0);
-    for _ in 0..100 {
+    let read = async || {
         let s = env
             .store
             .usage(&scope, Some(Period::Fixed(3_600_000)))
-            .await
-            .unwrap();
-        u = (s.settled, s.reserved);
-        if u.1 == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    u
+            .await;
+        let s = s.unwrap();
+        (s.settled, s.reserved)
+    };
+    tollgate_testkit::wait::until_within("nothing reserved", Duration::from_secs(2), async || {
+        read().await.1 == 0
+    })
+    .await;
+    read().await
 }
 
 /// Each answer makes two calls: the limit of five admits three rounds (0, 2, 4 made before
@@ -248,19 +247,13 @@ async fn history_is_trimmed_by_rule(redis: bool) {
         assert!(calls.iter().any(|c| c["id"] == m["tool_call_id"]));
     }
     // The decision record says so.
-    let mut said = false;
-    for _ in 0..100 {
+    tollgate_testkit::wait::until("the record names the dropped turns", async || {
         let text = std::fs::read_to_string(&records).unwrap_or_default();
-        said = text
-            .lines()
+        text.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .any(|r| r["trimmed_turns"] == dropped as u64 && r["decision"] == "admit");
-        if said {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(said, "the record names the dropped turns");
+            .any(|r| r["trimmed_turns"] == dropped as u64 && r["decision"] == "admit")
+    })
+    .await;
     // A question too large to fit alone.
     let huge = json!({"model": "gpt-4o", "max_tokens": 10, "messages": [
         {"role": "user", "content": "words ".repeat(400)}]});

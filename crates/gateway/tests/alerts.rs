@@ -9,7 +9,7 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tollgate_core::Keeper as _;
 
 use axum::extract::{Path, State};
@@ -114,7 +114,6 @@ async fn admin(addr: &str, method: &str, path: &str, body: &str) -> u16 {
 
 /// The events posted to `path`, once `n` have arrived (10 s at most), and a little after.
 async fn events(r: &Received, path: &str, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(10);
     let of_path = || -> Vec<Value> {
         r.posts
             .lock()
@@ -124,9 +123,10 @@ async fn events(r: &Received, path: &str, n: usize) -> Vec<Value> {
             .map(|(_, v)| v.clone())
             .collect()
     };
-    while of_path().len() < n && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    tollgate_testkit::wait::until(&format!("{n} events on {path}"), async || {
+        of_path().len() >= n
+    })
+    .await;
     // Room for a duplicate to show.
     tokio::time::sleep(Duration::from_millis(700)).await;
     of_path()

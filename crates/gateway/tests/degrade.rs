@@ -88,14 +88,12 @@ async fn past_its_share_a_model_goes_to_the_cheaper_one(redis: bool) {
     );
 
     // The records: the degraded request names the model it asked for, and went to the other.
-    let mut text = String::new();
-    for _ in 0..300 {
-        text = std::fs::read_to_string(&records).unwrap_or_default();
-        if text.lines().count() >= 3 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let text = tollgate_testkit::wait::at_most(
+        std::time::Duration::from_secs(3),
+        async || std::fs::read_to_string(&records).unwrap_or_default(),
+        |t| t.lines().count() >= 3,
+    )
+    .await;
     let degraded: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())

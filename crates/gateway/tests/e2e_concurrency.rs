@@ -13,6 +13,7 @@ use tokio::io::AsyncWriteExt;
 use tollgate_testkit::sim::SimConfig;
 
 use common::e2e::{KEY, assert_nothing_leaks, chat, env, send, tenant_usage};
+use common::metric;
 
 async fn concurrency_is_enforced_as_the_upstream_sees_it(redis: bool) {
     let policy = r#"
@@ -147,12 +148,13 @@ concurrency = { limit = 1, lease_ttl = "30s" }
     );
     s.write_all(head.as_bytes()).await.unwrap();
     s.write_all(&body).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = async |n: f64| metric(&env, "tollgate_queue_waiting").await == Some(n);
+    tollgate_testkit::wait::until("the queue's place taken", async || waiting(1.0).await).await;
     // While it waits, the queue is full: a third request is refused at once.
     let r = send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
     assert_eq!(r.code(), "concurrency_limit");
     drop(s);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tollgate_testkit::wait::until("the queue's place free", async || waiting(0.0).await).await;
     // Its place is free again: a fourth request waits in the queue and is served.
     let r = send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5)).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));

@@ -57,11 +57,11 @@ async fn slow_clients_are_cut_off_and_connections_are_bounded() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("body_timeout"));
     drop(s);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    common::connections_become(&env, 0.0).await;
     // Two idle connections fill the limit; a third is closed at once.
     let a = tokio::net::TcpStream::connect(env.addr).await.unwrap();
     let b = tokio::net::TcpStream::connect(env.addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    common::connections_become(&env, 2.0).await;
     let mut c = tokio::net::TcpStream::connect(env.addr).await.unwrap();
     let _ = c
         .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -76,8 +76,8 @@ async fn slow_clients_are_cut_off_and_connections_are_bounded() {
         String::from_utf8_lossy(&buf)
     );
     drop((a, b));
-    // Once they are gone (their header timeout passes), service resumes.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once they are gone, service resumes.
+    common::connections_become(&env, 0.0).await;
     assert_eq!(
         send(&env, "/v1/chat/completions", Some(KEY), chat("hi", 5))
             .await

@@ -135,6 +135,7 @@ async fn upstream_errors_release_and_charge_nothing(redis: bool) {
 
 /// Sends a request on a raw socket, reads `read` bytes of the response, then disconnects.
 async fn disconnect_after(env: &Env, body: &[u8], read: usize) -> Instant {
+    let asked = env.sim.stats().requests.values().sum::<u64>();
     let mut s = tokio::net::TcpStream::connect(env.addr).await.unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
@@ -146,7 +147,10 @@ async fn disconnect_after(env: &Env, body: &[u8], read: usize) -> Instant {
     if read > 0 {
         s.read_exact(&mut buf).await.unwrap();
     } else {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        common::instance::until("the request upstream", async || {
+            env.sim.stats().requests.values().sum::<u64>() > asked
+        })
+        .await;
     }
     drop(s);
     Instant::now()

@@ -115,7 +115,7 @@ async fn silent_sockets_are_closed_at_the_deadline_and_the_gate_reopens() {
     for _ in 0..8 {
         silent.push(TcpStream::connect(env.addr).await.unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    common::connections_become(&env, 8.0).await;
     // Full: a ninth connection is closed at once.
     assert!(
         healthz_from(env.addr, [127, 0, 0, 1])
@@ -140,7 +140,9 @@ async fn silent_sockets_are_closed_at_the_deadline_and_the_gate_reopens() {
 async fn a_head_after_the_deadline_is_not_served() {
     let env = env(false, "", "[server]\nheader_timeout = \"500ms\"\n").await;
     let mut s = TcpStream::connect(env.addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Accepted, then closed at the deadline.
+    common::connections_become(&env, 1.0).await;
+    common::connections_become(&env, 0.0).await;
     let _ = s
         .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
         .await;
@@ -219,7 +221,7 @@ async fn one_address_is_capped_and_others_are_served() {
     for _ in 0..3 {
         held.push(TcpStream::connect(env.addr).await.unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    common::connections_become(&env, 3.0).await;
     let mine = healthz_from(env.addr, [127, 0, 0, 1])
         .await
         .unwrap_or_default();

@@ -9,9 +9,7 @@
 #[macro_use]
 mod common;
 
-use std::time::Duration;
-
-use common::instance::{Instance, flushall, redis_has, redis_text, sim, until};
+use common::instance::{Instance, flushall, redis_has, redis_text, refreshed, sim, until};
 use serde_json::{Value, json};
 use tollgate_testkit::pg_server::PgServer;
 use tollgate_testkit::redis_server::RedisServer;
@@ -43,9 +41,9 @@ async fn revoke(on: &Instance, id: &str) -> (u16, Value) {
     on.admin("DELETE", &format!("/admin/keys/{id}"), None).await
 }
 
-/// Every secret in `secrets` is refused by every instance, after the refresh bound.
+/// Every secret in `secrets` is refused by every instance, once each has read the keys afresh.
 async fn refused_everywhere(on: &[&Instance], secrets: &[String]) {
-    tokio::time::sleep(tollgate_gateway::keys::REFRESH_EVERY * 2).await;
+    refreshed(on).await;
     for gw in on {
         for s in secrets {
             assert_eq!(gw.ask_with(s).await.0, 401, "{s} still works");
@@ -140,7 +138,7 @@ async fn of_two_racing_rotations_one_wins() {
         let (won, lost) = if sa == 200 { (va, vb) } else { (vb, va) };
         assert_eq!(lost["error"]["code"], "key_changed", "{lost}");
         let fresh = won["secret"].as_str().unwrap().to_owned();
-        tokio::time::sleep(tollgate_gateway::keys::REFRESH_EVERY * 2).await;
+        refreshed(&[&a, &b]).await;
         for gw in [&a, &b] {
             assert_eq!(gw.ask_with(&fresh).await.0, 200);
             assert_eq!(gw.ask_with(&old).await.0, 401);
@@ -164,7 +162,7 @@ async fn of_two_racing_rotations_one_wins() {
             .map(|(_, v)| v["secret"].as_str().unwrap().to_owned())
             .collect();
         assert!(!made.is_empty(), "{va} {vb}");
-        tokio::time::sleep(tollgate_gateway::keys::REFRESH_EVERY * 2).await;
+        refreshed(&[&a, &b]).await;
         let mut working = 0;
         for s in made.iter().chain([&fresh]) {
             working += usize::from(a.ask_with(s).await.0 == 200);
@@ -190,7 +188,7 @@ async fn a_change_during_a_store_loss_tells_the_truth() {
     flushall(&redis);
     let (status, v) = revoke(&a, &id).await;
     until("the rebuild", async || a.ask("acme").await.0 == 200).await;
-    tokio::time::sleep(tollgate_gateway::keys::REFRESH_EVERY * 2).await;
+    refreshed(&[&a, &b]).await;
     match status {
         503 => {
             assert_eq!(v["error"]["code"], "store_unavailable", "{v}");
@@ -232,8 +230,8 @@ async fn a_503_means_nothing_changed() {
         );
         assert!(v.get("secret").is_none());
         // The held write reaches the store when the pause ends, and changes nothing.
-        tokio::time::sleep(Duration::from_millis(1600)).await;
-        tokio::time::sleep(tollgate_gateway::keys::REFRESH_EVERY * 2).await;
+        redis.cli_run(&["client", "unpause"]);
+        refreshed(&[&gw]).await;
         assert_eq!(gw.ask_with(&secret).await.0, 200, "ledger {with_ledger}");
         let (_, listed) = gw.admin("GET", "/admin/keys", None).await;
         assert_eq!(listed["keys"][0]["version"], 1, "{listed}");

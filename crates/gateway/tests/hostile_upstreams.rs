@@ -207,14 +207,11 @@ async fn absurd_usage_numbers_cannot_open_a_budget(redis: bool) {
         let settled = settled_when_idle(&store, Duration::from_secs(3)).await;
         // Records are written off the request path: wait for the line.
         let line = || {
-            let deadline = Instant::now() + Duration::from_secs(3);
-            loop {
-                let text = std::fs::read_to_string(&records).unwrap_or_default();
-                if text.contains("\"ending\"") || Instant::now() > deadline {
-                    return text;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            tollgate_testkit::wait::at_most_blocking(
+                Duration::from_secs(3),
+                || std::fs::read_to_string(&records).unwrap_or_default(),
+                |t| t.contains("\"ending\""),
+            )
         };
         if huge {
             // Clamped, never wrapped: the whole budget is spent and stays spent.

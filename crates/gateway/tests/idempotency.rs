@@ -54,18 +54,13 @@ fn upstream_requests(env: &Env) -> u64 {
 
 /// Tenant `a`'s settled tokens today, once nothing is reserved.
 async fn settled(env: &Env) -> u64 {
-    let mut u = Default::default();
-    for _ in 0..100 {
-        u = env
-            .store
-            .usage("spend|tenant:a", Some(Period::Fixed(86_400_000)))
-            .await
-            .unwrap();
-        if u.reserved == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let day = Some(Period::Fixed(86_400_000));
+    let u = tollgate_testkit::wait::at_most(
+        Duration::from_secs(2),
+        async || env.store.usage("spend|tenant:a", day).await.unwrap(),
+        |u| u.reserved == 0,
+    )
+    .await;
     u.settled
 }
 
@@ -162,7 +157,17 @@ async fn a_refused_request_lets_go_of_its_key(redis: bool) {
         (refused.status, refused.code().as_str()),
         (429, "request_rate_limit")
     );
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    // Once the window has room (`/v1/limits` reads it without counting an attempt).
+    tollgate_testkit::wait::until("room in the rate window", async || {
+        let auth = [("authorization", format!("Bearer {A}"))];
+        let r = common::get_with(env.addr, "/v1/limits", &auth).await;
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        v["limits"].as_array().is_some_and(|rows| {
+            rows.iter()
+                .any(|r| r["control"] == "requests" && r["remaining"].as_u64() == Some(1))
+        })
+    })
+    .await;
     let r = send(&env, A, Some("k-1"), &chat(10, false)).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(r.header("x-tollgate-idempotent-replay"), None);

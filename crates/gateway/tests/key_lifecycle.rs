@@ -113,7 +113,7 @@ async fn limit_in_force(on: &Instance) -> Option<u64> {
 
 /// Checks the invariants on both instances (after the refresh bound).
 async fn check(on: [&Instance; 2], m: &Model, end: bool) {
-    tokio::time::sleep(tollgate_gateway::keys::REFRESH_EVERY * 2).await;
+    common::instance::refreshed(&on).await;
     let now = now_ms();
     for gw in on {
         for (id, secrets) in &m.secrets {

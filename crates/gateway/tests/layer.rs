@@ -100,11 +100,15 @@ async fn the_layer_admits_settles_refuses_and_releases() {
         .0,
         413
     );
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    let u = store
-        .usage("user|user:alice", Some(Period::Fixed(86_400_000)))
-        .await
-        .unwrap();
+    let u = tollgate_testkit::wait::at_most(
+        std::time::Duration::from_secs(2),
+        async || {
+            let day = Some(Period::Fixed(86_400_000));
+            store.usage("user|user:alice", day).await.unwrap()
+        },
+        |u| u.reserved == 0,
+    )
+    .await;
     // 12 settled; the forgotten one released with the policy's charge (full: 5 + 100).
     assert_eq!((u.settled, u.reserved), (12 + 105, 0));
 }

@@ -69,20 +69,14 @@ async fn operation_rules_limit_rounds_inside_their_tenant(redis: bool) {
     assert_eq!(send(&env, ACME, &[]).await.status, 200);
     // The three admitted rounds of op-1 were settled into its budget.
     let scope = "operation|tenant:acme/operation:op-1";
-    let mut settled = 0;
-    for _ in 0..100 {
-        settled = env
+    tollgate_testkit::wait::until("op-1's budget holds its rounds", async || {
+        let u = env
             .store
             .usage(scope, Some(Period::Fixed(86_400_000)))
-            .await
-            .unwrap()
-            .settled;
-        if settled > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(settled > 0, "op-1's budget holds its rounds");
+            .await;
+        u.unwrap().settled > 0
+    })
+    .await;
     // Ids out of bounds are refused before anything is counted.
     let long = "o".repeat(tollgate_gateway::MAX_OPERATION_BYTES + 1);
     for bad in [long.as_str(), ""] {

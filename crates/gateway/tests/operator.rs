@@ -146,14 +146,12 @@ requests = { limit = 1, window = "1m" }
         .await;
         assert_eq!(r.status, want);
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    let text = loop {
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        if text.lines().count() >= 2 || std::time::Instant::now() > deadline {
-            break text;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let text = tollgate_testkit::wait::at_most(
+        std::time::Duration::from_secs(3),
+        async || std::fs::read_to_string(&path).unwrap_or_default(),
+        |t| t.lines().count() >= 2,
+    )
+    .await;
     assert!(
         !text.contains("alice"),
         "a record keeps the user in clear: {text}"

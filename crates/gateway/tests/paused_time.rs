@@ -173,7 +173,7 @@ async fn a_stream_longer_than_its_lease_keeps_it() {
         let app = app.clone();
         async move { chat(&app, 100, true).await }
     });
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    advance(Duration::from_secs(2)).await;
     let r = chat(&app, 5, false).await;
     assert_eq!((r.status, r.code.as_str()), (429, "concurrency_limit"));
     let done = long.await.unwrap();

@@ -75,14 +75,11 @@ async fn ask(env: &Env, max: u64) -> Reply {
 
 /// The hold is written by a task of its own: wait for it to be in the store.
 async fn held(env: &Env) {
-    for _ in 0..300 {
+    tollgate_testkit::wait::until("the provider's hold kept", async || {
         let kills = env.store.kills().await.unwrap();
-        if kills.iter().any(|(t, _)| t == "provider:gpt-4o") {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the provider's hold was never kept");
+        kills.iter().any(|(t, _)| t == "provider:gpt-4o")
+    })
+    .await;
 }
 
 /// The second answer says no request is left this minute: the third is refused by the gateway
@@ -299,12 +296,7 @@ async fn a_later_answer_with_room_lifts_the_hold(redis: bool) {
         let other = second.as_ref().unwrap_or(&first);
         let first = &first;
         assert_eq!(send(first, anthropic, 8_000).await.status, 200);
-        for _ in 0..300 {
-            if holds(first, model).await {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        tollgate_testkit::wait::until("the hold kept", async || holds(first, model).await).await;
         let r = send(first, anthropic, 3_000).await;
         assert_eq!(
             (r.status, r.code()),
@@ -314,16 +306,12 @@ async fn a_later_answer_with_room_lifts_the_hold(redis: bool) {
         // The provider upgrades the tier; the next small request's answer shows room.
         first.sim.set_rate(rate(2_000_000));
         assert_eq!(send(other, anthropic, 500).await.status, 200, "{model}");
-        for _ in 0..300 {
-            if !holds(first, model).await {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(
-            !holds(first, model).await,
-            "{model}: the hold was not lifted"
-        );
+        tollgate_testkit::wait::until_within(
+            &format!("{model}: the hold lifted"),
+            Duration::from_secs(3),
+            async || !holds(first, model).await,
+        )
+        .await;
         assert_eq!(send(first, anthropic, 3_000).await.status, 200, "{model}");
     }
 }

@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tollgate_core::{Period, ScopeUsage, Store};
@@ -62,36 +62,32 @@ async fn ask(env: &Env, max_tokens: u64) -> (u16, Option<String>) {
 /// The usage of `scope` once nothing is reserved or held (endings follow responses); 3 s at
 /// most.
 async fn settled_usage(env: &Env, scope: &str) -> ScopeUsage {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let u = env.store.usage(scope, DAY).await.unwrap();
-        if (u.reserved == 0 && u.leases == 0) || Instant::now() > deadline {
-            // The reading's instant is not what is compared.
-            return ScopeUsage { at_ms: 0, ..u };
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let u = tollgate_testkit::wait::at_most(
+        Duration::from_secs(3),
+        async || env.store.usage(scope, DAY).await.unwrap(),
+        |u| u.reserved == 0 && u.leases == 0,
+    )
+    .await;
+    // The reading's instant is not what is compared.
+    ScopeUsage { at_ms: 0, ..u }
 }
 
 /// The decision records, in order, once `n` are written (3 s at most).
 async fn records(path: &Path, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
+    let read = async || -> Vec<Value> {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        let mut rs: Vec<Value> = text
-            .lines()
+        text.lines()
             .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
-        if rs.len() >= n || Instant::now() > deadline {
-            // Ids end in the gateway's sequence number, in hex.
-            rs.sort_by_key(|r| {
-                let id = r["request_id"].as_str().unwrap_or("");
-                u64::from_str_radix(id.rsplit('-').next().unwrap_or(""), 16).unwrap_or(0)
-            });
-            return rs;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+            .collect()
+    };
+    let mut rs =
+        tollgate_testkit::wait::at_most(Duration::from_secs(3), read, |rs| rs.len() >= n).await;
+    // Ids end in the gateway's sequence number, in hex.
+    rs.sort_by_key(|r| {
+        let id = r["request_id"].as_str().unwrap_or("");
+        u64::from_str_radix(id.rsplit('-').next().unwrap_or(""), 16).unwrap_or(0)
+    });
+    rs
 }
 
 /// One admitted request, one killed while its shadow admission succeeded, one the shadow cap
@@ -209,16 +205,13 @@ async fn shadow_leases_live_with_their_request(redis: bool) {
     // The first request loads the tokenizer: not the one to time.
     assert_eq!(ask(&env, 5).await.0, 200);
     let (a, b) = tokio::join!(ask(&env, 5), async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        let held = env
-            .store
-            .usage("shadow-rate|tenant:acme", DAY)
-            .await
-            .unwrap();
-        (held, ask(&env, 5).await)
+        tollgate_testkit::wait::until("the first request holds the shadow lease", async || {
+            let held = env.store.usage("shadow-rate|tenant:acme", DAY).await;
+            held.unwrap().leases == 1
+        })
+        .await;
+        ask(&env, 5).await
     });
-    let (held, b) = b;
-    assert_eq!(held.leases, 1, "the first request holds the shadow lease");
     assert_eq!(
         (a.0, b.0),
         (200, 200),

@@ -10,7 +10,7 @@
 #[macro_use]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -50,24 +50,17 @@ fn billed(env: &Env) -> u64 {
 /// The tenant's daily usage once nothing is held and the simulator has nothing in flight
 /// (fails after 5 s).
 async fn settled_usage(env: &Env) -> ScopeUsage {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let u = env
-            .store
-            .usage("spend|tenant:acme", Some(Period::Fixed(86_400_000)))
-            .await
-            .unwrap();
+    tollgate_testkit::wait::poll(Duration::from_secs(5), async || {
+        let day = Some(Period::Fixed(86_400_000));
+        let u = env.store.usage("spend|tenant:acme", day).await.unwrap();
         let busy = env.sim.stats().in_flight.values().sum::<u64>();
         if u.reserved == 0 && u.leases == 0 && busy == 0 {
             // The reading's instant is not what is compared.
-            return ScopeUsage { at_ms: 0, ..u };
+            return Ok(ScopeUsage { at_ms: 0, ..u });
         }
-        assert!(
-            Instant::now() < deadline,
-            "still held: {u:?}, {busy} in flight"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        Err(format!("still held: {u:?}, {busy} in flight"))
+    })
+    .await
 }
 
 /// Streams `body` to `path` and hangs up as soon as what was received contains `until`, as a

@@ -229,19 +229,15 @@ async fn a_tls_cluster_admits_with_its_ca_and_refuses_without() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     for n in &nodes {
-        loop {
-            let info = n.cli().args(["CLUSTER", "INFO"]).output().unwrap();
-            if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the cluster never became ready"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        tollgate_testkit::wait::until_blocking(
+            "the cluster ready",
+            Duration::from_secs(20),
+            || {
+                let info = n.cli().args(["CLUSTER", "INFO"]).output().unwrap();
+                String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok")
+            },
+        );
     }
     let urls: Vec<String> = tls_ports
         .iter()

@@ -41,3 +41,36 @@ pub async fn poll<T>(within: Duration, mut f: impl AsyncFnMut() -> Result<T, Str
         tokio::time::sleep(EVERY).await;
     }
 }
+
+/// Reads `f` until `done` holds of what it read, or `within` has passed; the last reading
+/// either way (for a test that then says what it expected of it).
+pub async fn at_most<T>(
+    within: Duration,
+    mut f: impl AsyncFnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        let v = f().await;
+        if done(&v) || Instant::now() >= deadline {
+            return v;
+        }
+        tokio::time::sleep(EVERY).await;
+    }
+}
+
+/// [`at_most`] for a thread without a runtime.
+pub fn at_most_blocking<T>(
+    within: Duration,
+    mut f: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        let v = f();
+        if done(&v) || Instant::now() >= deadline {
+            return v;
+        }
+        std::thread::sleep(EVERY);
+    }
+}

@@ -279,6 +279,12 @@ async fn status(State(gw): State<Shared>) -> Response {
         "store": store,
         "store_loss": store_loss,
         "in_flight": crate::ticket::open_tickets(),
+        "keys_as_of": gw.keys.as_of_ms().map(|ms| {
+            humantime::format_rfc3339_millis(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+            )
+            .to_string()
+        }),
         "kills": kills,
         "rules": rules,
     }))

@@ -66,9 +66,23 @@ pub struct Registry {
     /// Changes the ledger took and the store did not (see [`truth`]): written again by the
     /// refresh, and kept over what the store shows until then.
     held: Mutex<Vec<KeyRecord>>,
+    /// When the last complete read of the store's keys began, ms since the epoch (0: none).
+    as_of: std::sync::atomic::AtomicU64,
 }
 
 impl Registry {
+    /// When the last complete read of the store's keys began: what this instance knows of
+    /// the shared keys is the store's as of that instant (`None` before the first read).
+    pub fn as_of_ms(&self) -> Option<u64> {
+        Some(self.as_of.load(std::sync::atomic::Ordering::Acquire)).filter(|&ms| ms > 0)
+    }
+
+    /// A read of the store's keys that began at `began_ms` is complete.
+    pub(crate) fn read_as_of(&self, began_ms: u64) {
+        self.as_of
+            .fetch_max(began_ms, std::sync::atomic::Ordering::AcqRel);
+    }
+
     /// The key whose secret has this digest (hex), if it works at `now_ms`.
     pub fn lookup(&self, digest: &str, now_ms: u64) -> Option<Arc<Found>> {
         let table = self.table.read().ok()?;

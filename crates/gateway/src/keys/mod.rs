@@ -61,6 +61,7 @@ pub async fn refresh(gw: &Gateway) -> Result<(), KeyError> {
         return Ok(());
     }
     let shared = &gw.store;
+    let began = now_ms();
     truth::copy_held(gw).await;
     let unavailable = |e: tollgate_core::StoreError| KeyError::Unavailable(e.to_string());
     truth::sync_limits(gw).await;
@@ -86,6 +87,7 @@ pub async fn refresh(gw: &Gateway) -> Result<(), KeyError> {
             gw.overrides.replace(limits, version, &entries);
         }
     }
+    gw.keys.read_as_of(began);
     Ok(())
 }
 

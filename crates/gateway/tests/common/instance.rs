@@ -139,6 +139,12 @@ impl Instance {
     }
 
     /// One admin call: (status, JSON answer).
+    /// The instant the instance's last complete read of the store's keys began.
+    pub async fn keys_as_of(&self) -> Option<std::time::SystemTime> {
+        let (_, v) = self.admin("GET", "/admin/status", None).await;
+        humantime::parse_rfc3339(v["keys_as_of"].as_str()?).ok()
+    }
+
     pub async fn admin(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         self.admin_as(TOKEN, method, path, body).await
     }
@@ -238,4 +244,25 @@ pub async fn request(
         .unwrap()
         .to_bytes();
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// Waits until every instance of `on` has read the store's keys afresh: a read that began
+/// after this call. A read begins `REFRESH_EVERY` after the last ended; the bound is three
+/// times that, as a busy machine may delay one.
+pub async fn refreshed(on: &[&Instance]) {
+    let since = std::time::SystemTime::now();
+    let bound = tollgate_gateway::keys::REFRESH_EVERY * 3;
+    tollgate_testkit::wait::until_within(
+        "every instance read the keys afresh",
+        bound,
+        async || {
+            for gw in on {
+                if gw.keys_as_of().await.is_none_or(|t| t <= since) {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
 }

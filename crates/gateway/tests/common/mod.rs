@@ -307,3 +307,21 @@ pub fn wav(seconds: u32) -> Vec<u8> {
     b.extend(vec![128u8; data as usize]);
     b
 }
+
+/// The value of the metric `name` (a line `name value`) on the gateway's metrics listener: a
+/// test runs in a process of its own, so the figures are its gateway's.
+pub async fn metric(env: &Env, name: &str) -> Option<f64> {
+    let text = get(env.metrics, "/metrics").await;
+    let text = String::from_utf8_lossy(&text.body).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Waits until the gateway holds `n` connections on its public listener.
+pub async fn connections_become(env: &Env, n: f64) {
+    let name = "tollgate_connections_open{listener=\"public\"}";
+    tollgate_testkit::wait::until(&format!("{n} connections open"), async || {
+        metric(env, name).await.unwrap_or(0.0) == n
+    })
+    .await;
+}
