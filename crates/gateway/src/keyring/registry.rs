@@ -66,7 +66,8 @@ pub struct Registry {
     /// Changes the ledger took and the store did not (see [`truth`]): written again by the
     /// refresh, and kept over what the store shows until then.
     held: Mutex<Vec<KeyRecord>>,
-    /// When the last complete read of the store's keys began, ms since the epoch (0: none).
+    /// When the last complete read of the store's keys began, ms since the epoch (0: none); a
+    /// read that found the store's sets forgotten (this instance keeping its own) is not one.
     as_of: std::sync::atomic::AtomicU64,
 }
 

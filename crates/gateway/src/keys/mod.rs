@@ -69,12 +69,15 @@ pub async fn refresh(gw: &Gateway) -> Result<(), KeyError> {
     // writes it back, and until then this instance keeps what it knew.
     let forgotten = |version: u64| version == 0 && gw.books.is_some();
     let (generation, limits) = (gw.keys.generation(), gw.overrides.generation());
+    let mut whole = true;
     if let Some((version, entries)) = shared
         .records(RecordSet::IssuedKeys, gw.keys.version())
         .await
         .map_err(unavailable)?
     {
-        if !forgotten(version) {
+        if forgotten(version) {
+            whole = false;
+        } else {
             gw.keys.replace(generation, version, &entries);
         }
     }
@@ -83,11 +86,17 @@ pub async fn refresh(gw: &Gateway) -> Result<(), KeyError> {
         .await
         .map_err(unavailable)?
     {
-        if !forgotten(version) {
+        if forgotten(version) {
+            whole = false;
+        } else {
             gw.overrides.replace(limits, version, &entries);
         }
     }
-    gw.keys.read_as_of(began);
+    // What this instance knows is the store's as of the read, unless the store had forgotten
+    // and the instance kept its own.
+    if whole {
+        gw.keys.read_as_of(began);
+    }
     Ok(())
 }
 
