@@ -173,6 +173,12 @@ impl Sim {
         let addr = listener.local_addr()?;
         let app = router(state.clone());
         tokio::spawn(async move {
+            // Each event of a stream goes out as written, as a provider's server sends it (with
+            // Nagle's algorithm a client that delays its acknowledgements waits 40 ms a chunk).
+            use axum::serve::ListenerExt as _;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let _ = axum::serve(listener, app).await;
         });
         Ok(Self { addr, state })
