@@ -11,6 +11,8 @@
 #   simulator: one worker, no retries, its master key, a rate on the model and an in-process
 #   budget, never reached; its per-key budgets need its database, through Prisma, which the
 #   `proxy` extra does not install)
+#   TOLLGATE_TABLE_WORKLOADS="chat keys" bench/table.sh ...  (those workloads only)
+#   TOLLGATE_TABLE_SLICES=off bench/table.sh ...  (`governed` makes one Redis call per request)
 #
 # Setups: `direct` (the upstream simulator, no latency, 16 output tokens), `pass` (the gateway
 # with no rule: parse, count, forward) and `governed` (all six controls on a per-key rule, two
@@ -74,6 +76,7 @@ TOML
 }
 
 STORE=$(printf '[store]\nurl = "redis://127.0.0.1:%s/"\ncall_timeout = "2s"\nprefix = "table"\n' "$REDIS")
+[ "${TOLLGATE_TABLE_SLICES:-on}" = off ] && STORE=$(printf '%s\n[store.slices]\nenabled = false\n' "$STORE")
 PASS=$(serve pass "" "")
 GOV_A=$(serve governed-a "$STORE" "$POLICY")
 GOV_B=$(serve governed-b "$STORE" "$POLICY")
@@ -108,7 +111,7 @@ YAML
   SETUPS+=(litellm)
 fi
 
-WORKLOADS=(chat stream tools prompt1k prompt10k prompt100k keys)
+read -r -a WORKLOADS <<< "${TOLLGATE_TABLE_WORKLOADS:-chat stream tools prompt1k prompt10k prompt100k keys}"
 THREADS=2
 [ "$CLIENTS" -lt 2 ] && THREADS=1
 run() { # run SETUP WORKLOAD -> one JSON line
