@@ -524,7 +524,7 @@ fn a_killed_instance_gives_its_leases_back_and_is_charged() {
 fn redis_killed_and_restarted_mid_run_fails_closed_then_recovers() {
     // A production Redis keeps its keys on disk (docs/redis.md): restarted, it still holds its
     // marker and the books, so admissions resume. (One that restarts empty is refused until
-    // the loss is acknowledged: crates/gateway/tests/hostile_upstreams.rs.)
+    // the loss is acknowledged: crates/gateway/tests/hostile/upstreams.rs.)
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap().to_owned();
     let mut server = RedisServer::start_with(&[

@@ -5,8 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -627,7 +626,7 @@ async fn configured_tokenizers_count_the_input() {
     assert_eq!(r.status, 200, "{exact} input tokens: {:?}", r.json());
 }
 
-mod books {
+mod both {
     on_both_stores!(
         large_bodies_meet_the_rate_before_they_are_counted,
         prompt_lists_are_reserved_for_every_prompt,

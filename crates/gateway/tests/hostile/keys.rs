@@ -6,8 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::instance::{Instance, flushall, redis_has, redis_text, refreshed, sim, until};
 use serde_json::{Value, json};
