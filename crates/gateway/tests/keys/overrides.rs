@@ -5,8 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::instance::{Instance, redis_text, sim, until};
 use serde_json::{Value, json};

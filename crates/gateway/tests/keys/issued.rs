@@ -5,8 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
