@@ -1,8 +1,8 @@
 //! Assembles the Lua library that Redis loads once (`FUNCTION LOAD`): the common state, one file
 //! per stateful control, the ledger, the slices and each entry point's file, with every
 //! `@layout.field` of the argument contract replaced by its offset and every `@layout#` by its
-//! length (`src/contract.rs`, the table the encoder writes by). A name the table lacks fails the
-//! build.
+//! length (`src/contract.rs`, the table the encoder writes by), and `@schema` by the schema
+//! (`SCHEMA` there). A name the table lacks fails the build.
 //!
 //! The library's name and its functions' names end with a hash of its text, so two builds with
 //! different scripts never replace each other's functions on a shared Redis
@@ -16,24 +16,24 @@ include!("src/contract.rs");
 
 /// The ledger's files, in order: the functions every entry point shares.
 const LEDGER: &[&str] = &[
-    "common_v7.lua",
-    "seq_v1.lua",
+    "common.lua",
+    "seq.lua",
     "controls/rate.lua",
     "controls/concurrency.lua",
     "controls/budget.lua",
-    "ledger_v7.lua",
+    "ledger.lua",
 ];
 
 /// The entry points, after the ledger and the slices: each file defines the local function
 /// `call_<name>`, which the library registers as `tollgate_<name>_<version>`.
 const ENTRIES: &[(&str, &str)] = &[
-    ("batch_v5.lua", "batch"),
-    ("renew_v4.lua", "renew"),
-    ("usage_v2.lua", "usage"),
-    ("sweep_v2.lua", "sweep"),
-    ("state_v1.lua", "state"),
-    ("keys_v1.lua", "keys"),
-    ("records_v1.lua", "records"),
+    ("batch.lua", "batch"),
+    ("renew.lua", "renew"),
+    ("usage.lua", "usage"),
+    ("sweep.lua", "sweep"),
+    ("state.lua", "state"),
+    ("keys.lua", "keys"),
+    ("records.lua", "records"),
 ];
 
 fn main() {
@@ -50,7 +50,7 @@ fn main() {
     let ledger: String = LEDGER.iter().map(|f| read(f)).collect();
     // The ledger alone, for benchmarks that call its functions.
     std::fs::write(Path::new(&out).join("ledger.lua"), &ledger).expect("write the ledger");
-    let mut body = ledger + &read("slices_v1.lua");
+    let mut body = ledger + &read("slices.lua");
     for (file, _) in ENTRIES {
         body.push_str(&read(file));
     }
@@ -100,6 +100,9 @@ fn substitute(src: &str, file: &str) -> String {
 }
 
 fn resolve(word: &str) -> Option<String> {
+    if word == "schema" {
+        return Some(SCHEMA.to_owned());
+    }
     if let Some(layout) = word.strip_suffix('#') {
         let (_, fields) = LAYOUTS.iter().find(|(n, _)| *n == layout)?;
         return Some(fields.len().to_string());

@@ -1,5 +1,5 @@
 //! Batching: admissions and settlements that wait at the same moment travel in one script call
-//! per shard (`batch_v5.lua`), each applied as its own atomic transition, in order.
+//! per shard (`batch.lua`), each applied as its own atomic transition, in order.
 
 use crate::mark::Mark;
 use std::sync::{Arc, OnceLock};
@@ -98,7 +98,7 @@ pub(crate) struct BatchHead<'a> {
     keys: &'a HeadKeys,
     args: [String; 2],
     /// `1` the marker was seen, `0` not yet, `2` not yet and the prefix is new by the caller's
-    /// word (see `batch_v5.lua`), with the write sequence seen (`seq_v1.lua`).
+    /// word (see `batch.lua`), with the write sequence seen (`seq.lua`).
     marker: String,
 }
 
@@ -212,7 +212,7 @@ pub(crate) async fn call_items(
 }
 
 /// A batch call's last reply: the store's write sequence and why it is lost, `{epoch, n, why}`
-/// (`seq_v1.lua`).
+/// (`seq.lua`).
 pub fn sequence_of(reply: Option<Value>) -> Result<(String, u64, String), StoreError> {
     let bad = || StoreError::Protocol("a batch call's reply ends without its sequence".into());
     let parts = items(reply.ok_or_else(bad)?)?;

@@ -17,7 +17,7 @@ pub type ExpiryTag = (usize, String);
 
 impl crate::store::RedisStore {
     /// [`tollgate_core::Store::usage`], and with `carry` (the cap and the limit),
-    /// [`tollgate_core::Store::usage_carrying`] (`usage_v2.lua`).
+    /// [`tollgate_core::Store::usage_carrying`] (`usage.lua`).
     pub(crate) fn usage_of(
         &self,
         scope_id: &str,

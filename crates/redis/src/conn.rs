@@ -16,16 +16,16 @@ const LIBRARY: &str = include_str!(concat!(env!("OUT_DIR"), "/library.lua"));
 /// One of the library's entry points.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Function {
-    /// Admissions, settlements, releases and slice orders (`batch_v5.lua`).
+    /// Admissions, settlements, releases and slice orders (`batch.lua`).
     Batch,
     Renew,
     Usage,
     Sweep,
-    /// The marker (`state_v1.lua`).
+    /// The marker (`state.lua`).
     State,
-    /// Idempotency keys (`keys_v1.lua`).
+    /// Idempotency keys (`keys.lua`).
     Keys,
-    /// Issued keys' records (`records_v1.lua`).
+    /// Issued keys' records (`records.lua`).
     Records,
 }
 

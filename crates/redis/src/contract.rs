@@ -6,7 +6,16 @@
 // `@layout#` with the layout's length, and fails the build on a name the table lacks. So a
 // field added, moved or renamed here moves on both sides at once.
 //
-// This file is included by the build script as well: it holds the tables and nothing else.
+// This file is included by the build script as well: it holds the tables and the schema, and
+// nothing else.
+
+/// The schema of what the scripts keep under a prefix, written as its marker's value: an
+/// instance of another schema refuses to start on the prefix. It is the one version the
+/// scripts and the Rust side share: the build writes it into the scripts (`@schema`), and it
+/// changes, by hand and only here, when the meaning or layout of a kept key changes. The
+/// library's name is a hash of its text, made by the build, so a change of code alone needs no
+/// new schema (`docs/redis.md`).
+pub const SCHEMA: &str = "7.6";
 
 macro_rules! layouts {
     ($($(#[$doc:meta])* $ty:ident $lua:literal { $($field:ident $name:literal),+ $(,)? })+) => {
@@ -87,7 +96,7 @@ layouts! {
         Amount "amount",
         Carry "carry",
     }
-    /// An admission's refusal by one of its checks (`deny` in `ledger_v7.lua`): the reply's
+    /// An admission's refusal by one of its checks (`deny` in `ledger.lua`): the reply's
     /// kind, the check's place in the plan, what is left, the wait (-1: none) and the time to
     /// the reset (-1: none).
     DenyReply "deny" {
@@ -130,7 +139,7 @@ layouts! {
     DoneReply "done" {
         Kind "kind",
     }
-    /// A slice exchange's header (`slice_orders` in `slices_v1.lua`, op `S`): the divisor of a
+    /// A slice exchange's header (`slice_orders` in `slices.lua`, op `S`): the divisor of a
     /// grant and whether the kill switches are to be answered (0/1); then the orders, each its
     /// kind (`r`, `l`, `b`) and its layout.
     SliceHeader "slices" {

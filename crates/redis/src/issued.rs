@@ -1,5 +1,5 @@
 //! Records the gateway sets at run time and every instance reads: virtual keys issued at run time
-//! (`P:keys`, each key's id to its version and record, written by `records_v1.lua`) and limits
+//! (`P:keys`, each key's id to its version and record, written by `records.lua`) and limits
 //! set for one value (`P:lim`). Each set is one hash on the first shard's prefix, with a version field that every
 //! change raises, so that an instance reads the whole hash again only when something changed.
 
@@ -105,7 +105,7 @@ impl RedisStore {
     }
 }
 
-/// Every reply kind of `records_v1.lua`'s writes.
+/// Every reply kind of `records.lua`'s writes.
 pub const RECORD_REPLIES: [&str; 4] = ["done", "changed", "late", "lost"];
 
 impl RedisStore {
@@ -119,7 +119,7 @@ impl RedisStore {
         ]
     }
 
-    /// One write of `records_v1.lua`; with `confirm`, confirmed by a replica when `done` says
+    /// One write of `records.lua`; with `confirm`, confirmed by a replica when `done` says
     /// it wrote (a change, not a copy of the ledger's).
     async fn records_call(
         &self,

@@ -1,4 +1,4 @@
-//! Idempotency keys in Redis (`keys_v1.lua`): one hash per key, in the shard its id hashes to,
+//! Idempotency keys in Redis (`keys.lua`): one hash per key, in the shard its id hashes to,
 //! claimed and ended each in one script call, so instances sharing the store agree on who
 //! holds a key. Redis bounds their memory by their expiry: an unanswered claim lives its
 //! in-flight time, an answer its keep time.
@@ -12,7 +12,7 @@ use crate::encode::{key, num};
 use crate::shards::shard_of;
 use crate::store::RedisStore;
 
-/// Every reply kind of `keys_v1.lua`.
+/// Every reply kind of `keys.lua`.
 pub const KEY_REPLIES: [&str; 6] = [
     "claimed",
     "in_flight",
@@ -27,7 +27,7 @@ impl RedisStore {
         key(&self.shards[shard_of(k, self.shards.len())], "ik", k)
     }
 
-    /// One call of the library's `keys` function (`keys_v1.lua`) on `k` (the response goes as
+    /// One call of the library's `keys` function (`keys.lua`) on `k` (the response goes as
     /// bytes: an upstream's answer need not be UTF-8).
     async fn keys_call(
         &self,

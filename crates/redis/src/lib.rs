@@ -5,7 +5,7 @@
 //! concurrency limit together: the check and the reservation happen together on the server.
 //!
 //! - Admissions and settlements that are waiting at the same moment travel in one script call
-//!   (`batch_v5.lua`), each applied as its own atomic transition, in order. One caller alone gets
+//!   (`batch.lua`), each applied as its own atomic transition, in order. One caller alone gets
 //!   a call of its own, made from its own task; under load the fixed cost of a call is shared,
 //!   and a call reads and writes each scope key its items share once (see `docs/redis.md`).
 //! - The scripts are one library of Redis functions, assembled at build time from `src/lua/`

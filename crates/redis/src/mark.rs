@@ -6,8 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tollgate_core::Loss;
 
+pub use crate::contract::SCHEMA;
+
 /// What this store has seen of one shard: its marker (once seen, its absence means the store
-/// forgot), and the highest write sequence of the store's epoch (`seq_v1.lua`: a store behind
+/// forgot), and the highest write sequence of the store's epoch (`seq.lua`: a store behind
 /// it went back in time).
 #[derive(Debug, Default)]
 pub struct Mark {
@@ -61,10 +63,6 @@ impl Mark {
         self.high.lock().ok().and_then(|h| h.clone())
     }
 }
-
-/// The schema of what the scripts keep under a prefix, written as its marker's value (`SCHEMA`
-/// in `common_v7.lua`): instances of another schema refuse to start on the prefix.
-pub const SCHEMA: &str = "7.6";
 
 /// The loss a flag's cause names.
 fn read_loss(why: &str) -> Loss {

@@ -1,6 +1,6 @@
 //! The marker of each shard's prefix, read and written outside admissions: what an instance
 //! finds at start, what its watcher reads while it is idle, and an operator's initialisation of
-//! a new store (see `state_v1.lua`).
+//! a new store (see `state.lua`).
 
 use tollgate_core::{Loss, StoreError, StoreState};
 
@@ -105,7 +105,7 @@ impl RedisStore {
         Ok(())
     }
 
-    /// One call of `state_v1.lua`: its state and the marker's value. The store's sequence is
+    /// One call of `state.lua`: its state and the marker's value. The store's sequence is
     /// taken as seen, and why a lost store is lost kept for [`RedisStore::loss_cause`].
     async fn marker_call(
         &self,

@@ -1,5 +1,5 @@
 //! The Redis store as a [`SliceSource`]: an instance's slice orders as one item (`S`) of a batch
-//! call per shard, in the layout `slices_v1.lua` reads, and its answers.
+//! call per shard, in the layout `slices.lua` reads, and its answers.
 
 use redis::Value;
 use tollgate_core::exchange::{

@@ -250,12 +250,12 @@ async fn remembered_admissions_are_pruned() {
 
 /// The files of the ledger, in the order the build script assembles them.
 const LEDGER_SOURCES: [&str; 6] = [
-    include_str!("lua/common_v7.lua"),
-    include_str!("lua/seq_v1.lua"),
+    include_str!("lua/common.lua"),
+    include_str!("lua/seq.lua"),
     include_str!("lua/controls/rate.lua"),
     include_str!("lua/controls/concurrency.lua"),
     include_str!("lua/controls/budget.lua"),
-    include_str!("lua/ledger_v7.lua"),
+    include_str!("lua/ledger.lua"),
 ];
 
 /// The reply kinds and reason codes the scripts write are exactly those the Rust side names, and
@@ -264,13 +264,13 @@ const LEDGER_SOURCES: [&str; 6] = [
 fn script_replies_are_the_named_ones() {
     let sources = [
         LEDGER_SOURCES.concat().leak() as &str,
-        include_str!("lua/slices_v1.lua"),
-        include_str!("lua/batch_v5.lua"),
-        include_str!("lua/renew_v4.lua"),
-        include_str!("lua/usage_v2.lua"),
-        include_str!("lua/sweep_v2.lua"),
-        include_str!("lua/keys_v1.lua"),
-        include_str!("lua/records_v1.lua"),
+        include_str!("lua/slices.lua"),
+        include_str!("lua/batch.lua"),
+        include_str!("lua/renew.lua"),
+        include_str!("lua/usage.lua"),
+        include_str!("lua/sweep.lua"),
+        include_str!("lua/keys.lua"),
+        include_str!("lua/records.lua"),
     ];
     let mut kinds = std::collections::BTreeSet::new();
     for line in sources.iter().flat_map(|s| s.lines()) {
@@ -373,15 +373,18 @@ fn script_replies_are_the_named_ones() {
     }
 }
 
-/// The schema the scripts write as the marker is the one the Rust side checks.
+/// The schema the scripts write as the marker is the one the Rust side checks: the build wrote
+/// it into the library, and no script keeps a schema of its own.
 #[test]
 fn the_scripts_write_the_schema_the_store_checks() {
-    let common = include_str!("lua/common_v7.lua");
+    let library = include_str!(concat!(env!("OUT_DIR"), "/library.lua"));
     assert!(
-        common.contains(&format!("local SCHEMA = '{}'", crate::SCHEMA)),
-        "common_v7.lua's SCHEMA is not {}",
+        library.contains(&format!("local SCHEMA = '{}'\n", crate::SCHEMA)),
+        "the library's SCHEMA is not {}",
         crate::SCHEMA
     );
+    assert_eq!(library.matches("local SCHEMA =").count(), 1);
+    assert!(!library.contains("@schema"));
 }
 
 /// Every field of the argument contract is read by the scripts under its name: the table has
@@ -390,9 +393,9 @@ fn the_scripts_write_the_schema_the_store_checks() {
 fn every_contract_field_is_read_by_name() {
     let sources = [
         LEDGER_SOURCES.concat(),
-        include_str!("lua/batch_v5.lua").to_owned(),
-        include_str!("lua/renew_v4.lua").to_owned(),
-        include_str!("lua/slices_v1.lua").to_owned(),
+        include_str!("lua/batch.lua").to_owned(),
+        include_str!("lua/renew.lua").to_owned(),
+        include_str!("lua/slices.lua").to_owned(),
     ]
     .concat();
     for (layout, fields) in crate::contract::LAYOUTS {

@@ -43,7 +43,7 @@ local function period_of(arg, now)
     if now >= b[3] then return b[3], b[3], b[4] end
     return b[2], b[2], b[3]
   end
-  -- By arithmetic, not tonumber (see num in common_v7.lua).
+  -- By arithmetic, not tonumber (see num in common.lua).
   local len = 0 + arg
   if len > 0 then
     id = math.floor(now / len)

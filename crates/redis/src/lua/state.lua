@@ -1,9 +1,9 @@
--- What a prefix's marker says, and its initialisation (see batch_v5.lua for what the marker
--- and the loss flag mean, seq_v1.lua for the write sequence).
+-- What a prefix's marker says, and its initialisation (see batch.lua for what the marker
+-- and the loss flag mean, seq.lua for the write sequence).
 --
 -- KEYS: P:marker, P:lost, P:seq.
 -- ARGV: 'watch' or 'init', whether the caller has seen the marker (a 'seen' argument, as
---       batch_v5.lua takes it), and the caller's schema (the marker's value).
+--       batch.lua takes it), and the caller's schema (the marker's value).
 -- Answers {state, the marker's value or '', the store's epoch or '', its n, why it is lost or
 -- ''}; state is, for 'watch': 'kept', 'lost' (written down, as an admission would; a store
 -- behind the caller's sequence too) or 'uninitialised'; for 'init': 'initialised' (the marker

@@ -9,7 +9,7 @@
 --   after it, so that a caller whose call timed out learns, once it has passed, that the write
 --   never lands. Refused while the store's state is lost: by the loss flag, or by the marker
 --   gone when the caller has seen it (seen '1', written down as an admission would), or by a
---   write sequence behind the caller's (seq_v1.lua); seen 'r' (a rebuild, which lifts the loss
+--   write sequence behind the caller's (seq.lua); seen 'r' (a rebuild, which lifts the loss
 --   when it is done) writes regardless. A write advances the sequence.
 --   {'done', the store's epoch, its write sequence} | {'changed', held version} | {'late'} |
 --   {'lost'}.

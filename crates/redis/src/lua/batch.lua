@@ -4,13 +4,13 @@
 -- ARGV: prefix, now (0 = Redis TIME), retention, whether the caller has seen the store's
 --       marker ('1'), or not yet ('0'), or not yet and the prefix is new by its word ('2':
 --       a scratch prefix, whose marker is written here), with the write sequence it has seen
---       (seq_v1.lua), then per item: op ('a' admit | 's' admit with a shadow
+--       (seq.lua), then per item: op ('a' admit | 's' admit with a shadow
 --       plan | 'f' finish | 'p' probe, an admission that takes nothing | 'u' undo an
 --       admission | 'S' an instance's slice orders), the number of its arguments, its
 --       arguments (see admit_one, admit_shadowed, finish_one, undo_one and slice_orders).
 -- KEYS: every key the items touch (for cluster routing; all share the prefix's slot).
 -- Returns one reply per item, in order, then the store's write sequence {epoch, n, why the
--- store is lost or ''} (see seq_v1.lua); an item that fails answers {'error', message} and the others still run. While the store's state is lost, every admission answers {'lost'}; while
+-- store is lost or ''} (see seq.lua); an item that fails answers {'error', message} and the others still run. While the store's state is lost, every admission answers {'lost'}; while
 -- it is not initialised, {'uninitialised'}.
 
 -- The marker (no expiry) says the store still holds what it was given. A caller that has seen
@@ -19,7 +19,7 @@
 -- written down (`lost`, no expiry) until an operator acknowledges it. A store with neither is
 -- new, or forgot while no one watched: no marker is written here unless the caller says the
 -- prefix is new (a marker over a loss would hide it), and admissions answer {'uninitialised'}
--- until the store is initialised from outside (state_v1.lua).
+-- until the store is initialised from outside (state.lua).
 local function store_state(seen)
   local marker, lost = PREFIX .. ':marker', PREFIX .. ':lost'
   if redis.call('EXISTS', marker) == 1 then
@@ -78,7 +78,7 @@ local function call_batch(KEYS, ARGV)
     if ok then out[#out + 1] = reply else out[#out + 1] = {'error', tostring(reply)} end
     a = a + 2 + n
   end
-  -- Each key the items touched is written once (see the write-back state in common_v7.lua).
+  -- Each key the items touched is written once (see the write-back state in common.lua).
   flush()
   -- The write sequence, after the items: the store's epoch and n, advanced when anything was
   -- written to a store that holds its books.

@@ -4,7 +4,7 @@
 -- by the first watch of a store that has none), and n, advanced by every write a script makes
 -- (admissions, settlements, slice orders, kill switches, key and limit records).
 --
--- A caller's 'seen' argument is its marker flag ('0', '1' or '2', see batch_v5.lua), followed,
+-- A caller's 'seen' argument is its marker flag ('0', '1' or '2', see batch.lua), followed,
 -- once it has seen the store's epoch, by ':<epoch>:<the highest n it has seen>'.
 
 -- The flag of a 'seen' argument.

@@ -1,5 +1,5 @@
 -- Slices (tollgate_core::slices): an instance's orders for what it holds of hot scopes, in one
--- item of a batch call (op 'S'). Prepended with common_v7.lua; rare next to admissions, so its
+-- item of a batch call (op 'S'). Prepended with common.lua; rare next to admissions, so its
 -- steps read and write keys directly, after writing what the call's earlier items left pending.
 -- Every order but a rate take names totals, not changes, so that one sent again after a lost
 -- answer does nothing twice. Mirrors crates/core/src/memory/slices.rs. Reply kinds:

@@ -9,7 +9,7 @@
 -- them).
 -- v5: reservations of tool calls (unit 'c'), a settlement's tool calls, and the request's
 -- repeats. v6: an admission with its shadow plan (admit_shadowed), whose reservations the
--- request's ticket holds with their units in capitals. v7: slices (slices_v1.lua), whose
+-- request's ticket holds with their units in capitals. v7: slices (slices.lua), whose
 -- tickets the sweep expires too.
 
 -- Redis loads these files once, as one library (crates/redis/build.rs): every function is made
@@ -20,9 +20,9 @@
 --
 -- The call's key prefix, its first argument.
 local PREFIX = nil
--- The schema of what these scripts keep, written as the marker's value (crate::SCHEMA): an
--- instance of another schema refuses to start on the prefix.
-local SCHEMA = '7.6'
+-- The schema of what these scripts keep, written as the marker's value: an instance of another
+-- schema refuses to start on the prefix. The build writes it from `SCHEMA` in contract.rs.
+local SCHEMA = '@schema'
 
 -- Numeric strings become numbers by arithmetic (`0 + s`, `s * 1000`), not by tonumber: Redis's
 -- Lua 5.1 tonumber runs strtod twice (lua_isnumber, then lua_tonumber), where arithmetic runs

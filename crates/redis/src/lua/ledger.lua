@@ -1,5 +1,5 @@
 -- The ledger: tickets, admission, settlement and expiry, over the controls' checks
--- (controls/*.lua, assembled before this file). Its state and conversions are common_v7.lua's.
+-- (controls/*.lua, assembled before this file). Its state and conversions are common.lua's.
 
 -- (id, start, end) of the period containing now, for a period length (0: a month).
 local period_at = period_of
@@ -154,7 +154,7 @@ local function expiry_entry(id, v, now_str, out)
   redis.call('XADD', unpack(args))
 end
 
--- A slice's ticket (slices_v1.lua) is a msgpack array: [1] '~L' and a lease set's key, its
+-- A slice's ticket (slices.lua) is a msgpack array: [1] '~L' and a lease set's key, its
 -- slots ([3]); or [1] '~B', the budget key, its period field, unit, amount held, settled
 -- reported so far, period length and label. Its slots are members '<slice id>#<n>', n = 1 to
 -- the slots, of the lease set, scored by the slice's expiry.
