@@ -7,4 +7,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOLLGATE_MI_INSTANCES="${1:-4}" TOLLGATE_MI_REQUESTS="${2:-2000}" \
-  cargo test --release -q -p tollgate --test multi_instance -- --nocapture
+  cargo test --release -q -p tollgate --test serve -- multi_instance --nocapture

@@ -1,6 +1,6 @@
 """The official Anthropic Python SDK against a running Tollgate gateway (`/v1/messages`).
 
-Run by crates/cli/tests/sdk.rs, which starts the simulator and the gateway and passes:
+Run by crates/cli/tests/clients/sdk.rs, which starts the simulator and the gateway and passes:
 TOLLGATE_BASE_URL, TOLLGATE_KEY (plain), TOLLGATE_RETRY_KEY (2 requests per 2 s),
 TOLLGATE_BUDGET_KEY (a 30-token daily budget), TOLLGATE_MODEL. Exits non-zero on the first
 failed check.

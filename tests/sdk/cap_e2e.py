@@ -1,6 +1,6 @@
 """The official OpenAI and Anthropic Python SDKs read a stream the gateway ends at its cap.
 
-Run by crates/cli/tests/sdk.rs against a simulated model that runs past any cap it is given:
+Run by crates/cli/tests/clients/sdk.rs against a simulated model that runs past any cap it is given:
 the gateway ends each stream as the provider would have at the cap, and each SDK finishes the
 answer normally, as one cut by its cap. Exits non-zero on the first failed check.
 """

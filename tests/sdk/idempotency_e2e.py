@@ -1,6 +1,6 @@
 """The official OpenAI Python SDK retrying one request that carries an Idempotency-Key.
 
-Run by crates/cli/tests/sdk.rs against a gateway whose upstream takes one second to answer.
+Run by crates/cli/tests/clients/sdk.rs against a gateway whose upstream takes one second to answer.
 The client gives up on each attempt after 0.3 s and retries: its first attempt goes on in the
 gateway and is answered; the retries while it runs get 409 (and retry), the one after gets
 the kept response. TOLLGATE_BUDGET_KEY's tenant has a 30-token daily budget: one such call

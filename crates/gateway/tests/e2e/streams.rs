@@ -192,7 +192,7 @@ mod both {
 }
 
 /// On Redis, whose clock is real; the memory store's case runs on paused time
-/// (`paused_time.rs`).
+/// (`tests/admission/paused_time.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_long_streams_renew_their_leases() {
     long_streams_renew_their_leases(true).await;
