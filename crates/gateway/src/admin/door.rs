@@ -28,15 +28,7 @@ pub(super) fn refusal(method: &Method, path: &str, headers: &HeaderMap) -> Optio
     }
     let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
     let refuse = |code: &str, message: String| {
-        Some(
-            ApiError::new(
-                Class::Client(Fault::Forbidden),
-                "invalid_request_error",
-                code,
-                message,
-            )
-            .into_response(),
-        )
+        Some(ApiError::new(Class::Client(Fault::Forbidden), code, message).into_response())
     };
     if let Some(site) = headers
         .get("sec-fetch-site")
@@ -129,18 +121,17 @@ impl InFlight {
         sem.and_then(|s| s.try_acquire_owned().ok()).ok_or_else(|| {
             let mut r = ApiError::new(
                 Class::Refused(crate::respond::Refusal::Limit),
-                "rate_limit_error",
                 "admin_busy",
                 format!(
                     "Tenant {tenant:?} has {TENANT_IN_FLIGHT} admin calls in flight already: \
                      try again when one is answered."
                 ),
             )
+            .retry_after(1_000)
             .into_response();
+            // Not the error's: this listener's way of shedding a caller.
             r.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             r
         })
     }

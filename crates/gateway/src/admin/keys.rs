@@ -12,34 +12,18 @@ use crate::keys::{self, KeyError};
 use crate::respond::{ApiError, Class, Fault};
 
 pub(super) fn refused(e: KeyError) -> Response {
-    let (class, kind, code) = match &e {
-        KeyError::Invalid(_) => (
-            Class::Client(Fault::Invalid),
-            "invalid_request_error",
-            "invalid_key_request",
-        ),
-        KeyError::NotFound(_) => (
-            Class::Client(Fault::NotFound),
-            "invalid_request_error",
-            "key_not_found",
-        ),
-        KeyError::Forbidden(_) => (
-            Class::Client(Fault::Forbidden),
-            "invalid_request_error",
-            "admin_scope_forbidden",
-        ),
-        KeyError::Changed(_) => (
-            Class::Client(Fault::Conflict),
-            "invalid_request_error",
-            "key_changed",
-        ),
-        KeyError::Unavailable(_) => (Class::Books, "service_unavailable", "store_unavailable"),
-        KeyError::Unknown(_) => (Class::Internal, "api_error", "key_change_unknown"),
+    let (class, code) = match &e {
+        KeyError::Invalid(_) => (Class::Client(Fault::Invalid), "invalid_key_request"),
+        KeyError::NotFound(_) => (Class::Client(Fault::NotFound), "key_not_found"),
+        KeyError::Forbidden(_) => (Class::Client(Fault::Forbidden), "admin_scope_forbidden"),
+        KeyError::Changed(_) => (Class::Client(Fault::Conflict), "key_changed"),
+        KeyError::Unavailable(_) => (Class::Books, "store_unavailable"),
+        KeyError::Unknown(_) => (Class::Unknown, "key_change_unknown"),
     };
     if matches!(e, KeyError::Unavailable(_) | KeyError::Unknown(_)) {
         tracing::warn!(cause = %e, "a change of an issued key was not made, or not known to be");
     }
-    ApiError::new(class, kind, code, e.to_string()).into_response()
+    ApiError::new(class, code, e.to_string()).into_response()
 }
 
 /// A JSON body, or a 400 that says what is wrong with it; an empty body is `{}`.

@@ -41,7 +41,6 @@ fn layer_of(who: &AdminScope, t: &Target) -> Result<Layer, Response> {
         (Some(_), None | Some(Layer::Tenant)) => Ok(Layer::Tenant),
         (Some(tenant), Some(Layer::Operator)) => Err(ApiError::new(
             Class::Client(Fault::Forbidden),
-            "invalid_request_error",
             "admin_scope_forbidden",
             format!("A token of tenant {tenant:?} sets its own layer of limits only."),
         )
@@ -57,11 +56,11 @@ fn bad(message: String) -> Response {
 /// A limit the store did not take (503: nothing changed), or took without saying it holds
 /// (500 `limit_change_unknown`: made on the primary, no replica confirmed it).
 fn failed(e: KeyError) -> Response {
-    let (class, kind, code) = match e {
-        KeyError::Unknown(_) => (Class::Internal, "api_error", "limit_change_unknown"),
-        _ => (Class::Books, "service_unavailable", "store_unavailable"),
+    let (class, code) = match e {
+        KeyError::Unknown(_) => (Class::Unknown, "limit_change_unknown"),
+        _ => (Class::Books, "store_unavailable"),
     };
-    ApiError::new(class, kind, code, e.to_string()).into_response()
+    ApiError::new(class, code, e.to_string()).into_response()
 }
 
 /// `GET /admin/limits`: every limit set at run time (a tenant's token: its own).
@@ -247,7 +246,6 @@ pub(super) async fn clear(
     if gw.overrides.get(&scope, control, layer).is_none() {
         return ApiError::new(
             Class::Client(Fault::NotFound),
-            "invalid_request_error",
             "limit_not_set",
             format!(
                 "No limit is set at run time for {scope} ({}) in the {} layer.",
@@ -297,7 +295,6 @@ pub(crate) fn tightens(
     };
     Err(ApiError::new(
         Class::Client(Fault::Forbidden),
-        "invalid_request_error",
         "admin_scope_forbidden",
         format!(
             "A tenant's token may tighten its limits, not raise them: the limit in force above \

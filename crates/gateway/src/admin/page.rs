@@ -319,10 +319,10 @@ async fn act(gw: &Shared, token_ok: bool, f: &KillForm, kill: bool) -> Response 
     }
     if !kill {
         if let Err(e) = super::liftable(gw, target).await {
-            return problem(e.status(), &e.message);
+            return problem(e.status(), &e.message());
         }
     } else if let Some(e) = super::evicting(gw) {
-        return problem(e.status(), &e.message);
+        return problem(e.status(), &e.message());
     }
     match gw.store.set_kill(target, kill.then_some(reason)).await {
         Ok(()) => {

@@ -158,8 +158,14 @@ impl Dialect for Messages {
         crate::sse::anthropic_output_parts(&answer["content"])
     }
 
+    /// `{"type": "error", "error": {"type", "message"}}`, the type following the class as
+    /// Anthropic's API names it, and Tollgate's own code in `error.code` (an addition clients
+    /// may read or ignore). The headers are every format's (`retry-after`, `retry-after-ms` and
+    /// `x-should-retry`, which Anthropic's SDKs read too).
     fn error_response(&self, e: ApiError) -> Response {
-        e.into_anthropic_response()
+        let body = serde_json::json!({"type": "error", "error": {
+            "type": e.class.anthropic_type(), "message": e.message(), "code": e.code}});
+        e.response_with(body)
     }
 
     fn stream_error(&self, _code: &str, message: &str) -> Bytes {

@@ -11,7 +11,7 @@ mod embeddings;
 pub mod fields;
 mod responses;
 
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use http::HeaderMap;
 use http::request::Builder;
@@ -20,7 +20,7 @@ use tollgate_core::Usage;
 use tollgate_tokens::Format;
 
 use crate::config::{GatewayConfig, Upstream};
-use crate::respond::ApiError;
+use crate::respond::{ApiError, Param};
 use crate::sse::SseMeter;
 
 /// One API format, from the request's intake to its error body.
@@ -105,9 +105,9 @@ pub trait Dialect: Sync + Send + std::fmt::Debug {
         0
     }
 
-    /// This API's name for a body field named as chat completions name it.
-    fn param_name(&self, param: String) -> String {
-        param
+    /// This API's name for a field a control names (the input, the output cap).
+    fn param_name(&self, param: &Param) -> String {
+        param.chat_name().to_owned()
     }
 
     /// Writes the granted cap (per choice) into the body; returns whether the stream's usage
@@ -207,9 +207,10 @@ pub trait Dialect: Sync + Send + std::fmt::Debug {
         parts
     }
 
-    /// An error, in this API's format.
+    /// An error, in this API's format: OpenAI's, with a control's field named as this API
+    /// names it.
     fn error_response(&self, e: ApiError) -> Response {
-        e.into_response()
+        e.response_with(e.openai_body(|p| self.param_name(p)))
     }
 
     /// The event that ends a stream cut off by the gateway, in this API's format.
@@ -288,5 +289,126 @@ mod tests {
         paths.sort_unstable();
         paths.dedup();
         assert_eq!(paths.len(), ALL.len());
+    }
+}
+
+/// One error value, rendered by each dialect in its own format: the same status, headers and
+/// message everywhere; the type as each API names the class; a control's field named as each
+/// API names it.
+#[cfg(test)]
+mod errors {
+    use super::*;
+    use tollgate_core::{Deny, Dimension, Identity, Reason, ScopeKey};
+
+    fn refusal(reason: Reason, retry_after_ms: Option<u64>) -> ApiError {
+        let id = Identity::default().with(Dimension::Key, "k1");
+        let scope =
+            ScopeKey::derive("per key", &[Dimension::Key], &id).unwrap_or_else(|| unreachable!());
+        let d = Deny {
+            reason,
+            scope,
+            limit: 5_000_000,
+            remaining: 1_000,
+            requested: 2_000_000,
+            retry_after_ms,
+            reset_after_ms: retry_after_ms,
+        };
+        let mut e = crate::respond::deny_in(&d, Some(tollgate_core::Unit::MicroUsd));
+        if let crate::respond::Words::Denied(w) = &mut e.words {
+            w.allowances = [300, 0, 0];
+        }
+        e
+    }
+
+    async fn rendered(d: &dyn Dialect, e: ApiError) -> (u16, HeaderMap, Value) {
+        let r = d.error_response(e);
+        let (parts, body) = r.into_parts();
+        let bytes = axum::body::to_bytes(body, 1 << 16)
+            .await
+            .unwrap_or_default();
+        let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (parts.status.as_u16(), parts.headers, v)
+    }
+
+    #[tokio::test]
+    async fn every_dialect_renders_the_same_refusal_in_its_format() {
+        let mut seen = Vec::new();
+        for d in ALL {
+            let (status, headers, body) =
+                rendered(d, refusal(Reason::BudgetLimit, Some(90_000))).await;
+            assert_eq!(status, 429);
+            let h = |n: &str| {
+                headers
+                    .get(n)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            assert_eq!(h("x-tollgate-reason").as_deref(), Some("budget_limit"));
+            assert_eq!(
+                h("x-should-retry").as_deref(),
+                Some("false"),
+                "a wait past a minute"
+            );
+            let wait: u64 = h("retry-after-ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            assert!((90_000..=91_000).contains(&wait), "{wait}");
+            assert!(h("ratelimit").is_some_and(|v| v.contains("per_key-budget")));
+            let message = if d.format() == Format::AnthropicMessages {
+                assert_eq!(body["type"], "error");
+                assert_eq!(body["error"]["type"], "rate_limit_error");
+                assert!(body["error"].get("param").is_none());
+                body["error"]["message"].clone()
+            } else {
+                assert_eq!(body["error"]["type"], "insufficient_quota");
+                assert_eq!(body["error"]["param"], Value::Null);
+                body["error"]["message"].clone()
+            };
+            assert_eq!(body["error"]["code"], "budget_limit");
+            let message = message.as_str().unwrap_or_default().to_owned();
+            assert!(message.contains("limit $5.00"), "{message}");
+            assert!(message.contains(" Retry in 1m 30s (at "), "{message}");
+            assert!(
+                message.contains("includes 300 for the earlier context"),
+                "{message}"
+            );
+            // The instant in the message moves with the clock: compare what precedes it.
+            seen.push(
+                message
+                    .split(" Retry")
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+        }
+        seen.dedup();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn a_controls_field_is_named_by_each_dialect() {
+        for (format, name) in [
+            (Format::ChatCompletions, Value::from("max_tokens")),
+            (Format::Completions, Value::from("max_tokens")),
+            (Format::Responses, Value::from("max_output_tokens")),
+        ] {
+            let (status, _, body) =
+                rendered(of(format), refusal(Reason::OutputTokenLimit, None)).await;
+            assert_eq!(status, 400);
+            assert_eq!(body["error"]["type"], "invalid_request_error");
+            assert_eq!(body["error"]["param"], name, "{format:?}");
+        }
+        let (_, _, body) = rendered(
+            of(Format::Responses),
+            refusal(Reason::InputTokenLimit, None),
+        )
+        .await;
+        assert_eq!(body["error"]["param"], "input");
+        let (_, _, body) = rendered(
+            of(Format::AnthropicMessages),
+            refusal(Reason::InputTokenLimit, None),
+        )
+        .await;
+        assert_eq!(body["error"]["type"], "invalid_request_error");
     }
 }

@@ -7,7 +7,7 @@ use tollgate_core::Usage;
 use tollgate_tokens::Format;
 
 use super::{Dialect, Volatile, plain};
-use crate::respond::{self, ApiError};
+use crate::respond::{self, ApiError, Param};
 use crate::sse::SseMeter;
 
 #[derive(Debug)]
@@ -59,11 +59,11 @@ impl Dialect for Responses {
         json.get("store").and_then(Value::as_bool) != Some(false)
     }
 
-    fn param_name(&self, param: String) -> String {
-        match param.as_str() {
-            "messages" => "input".to_owned(),
-            "max_tokens" => "max_output_tokens".to_owned(),
-            _ => param,
+    fn param_name(&self, param: &Param) -> String {
+        match param {
+            Param::Input => "input".to_owned(),
+            Param::OutputCap => "max_output_tokens".to_owned(),
+            Param::Field(f) => f.clone(),
         }
     }
 

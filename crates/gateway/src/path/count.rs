@@ -366,31 +366,3 @@ fn count_limit(policy: &tollgate_core::Policy, key: &KeyConfig, ip: &str) -> Opt
     }
     limit
 }
-
-impl Counted {
-    /// Says, in a refusal by a control that counts input, how much of it the body does not
-    /// hold: a client that sent a few tokens would not otherwise see why it passed the limit.
-    pub fn explain(&self, e: &mut ApiError, reason: Reason) {
-        let counts_input = reason.counts_input();
-        const WHAT: [&str; 3] = [
-            "for the earlier context the upstream keeps",
-            "for what the tools the upstream runs may fetch",
-            "for the files and documents named by URL or id, which the upstream fetches",
-        ];
-        let parts: Vec<String> = self
-            .allowances
-            .iter()
-            .zip(WHAT)
-            .filter(|(n, _)| **n > 0)
-            .map(|(n, what)| format!("{n} {what}"))
-            .collect();
-        if !counts_input || parts.is_empty() {
-            return;
-        }
-        e.message = format!(
-            "{} The input counted includes {}.",
-            e.message,
-            parts.join(" and ")
-        );
-    }
-}

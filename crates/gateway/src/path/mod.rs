@@ -31,7 +31,7 @@ use axum::http::{HeaderValue, Request};
 use axum::response::Response;
 use tollgate_core::pipeline::Kind;
 use tollgate_core::record::DecisionRecord;
-use tollgate_core::{Admitted, Decision, Plan, PlanError, Reason, Unit};
+use tollgate_core::{Admitted, Decision, Plan, PlanError, Unit};
 
 use self::admit::Controls;
 use self::count::Counted;
@@ -208,7 +208,7 @@ pub(crate) async fn admit_counted(
             }
             let tokens = p.estimate_tokens();
             crate::otel::refused(dialect.format(), &counted.model, refused.code(), tokens);
-            return Err(refusal(dialect, counted, &p, &refused));
+            return Err(refusal(counted, &p, &refused));
         }
     };
     let mut ticket = Ticket::admitted(gw.store.clone(), &p, &admitted);
@@ -268,8 +268,8 @@ pub(crate) fn plans(
 }
 
 /// The error of a refused request, with what its input count included and, for a money budget,
-/// how marked input was priced; fields named as the request's API names them.
-fn refusal(dialect: &dyn Dialect, counted: &Counted, p: &Plan, refused: &Decision) -> ApiError {
+/// how marked input was priced (as data: the dialect renders it).
+fn refusal(counted: &Counted, p: &Plan, refused: &Decision) -> ApiError {
     let unit = match refused {
         Decision::Deny(d) => p
             .reserves()
@@ -278,21 +278,15 @@ fn refusal(dialect: &dyn Dialect, counted: &Counted, p: &Plan, refused: &Decisio
         _ => None,
     };
     let mut e = respond::refusal_in(refused, unit);
-    if let Decision::Deny(d) = refused {
-        counted.explain(&mut e, d.reason);
-        let writes = counted.facts.cache_write_tokens;
+    if let (Decision::Deny(d), respond::Words::Denied(w)) = (refused, &mut e.words) {
+        w.allowances = counted.allowances;
         // A money budget reserved marked input at the dearest cache-write price.
         let money = p
             .reserves()
             .any(|(_, b)| b.unit == Unit::MicroUsd && b.scope == d.scope);
-        if d.reason == Reason::BudgetLimit && money && writes > 0 {
-            e.message = format!(
-                "{} The reservation prices the {writes} input tokens that may be written to the \
-                 prompt cache at twice the input price, the one-hour write price.",
-                e.message
-            );
+        if money {
+            w.cache_writes = counted.facts.cache_write_tokens;
         }
     }
-    e.param = e.param.map(|p| dialect.param_name(p));
     e
 }

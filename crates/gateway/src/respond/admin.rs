@@ -8,7 +8,6 @@ use super::class::{Class, Fault};
 pub fn kill_in_configuration(target: &str, file: &str) -> ApiError {
     ApiError::new(
         Class::Client(Fault::Conflict),
-        "invalid_request_error",
         "kill_switch_in_configuration",
         format!(
             "{target} is switched off by a [[kill]] entry of {file}: remove it there and reload \
@@ -22,7 +21,6 @@ pub fn kill_in_configuration(target: &str, file: &str) -> ApiError {
 pub fn store_has_books() -> ApiError {
     ApiError::new(
         Class::Client(Fault::Conflict),
-        "invalid_request_error",
         "store_has_books",
         "The spend ledger holds books for this deployment, so an empty store forgot them rather \
          than being new: it is rebuilt from the ledger, not initialised.",
@@ -34,7 +32,6 @@ pub fn store_has_books() -> ApiError {
 pub fn init_over_loss() -> ApiError {
     ApiError::new(
         Class::Client(Fault::Conflict),
-        "invalid_request_error",
         "store_state_lost",
         "The store has lost its state, and the loss is written down: acknowledge it \
          (`tollgate admin acknowledge-loss`, POST /admin/store/acknowledge-loss) instead.",
@@ -45,7 +42,6 @@ pub fn init_over_loss() -> ApiError {
 pub fn kill_on_evicting_store() -> ApiError {
     ApiError::new(
         Class::Client(Fault::Conflict),
-        "invalid_request_error",
         "kill_switch_needs_a_store_that_keeps",
         "The store may evict keys ([store] allow_eviction = true), and an evicted kill switch \
          would let its target through again: set it as a [[kill]] entry of the configuration, \
@@ -57,7 +53,6 @@ pub fn kill_on_evicting_store() -> ApiError {
 pub fn kill_not_set(target: &str) -> ApiError {
     ApiError::new(
         Class::Client(Fault::NotFound),
-        "invalid_request_error",
         "kill_switch_not_set",
         format!("{target} is not switched off: there is nothing to lift."),
     )
@@ -67,7 +62,6 @@ pub fn kill_not_set(target: &str) -> ApiError {
 pub fn admin_scope_forbidden(tenant: &str) -> ApiError {
     ApiError::new(
         Class::Client(Fault::Forbidden),
-        "invalid_request_error",
         "admin_scope_forbidden",
         format!(
             "This token manages the keys and reads the usage of tenant {tenant:?} only; the \

@@ -92,7 +92,6 @@ pub fn unsupported_beta(beta: &str) -> ApiError {
 pub fn unknown_url() -> ApiError {
     ApiError::new(
         Class::Client(Fault::NotFound),
-        "invalid_request_error",
         "unknown_url",
         "Unknown URL.",
     )
@@ -106,7 +105,6 @@ pub fn unknown_scope(rule: &str, close: &[&str]) -> ApiError {
     };
     ApiError::new(
         Class::Client(Fault::NotFound),
-        "invalid_request_error",
         "unknown_scope",
         format!("No rule named {:?}.{hint}", shown(rule)),
     )
@@ -129,7 +127,6 @@ pub fn scope_needs_key(rule: &str, dims: &str) -> ApiError {
 pub fn admin_unauthorized() -> ApiError {
     ApiError::new(
         Class::Client(Fault::Unauthenticated),
-        "invalid_request_error",
         "invalid_admin_token",
         "Admin token required.",
     )
@@ -186,22 +183,19 @@ pub fn idempotency_key_invalid(max: usize) -> ApiError {
 
 /// A key whose first request, with the same body, is still being answered.
 pub fn idempotency_key_in_flight() -> ApiError {
-    let mut e = ApiError::new(
+    ApiError::new(
         Class::Client(Fault::Conflict),
-        "invalid_request_error",
         "idempotency_key_in_flight",
         "A request with this Idempotency-Key and the same body is still being answered; \
          retry to get its response. Nothing was admitted or charged for this one.",
-    );
-    super::put_retry_after(&mut e.headers, 1_000);
-    e
+    )
+    .retry_after(1_000)
 }
 
 /// A key used before with another body (or on another endpoint).
 pub fn idempotency_key_reused() -> ApiError {
     ApiError::new(
         Class::Client(Fault::Unprocessable),
-        "invalid_request_error",
         "idempotency_key_reused",
         "This Idempotency-Key was used with another request body; use a new key for a new \
          request.",
@@ -211,15 +205,13 @@ pub fn idempotency_key_reused() -> ApiError {
 
 /// A key whose request was answered, with a response too large to keep for replay.
 pub fn idempotent_response_not_kept() -> ApiError {
-    let mut e = ApiError::new(
+    ApiError::new(
         Class::Client(Fault::Conflict),
-        "invalid_request_error",
         "idempotent_response_not_kept",
         "A request with this Idempotency-Key was answered, but its response was larger than \
          the gateway keeps for replay; it is not sent again, so that it is not charged twice.",
-    );
-    super::put(&mut e.headers, "x-should-retry", "false");
-    e
+    )
+    .no_retry()
 }
 
 /// A body field the gateway does not know the cost of: refused, named, so that a provider's new
@@ -290,7 +282,6 @@ pub fn unpriced_tier(field: &str, tier: &str, model: &str) -> ApiError {
 pub fn key_not_for(what: &str) -> ApiError {
     ApiError::new(
         Class::Client(Fault::Forbidden),
-        "invalid_request_error",
         "key_not_allowed",
         format!("This key may not be used for {what}: its `uses` setting does not allow it."),
     )
@@ -300,7 +291,6 @@ pub fn key_not_for(what: &str) -> ApiError {
 pub fn reservation_not_found(id: &str) -> ApiError {
     ApiError::new(
         Class::Client(Fault::NotFound),
-        "invalid_request_error",
         "reservation_not_found",
         format!(
             "No open reservation {} for this key: it was never made, was made by another key, \
@@ -337,7 +327,6 @@ pub fn usage_not_counts() -> ApiError {
 pub fn reservation_expired(id: &str) -> ApiError {
     ApiError::new(
         Class::Client(Fault::Conflict),
-        "invalid_request_error",
         "reservation_expired",
         format!(
             "Reservation {} expired before it was settled or renewed: it was charged as the \
@@ -350,17 +339,15 @@ pub fn reservation_expired(id: &str) -> ApiError {
 
 /// This instance holds as many open reservations as it may: 503, retry later.
 pub fn reservations_full(max: usize) -> ApiError {
-    let mut e = ApiError::new(
+    ApiError::new(
         Class::Books,
-        "service_unavailable",
         "reservations_full",
         format!(
             "This gateway instance holds {max} open reservations, as many as it may; nothing \
              was reserved. Retry later."
         ),
-    );
-    super::put_retry_after(&mut e.headers, 1_000);
-    e
+    )
+    .retry_after(1_000)
 }
 
 /// An ending of a reservation sent to a store that did not answer in time: it may have been
@@ -368,8 +355,7 @@ pub fn reservations_full(max: usize) -> ApiError {
 /// idempotent).
 pub fn reservation_outcome_unknown(id: &str) -> ApiError {
     ApiError::new(
-        Class::Internal,
-        "api_error",
+        Class::Unknown,
         "reservation_outcome_unknown",
         format!(
             "The store did not answer in time about reservation {}: the ending may have been \

@@ -1,108 +1,27 @@
-//! Responses at the edge: decisions and errors become status codes, headers and OpenAI-format
-//! error bodies here and nowhere else, each through a named constructor. Refusals, store and
-//! upstream failures are here; what is wrong with a client's request is in `client`.
+//! Responses at the edge: decisions and errors become status codes and headers here and nowhere
+//! else, each error through a named constructor, as a value ([`ApiError`]) that each dialect
+//! renders in its format. Refusals, store and upstream failures are here; what is wrong with a
+//! client's request is in `client`.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use tollgate_core::{Admitted, Plan, Quota, Reason};
 
 mod admin;
 mod class;
 mod client;
+mod error;
 mod refusal;
 mod units;
 pub use admin::*;
 pub use class::{Class, Fault, Refusal, Upstream};
 pub use client::*;
+pub use error::{Advice, ApiError, Denied, Param, Words};
 pub use refusal::*;
 
 /// A budget that only resets after this long also says `x-should-retry: false`, so that SDKs
 /// do not keep retrying (rate and concurrency waits stay retryable).
 pub const LONG_WAIT_MS: u64 = 60_000;
-
-/// A failure as a value, up to the edge: its class (what happened) and what it says, in
-/// OpenAI's format: `{"error": {"message", "type", "param", "code"}}`.
-#[derive(Debug)]
-pub struct ApiError {
-    /// What kind of failure it is: the status follows from it, at the edge.
-    pub class: Class,
-    /// `type`.
-    pub kind: &'static str,
-    /// `code`.
-    pub code: String,
-    /// `message`.
-    pub message: String,
-    /// `param`.
-    pub param: Option<String>,
-    /// Extra headers.
-    pub headers: HeaderMap,
-}
-
-impl ApiError {
-    /// A new error.
-    pub fn new(
-        class: Class,
-        kind: &'static str,
-        code: impl Into<String>,
-        message: impl Into<String>,
-    ) -> Self {
-        Self {
-            class,
-            kind,
-            code: code.into(),
-            message: message.into(),
-            param: None,
-            headers: HeaderMap::new(),
-        }
-    }
-    /// The HTTP status: chosen from the class, here only.
-    pub fn status(&self) -> StatusCode {
-        self.class.status()
-    }
-    /// With `param`.
-    #[must_use]
-    pub fn param(mut self, p: impl Into<String>) -> Self {
-        self.param = Some(p.into());
-        self
-    }
-    /// 400 invalid request.
-    pub fn invalid(code: &str, message: impl Into<String>) -> Self {
-        Self::new(
-            Class::Client(Fault::Invalid),
-            "invalid_request_error",
-            code,
-            message,
-        )
-    }
-}
-
-impl ApiError {
-    /// The error in Anthropic's format (`/v1/messages`): `{"type": "error", "error": {"type",
-    /// "message"}}`, the type following the status as Anthropic's API does, and Tollgate's own
-    /// code kept in `error.code` (an addition clients may read or ignore). Headers as for
-    /// OpenAI's format (`retry-after`, `retry-after-ms` and `x-should-retry`, which Anthropic's
-    /// SDKs read too).
-    pub fn into_anthropic_response(self) -> Response {
-        let kind = self.class.anthropic_type();
-        let body = json!({"type": "error", "error": {"type": kind, "message": self.message, "code": self.code}});
-        with_error_body(self.status(), body, self.headers)
-    }
-}
-
-/// An error response: its status, its JSON body and the error's headers.
-fn with_error_body(status: StatusCode, body: serde_json::Value, headers: HeaderMap) -> Response {
-    let mut r = (status, axum::Json(body)).into_response();
-    r.headers_mut().extend(headers);
-    r
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
-        with_error_body(self.status(), body, self.headers)
-    }
-}
 
 fn put(h: &mut HeaderMap, name: &'static str, value: impl ToString) {
     if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
@@ -247,28 +166,23 @@ pub fn admitted_headers(h: &mut HeaderMap, p: &Plan, a: &Admitted) {
 
 /// The store could not be reached: fail closed.
 pub fn store_unavailable() -> ApiError {
-    let mut e = ApiError::new(
+    ApiError::new(
         Class::Books,
-        "service_unavailable",
         "store_unavailable",
         "The admission store is unavailable; the request was not sent upstream.",
-    );
-    put(&mut e.headers, "retry-after", 1);
-    put(&mut e.headers, "retry-after-ms", 1000);
-    e
+    )
+    .retry_after(1_000)
 }
 
 /// The store holds as many idempotency keys as it may: the request is not sent without one.
 pub fn idempotency_keys_full() -> ApiError {
-    let mut e = ApiError::new(
+    ApiError::new(
         Class::Books,
-        "service_unavailable",
         "idempotency_keys_full",
         "The gateway holds as many idempotency keys as it may; the request was not sent \
          upstream. Retry later, or without an Idempotency-Key.",
-    );
-    put_retry_after(&mut e.headers, 1_000);
-    e
+    )
+    .retry_after(1_000)
 }
 
 /// Says how many of the request's oldest turns were dropped to fit an input limit.
@@ -294,7 +208,6 @@ pub fn replayed(status: u16, content_type: &str, body: Vec<u8>) -> Option<Respon
 pub fn unauthorized(message: &str) -> ApiError {
     ApiError::new(
         Class::Client(Fault::Unauthenticated),
-        "invalid_request_error",
         "invalid_api_key",
         message,
     )
@@ -304,7 +217,6 @@ pub fn unauthorized(message: &str) -> ApiError {
 pub fn body_too_large(max: usize) -> ApiError {
     ApiError::new(
         Class::Client(Fault::TooLarge),
-        "invalid_request_error",
         "request_too_large",
         format!("Request bodies are limited to {max} bytes."),
     )
@@ -314,7 +226,6 @@ pub fn body_too_large(max: usize) -> ApiError {
 pub fn body_timeout() -> ApiError {
     ApiError::new(
         Class::Client(Fault::TooSlow),
-        "invalid_request_error",
         "body_timeout",
         "The request body did not arrive in time.",
     )
@@ -324,7 +235,6 @@ pub fn body_timeout() -> ApiError {
 pub fn model_not_found(shown: &str) -> ApiError {
     ApiError::new(
         Class::Client(Fault::NotFound),
-        "invalid_request_error",
         "model_not_found",
         format!("The model {shown:?} does not exist or is not served here."),
     )
@@ -335,7 +245,6 @@ pub fn model_not_found(shown: &str) -> ApiError {
 pub fn model_not_allowed(model: &str) -> ApiError {
     ApiError::new(
         Class::Client(Fault::Forbidden),
-        "invalid_request_error",
         "model_not_allowed",
         format!("This key may not use {model:?}."),
     )
@@ -344,7 +253,7 @@ pub fn model_not_allowed(model: &str) -> ApiError {
 
 /// Something on this side failed: 500 with `code`.
 pub fn internal(code: &str, message: impl std::fmt::Display) -> ApiError {
-    ApiError::new(Class::Internal, "server_error", code, message.to_string())
+    ApiError::new(Class::Internal, code, message.to_string())
 }
 
 /// A decision that contradicts itself (a bug): 500.
@@ -361,19 +270,9 @@ pub fn unpriced_model(e: impl std::fmt::Display) -> ApiError {
 pub fn store_failed(e: &tollgate_core::StoreError) -> ApiError {
     if let tollgate_core::StoreError::NotReplicated(_) = e {
         // Made, but not yet safe from a failover: not a 503, which says nothing changed.
-        return ApiError::new(
-            Class::Internal,
-            "api_error",
-            "store_not_replicated",
-            e.to_string(),
-        );
+        return ApiError::new(Class::Unknown, "store_not_replicated", e.to_string());
     }
-    ApiError::new(
-        Class::Books,
-        "service_unavailable",
-        "store_unavailable",
-        e.to_string(),
-    )
+    ApiError::new(Class::Books, "store_unavailable", e.to_string())
 }
 
 /// A gateway shutting down (`/readyz`): 503.
@@ -390,7 +289,6 @@ pub fn ready() -> Response {
 pub fn upstream_body() -> ApiError {
     ApiError::new(
         Class::Upstream(Upstream::Failed),
-        "upstream_error",
         "upstream_body",
         "The upstream's response could not be read.",
     )
@@ -400,7 +298,6 @@ pub fn upstream_body() -> ApiError {
 pub fn upstream_unreachable(why: &str) -> ApiError {
     ApiError::new(
         Class::Upstream(Upstream::Failed),
-        "upstream_error",
         "upstream_unreachable",
         format!("The upstream could not be reached: {why}"),
     )
@@ -410,7 +307,6 @@ pub fn upstream_unreachable(why: &str) -> ApiError {
 pub fn upstream_timeout() -> ApiError {
     ApiError::new(
         Class::Upstream(Upstream::Timeout),
-        "upstream_error",
         "upstream_timeout",
         "The upstream did not answer in time.",
     )
@@ -419,53 +315,46 @@ pub fn upstream_timeout() -> ApiError {
 /// The store forgot its state (see [`tollgate_core::StoreError::StateLost`]): 503, not
 /// retryable until an operator acknowledges the loss (`POST /admin/store/acknowledge-loss`).
 pub fn store_state_lost() -> ApiError {
-    let mut e = ApiError::new(
+    ApiError::new(
         Class::Books,
-        "service_unavailable",
         "store_state_lost",
         "The admission store has lost its state (spent budgets and kill switches would reopen); \
          requests are refused until an operator acknowledges the loss. The request was not sent \
          upstream.",
-    );
-    put(&mut e.headers, "x-should-retry", "false");
-    e
+    )
+    .no_retry()
 }
 
 /// The store holds no marker and nothing says whether it is new or forgot (see
 /// [`tollgate_core::StoreError::Uninitialised`]): 503, not retryable until an operator
 /// initialises it (`tollgate admin init-store`) or the ledger rebuilds it.
 pub fn store_uninitialised() -> ApiError {
-    let mut e = ApiError::new(
+    ApiError::new(
         Class::Books,
-        "service_unavailable",
         "store_uninitialised",
         "The admission store is empty and not initialised: it may be new, or it may have lost \
          spent budgets and kill switches. Requests are refused until an operator initialises it \
          (`tollgate admin init-store`). The request was not sent upstream.",
-    );
-    put(&mut e.headers, "x-should-retry", "false");
-    e
+    )
+    .no_retry()
 }
 
 /// The spend ledger's buffer is full (PostgreSQL slow or down, `[ledger] on_full = "refuse"`):
 /// 503, retryable; nothing was counted or sent upstream.
 pub fn ledger_full() -> ApiError {
-    let mut e = ApiError::new(
+    ApiError::new(
         Class::Books,
-        "service_unavailable",
         "ledger_unavailable",
         "The spend ledger cannot keep up, so no new request is admitted until it has written \
          what it holds. The request was not counted or sent upstream; retry shortly.",
-    );
-    put(&mut e.headers, "retry-after", "1");
-    e
+    )
+    .retry_after(1_000)
 }
 
 /// `/admin/usage?at=…` without a ledger, or for a scope without a budget: 404.
 pub fn no_ledger() -> ApiError {
     ApiError::new(
         Class::Client(Fault::NotFound),
-        "invalid_request_error",
         "no_ledger",
         "Usage of a past period is answered from the spend ledger ([ledger]), for a scope with a \
          budget; this gateway keeps no ledger or the scope has no budget.",
@@ -474,22 +363,18 @@ pub fn no_ledger() -> ApiError {
 
 /// An `at` that is neither a UTC day nor a UTC time: 400.
 pub fn bad_instant(at: &str) -> ApiError {
-    let mut e = ApiError::new(
+    ApiError::new(
         Class::Client(Fault::Invalid),
-        "invalid_request_error",
         "invalid_at",
-        "at must be a UTC day (2026-11-30) or time (2026-11-30T08:00:00Z).",
-    );
-    e.message = format!("at {at:?}: {}", e.message);
-    e.param = Some("at".into());
-    e
+        format!("at {at:?}: at must be a UTC day (2026-11-30) or time (2026-11-30T08:00:00Z)."),
+    )
+    .param("at")
 }
 
 /// The spend ledger did not answer: 503.
 pub fn ledger_failed(detail: &str) -> ApiError {
     ApiError::new(
         Class::Books,
-        "service_unavailable",
         "ledger_unavailable",
         format!("The spend ledger did not answer: {detail}"),
     )
@@ -501,16 +386,20 @@ pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
     if let Some(wait) = k.wait_ms(tollgate_core::Clock::now(&tollgate_core::SystemClock)) {
         return provider_held(k, wait);
     }
-    let mut e = ApiError::new(
-        Class::Refused(Refusal::Killed),
-        "service_unavailable",
-        "kill_switch",
-        format!("Requests for {} are switched off: {}", k.target, k.reason),
-    );
-    put(&mut e.headers, "x-should-retry", "false");
-    put(&mut e.headers, "x-tollgate-reason", "kill_switch");
-    put(&mut e.headers, "x-tollgate-scope", &k.target);
-    e
+    ApiError {
+        class: Class::Refused(Refusal::Killed),
+        code: "kill_switch".into(),
+        words: Words::Killed {
+            target: k.target.clone(),
+            reason: k.reason.clone(),
+        },
+        param: None,
+        advice: Advice {
+            no_retry: true,
+            cause: Some(("kill_switch", k.target.clone())),
+            ..Advice::default()
+        },
+    }
 }
 
 /// A request for a model whose provider said its rate limit is reached for `wait` ms more: 429
@@ -518,20 +407,21 @@ pub fn killed(k: &tollgate_core::decision::Killed) -> ApiError {
 /// again (so that the gateway never retries into the limit, and neither do its clients).
 fn provider_held(k: &tollgate_core::decision::Killed, wait: u64) -> ApiError {
     let model = k.target.strip_prefix("provider:").unwrap_or(&k.target);
-    let mut e = ApiError::new(
-        Class::Refused(Refusal::Limit),
-        "rate_limit_error",
-        "upstream_rate_limited",
-        format!(
-            "The provider's rate limit for model {model} is reached ({}); nothing was sent. Retry {}.",
-            k.reason,
-            refusal::in_words(wait)
-        ),
-    );
-    put_retry_after(&mut e.headers, wait);
-    put(&mut e.headers, "x-tollgate-reason", "upstream_rate_limited");
-    put(&mut e.headers, "x-tollgate-scope", &k.target);
-    e
+    ApiError {
+        class: Class::Refused(Refusal::Limit),
+        code: "upstream_rate_limited".into(),
+        words: Words::Held {
+            model: model.to_owned(),
+            reason: k.reason.clone(),
+            wait_ms: wait,
+        },
+        param: None,
+        advice: Advice {
+            retry_after_ms: Some(wait),
+            cause: Some(("upstream_rate_limited", k.target.clone())),
+            ..Advice::default()
+        },
+    }
 }
 
 #[cfg(test)]

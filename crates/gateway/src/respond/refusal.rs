@@ -5,7 +5,8 @@ use super::class::{Class, Refusal};
 use tollgate_core::decision::Recourse;
 use tollgate_core::{Deny, Quota, Reason, Unit};
 
-use super::{ApiError, LONG_WAIT_MS, inconsistent, killed, put, put_retry_after, quota_headers};
+use super::error::{Advice, ApiError, Denied, Param, Words};
+use super::{LONG_WAIT_MS, inconsistent, killed};
 
 /// The response to a refusal: 429 for rate, concurrency, budget, tool calls and loops (a loop
 /// with `x-should-retry: false`, since sending it again only repeats it); 400 for token limits.
@@ -17,15 +18,16 @@ use super::{ApiError, LONG_WAIT_MS, inconsistent, killed, put, put_retry_after, 
 /// not all come back at once. A wait longer than an SDK sleeps (a minute) says
 /// `x-should-retry: false`.
 pub fn deny_in(d: &Deny, unit: Option<Unit>) -> ApiError {
-    let (class, kind) = match d.reason.recourse() {
-        Recourse::Wait | Recourse::Stop => (Class::Refused(Refusal::Limit), "rate_limit_error"),
-        Recourse::Budget => (Class::Refused(Refusal::Limit), "insufficient_quota"),
-        Recourse::Shrink => (Class::Refused(Refusal::TooLarge), "invalid_request_error"),
+    let class = match d.reason.recourse() {
+        Recourse::Wait | Recourse::Stop => Class::Refused(Refusal::Limit),
+        Recourse::Budget => Class::Refused(Refusal::Quota),
+        Recourse::Shrink => Class::Refused(Refusal::TooLarge),
     };
-    let mut message = refusal_message(d, unit);
-    let mut e = ApiError::new(class, kind, d.reason.code(), String::new());
-    put(&mut e.headers, "x-tollgate-reason", d.reason.code());
-    put(&mut e.headers, "x-tollgate-scope", d.scope.key());
+    let mut advice = Advice {
+        cause: Some((d.reason.code(), d.scope.key().to_owned())),
+        ..Advice::default()
+    };
+    let mut param = None;
     if d.reason.is_retryable() {
         let quota = Quota {
             reason: d.reason,
@@ -35,34 +37,38 @@ pub fn deny_in(d: &Deny, unit: Option<Unit>) -> ApiError {
             window_ms: None,
             reset_after_ms: d.retry_after_ms.or(d.reset_after_ms),
         };
-        quota_headers(&mut e.headers, &[quota], |_| d.scope.rule(), |_| unit);
+        advice.limit = Some((quota, d.scope.rule().to_owned(), unit));
         match d.retry_after_ms {
             Some(ms) => {
                 let ms = ms.max(1);
                 let sent = ms.saturating_add(jitter_ms(ms));
-                put_retry_after(&mut e.headers, sent);
-                message.push_str(&format!(" Retry {}.", in_words(ms)));
+                advice.retry_after_ms = Some(sent);
                 // Judged on the wait sent, jitter included: what an SDK would sleep.
-                if sent > LONG_WAIT_MS {
-                    put(&mut e.headers, "x-should-retry", "false");
-                }
+                advice.no_retry = sent > LONG_WAIT_MS;
             }
-            None => {
-                // Larger than the whole budget: waiting cannot help.
-                put(&mut e.headers, "x-should-retry", "false");
-            }
+            // Larger than the whole budget: waiting cannot help.
+            None => advice.no_retry = true,
         }
     } else if d.reason.recourse() == Recourse::Stop {
-        put(&mut e.headers, "x-should-retry", "false");
+        advice.no_retry = true;
     } else {
-        e = e.param(match d.reason {
-            Reason::OutputTokenLimit => "max_tokens",
-            Reason::InputTokenLimit => "messages",
-            _ => "max_tokens",
+        param = Some(match d.reason {
+            Reason::InputTokenLimit => Param::Input,
+            _ => Param::OutputCap,
         });
     }
-    e.message = message;
-    e
+    ApiError {
+        class,
+        code: d.reason.code().to_owned(),
+        words: Words::Denied(Box::new(Denied {
+            deny: d.clone(),
+            unit,
+            allowances: [0; 3],
+            cache_writes: 0,
+        })),
+        param,
+        advice,
+    }
 }
 
 /// [`deny_in`] for a refusal whose budget unit is not known.
@@ -70,28 +76,64 @@ pub fn deny(d: &Deny) -> ApiError {
     deny_in(d, None)
 }
 
-/// What a refusal says, each number with its unit.
-fn refusal_message(d: &Deny, unit: Option<Unit>) -> String {
-    // A budget's numbers are in its scope's unit; every other control's in its own.
-    let amount = |n: u64| match (d.reason, unit) {
-        (Reason::BudgetLimit, Some(Unit::MicroUsd)) => dollars(n),
-        (Reason::BudgetLimit, Some(Unit::ToolCalls)) => format!("{n} tool calls"),
-        (r, _) => r.amount(n),
-    };
-    let what = d.asked(&amount(d.requested));
-    let mut m = format!(
-        "{} for scope {}: limit {}, remaining {}",
-        d.reason.code(),
-        d.scope,
-        amount(d.limit),
-        amount(d.remaining)
-    );
-    if !what.is_empty() {
-        m.push_str("; ");
-        m.push_str(&what);
+impl Denied {
+    /// What the refusal says: each number with its unit, the wait in words and as an instant,
+    /// and what the input counted included besides the body.
+    pub fn words(&self) -> String {
+        let d = &self.deny;
+        // A budget's numbers are in its scope's unit; every other control's in its own.
+        let amount = |n: u64| match (d.reason, self.unit) {
+            (Reason::BudgetLimit, Some(Unit::MicroUsd)) => dollars(n),
+            (Reason::BudgetLimit, Some(Unit::ToolCalls)) => format!("{n} tool calls"),
+            (r, _) => r.amount(n),
+        };
+        let what = d.asked(&amount(d.requested));
+        let mut m = format!(
+            "{} for scope {}: limit {}, remaining {}",
+            d.reason.code(),
+            d.scope,
+            amount(d.limit),
+            amount(d.remaining)
+        );
+        if !what.is_empty() {
+            m.push_str("; ");
+            m.push_str(&what);
+        }
+        m.push('.');
+        if let Some(ms) = d.retry_after_ms.filter(|_| d.reason.is_retryable()) {
+            m.push_str(&format!(" Retry {}.", in_words(ms.max(1))));
+        }
+        self.push_allowances(&mut m);
+        if d.reason == Reason::BudgetLimit && self.cache_writes > 0 {
+            m.push_str(&format!(
+                " The reservation prices the {} input tokens that may be written to the prompt \
+                 cache at twice the input price, the one-hour write price.",
+                self.cache_writes
+            ));
+        }
+        m
     }
-    m.push('.');
-    m
+
+    fn push_allowances(&self, m: &mut String) {
+        const WHAT: [&str; 3] = [
+            "for the earlier context the upstream keeps",
+            "for what the tools the upstream runs may fetch",
+            "for the files and documents named by URL or id, which the upstream fetches",
+        ];
+        let parts: Vec<String> = self
+            .allowances
+            .iter()
+            .zip(WHAT)
+            .filter(|(n, _)| **n > 0)
+            .map(|(n, what)| format!("{n} {what}"))
+            .collect();
+        if self.deny.reason.counts_input() && !parts.is_empty() {
+            m.push_str(&format!(
+                " The input counted includes {}.",
+                parts.join(" and ")
+            ));
+        }
+    }
 }
 
 pub use tollgate_core::ledger::dollars;
