@@ -326,3 +326,124 @@ pub fn last_local(tags: &[ExpiryTag]) -> Option<u64> {
         })
         .max()
 }
+
+/// Writes every [`Keeper`] method but the expiries' pair as a call through `$via`, a macro the
+/// forwarding store defines: `$via!(now self, method(args))` for a method that returns at once,
+/// `$via!(await self, method(args))` for one that is awaited. A store that keeps through others
+/// (the gateway's configured store, the slices over their store) forwards with this, so that a
+/// method added to the trait is forwarded here, once. The expiries' pair is where such stores
+/// differ, and each writes it.
+#[macro_export]
+macro_rules! forward_keeper {
+    ($via:ident) => {
+        fn is_shared(&self) -> bool {
+            $via!(now self, is_shared())
+        }
+        fn call_timeout(&self) -> ::std::time::Duration {
+            $via!(now self, call_timeout())
+        }
+        async fn state(&self) -> Result<$crate::StoreState, $crate::StoreError> {
+            $via!(await self, state())
+        }
+        async fn initialise(&self) -> Result<bool, $crate::StoreError> {
+            $via!(await self, initialise())
+        }
+        async fn mark_lost(&self) -> Result<(), $crate::StoreError> {
+            $via!(await self, mark_lost())
+        }
+        async fn acknowledge_loss(&self) -> Result<(), $crate::StoreError> {
+            $via!(await self, acknowledge_loss())
+        }
+        fn loss_cause(&self) -> Option<$crate::Loss> {
+            $via!(now self, loss_cause())
+        }
+        fn high_marks(&self) -> Vec<$crate::keeper::Mark> {
+            $via!(now self, high_marks())
+        }
+        fn prime_marks(&self, marks: &[$crate::keeper::Mark]) {
+            $via!(now self, prime_marks(marks))
+        }
+        async fn ping(&self) -> Result<(), $crate::StoreError> {
+            $via!(await self, ping())
+        }
+        async fn keep_expiries(&self) -> Result<(), $crate::StoreError> {
+            $via!(await self, keep_expiries())
+        }
+        async fn charge_forgotten(
+            &self,
+            scope_id: &str,
+            field: &str,
+            end_ms: u64,
+            amount: u64,
+        ) -> Result<(), $crate::StoreError> {
+            $via!(await self, charge_forgotten(scope_id, field, end_ms, amount))
+        }
+        async fn restore_settled(
+            &self,
+            scope_id: &str,
+            period: $crate::keeper::PeriodRef<'_>,
+            end_ms: u64,
+            amount: u64,
+        ) -> Result<(), $crate::StoreError> {
+            $via!(await self, restore_settled(scope_id, period, end_ms, amount))
+        }
+        async fn put_note(
+            &self,
+            name: &str,
+            value: u64,
+            ttl: ::std::time::Duration,
+        ) -> Result<(), $crate::StoreError> {
+            $via!(await self, put_note(name, value, ttl))
+        }
+        async fn note(&self, name: &str) -> Result<Option<u64>, $crate::StoreError> {
+            $via!(await self, note(name))
+        }
+        async fn put_text(
+            &self,
+            name: &str,
+            value: &str,
+            ttl: ::std::time::Duration,
+        ) -> Result<(), $crate::StoreError> {
+            $via!(await self, put_text(name, value, ttl))
+        }
+        async fn text(&self, name: &str) -> Result<Option<String>, $crate::StoreError> {
+            $via!(await self, text(name))
+        }
+        async fn records(
+            &self,
+            set: $crate::keeper::RecordSet,
+            known: u64,
+        ) -> Result<Option<$crate::keeper::Records>, $crate::StoreError> {
+            $via!(await self, records(set, known))
+        }
+        async fn write_records(
+            &self,
+            set: $crate::keeper::RecordSet,
+            changes: &[(String, Option<String>)],
+            step: u32,
+        ) -> Result<u64, $crate::StoreError> {
+            $via!(await self, write_records(set, changes, step))
+        }
+        async fn key_record(
+            &self,
+            id: &str,
+        ) -> Result<(u64, Option<String>, u64), $crate::StoreError> {
+            $via!(await self, key_record(id))
+        }
+        async fn put_key(
+            &self,
+            id: &str,
+            record: (u64, &str),
+            how: $crate::keeper::KeyWrite,
+            step: u32,
+        ) -> Result<$crate::keeper::KeyPut, $crate::StoreError> {
+            $via!(await self, put_key(id, record, how, step))
+        }
+        async fn legacy_keys(&self) -> Result<Vec<(String, String)>, $crate::StoreError> {
+            $via!(await self, legacy_keys())
+        }
+        async fn drop_legacy_keys(&self) -> Result<(), $crate::StoreError> {
+            $via!(await self, drop_legacy_keys())
+        }
+    };
+}

@@ -4,13 +4,11 @@
 //! file that names a store's implementation.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use tollgate_core::keeper::{KeyPut, KeyWrite, Mark, PeriodRef, RecordSet, Records};
 use tollgate_core::pipeline::Plan;
 use tollgate_core::{
     Decision, Expiry, ExpiryTag, Finish, Keeper, Loss, MemoryStore, Period, Renewal, ScopeUsage,
-    Store, StoreError, StoreState, Usage,
+    Store, StoreError, Usage,
 };
 use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_slices::Sliced;
@@ -272,103 +270,23 @@ impl Store for AnyStore {
     }
 }
 
+/// A [`Keeper`] call on the store it holds.
+macro_rules! held {
+    (now $s:ident, $m:ident($($a:expr),*)) => {
+        keep_now!($s, k => Keeper::$m(k $(, $a)*))
+    };
+    (await $s:ident, $m:ident($($a:expr),*)) => {
+        keep!($s, k => Keeper::$m(k $(, $a)*))
+    };
+}
+
 impl Keeper for AnyStore {
-    fn is_shared(&self) -> bool {
-        keep_now!(self, k => Keeper::is_shared(k))
-    }
-    fn call_timeout(&self) -> Duration {
-        keep_now!(self, k => Keeper::call_timeout(k))
-    }
-    async fn state(&self) -> Result<StoreState, StoreError> {
-        keep!(self, k => Keeper::state(k))
-    }
-    async fn initialise(&self) -> Result<bool, StoreError> {
-        keep!(self, k => Keeper::initialise(k))
-    }
-    async fn mark_lost(&self) -> Result<(), StoreError> {
-        keep!(self, k => Keeper::mark_lost(k))
-    }
-    async fn acknowledge_loss(&self) -> Result<(), StoreError> {
-        keep!(self, k => Keeper::acknowledge_loss(k))
-    }
-    fn loss_cause(&self) -> Option<Loss> {
-        keep_now!(self, k => Keeper::loss_cause(k))
-    }
-    fn high_marks(&self) -> Vec<Mark> {
-        keep_now!(self, k => Keeper::high_marks(k))
-    }
-    fn prime_marks(&self, marks: &[Mark]) {
-        keep_now!(self, k => Keeper::prime_marks(k, marks));
-    }
-    async fn ping(&self) -> Result<(), StoreError> {
-        keep!(self, k => Keeper::ping(k))
-    }
-    async fn keep_expiries(&self) -> Result<(), StoreError> {
-        keep!(self, k => Keeper::keep_expiries(k))
-    }
+    tollgate_core::forward_keeper!(held);
+
     async fn expiries(&self, max: usize) -> Result<Vec<(ExpiryTag, Expiry)>, StoreError> {
         keep!(self, k => Keeper::expiries(k, max))
     }
     async fn ack_expiries(&self, tags: Vec<ExpiryTag>) -> Result<(), StoreError> {
         keep!(self, k => Keeper::ack_expiries(k, tags))
-    }
-    async fn charge_forgotten(
-        &self,
-        scope_id: &str,
-        field: &str,
-        end_ms: u64,
-        amount: u64,
-    ) -> Result<(), StoreError> {
-        keep!(self, k => Keeper::charge_forgotten(k, scope_id, field, end_ms, amount))
-    }
-    async fn restore_settled(
-        &self,
-        scope_id: &str,
-        period: PeriodRef<'_>,
-        end_ms: u64,
-        amount: u64,
-    ) -> Result<(), StoreError> {
-        keep!(self, k => Keeper::restore_settled(k, scope_id, period, end_ms, amount))
-    }
-    async fn put_note(&self, name: &str, value: u64, ttl: Duration) -> Result<(), StoreError> {
-        keep!(self, k => Keeper::put_note(k, name, value, ttl))
-    }
-    async fn note(&self, name: &str) -> Result<Option<u64>, StoreError> {
-        keep!(self, k => Keeper::note(k, name))
-    }
-    async fn put_text(&self, name: &str, value: &str, ttl: Duration) -> Result<(), StoreError> {
-        keep!(self, k => Keeper::put_text(k, name, value, ttl))
-    }
-    async fn text(&self, name: &str) -> Result<Option<String>, StoreError> {
-        keep!(self, k => Keeper::text(k, name))
-    }
-    async fn records(&self, set: RecordSet, known: u64) -> Result<Option<Records>, StoreError> {
-        keep!(self, k => Keeper::records(k, set, known))
-    }
-    async fn write_records(
-        &self,
-        set: RecordSet,
-        changes: &[(String, Option<String>)],
-        step: u32,
-    ) -> Result<u64, StoreError> {
-        keep!(self, k => Keeper::write_records(k, set, changes, step))
-    }
-    async fn key_record(&self, id: &str) -> Result<(u64, Option<String>, u64), StoreError> {
-        keep!(self, k => Keeper::key_record(k, id))
-    }
-    async fn put_key(
-        &self,
-        id: &str,
-        record: (u64, &str),
-        how: KeyWrite,
-        step: u32,
-    ) -> Result<KeyPut, StoreError> {
-        keep!(self, k => Keeper::put_key(k, id, record, how, step))
-    }
-    async fn legacy_keys(&self) -> Result<Vec<(String, String)>, StoreError> {
-        keep!(self, k => Keeper::legacy_keys(k))
-    }
-    async fn drop_legacy_keys(&self) -> Result<(), StoreError> {
-        keep!(self, k => Keeper::drop_legacy_keys(k))
     }
 }
