@@ -2,8 +2,9 @@
 //!
 //! Token counts of LLM request bodies, the way the provider counts them, bounded in cost.
 //!
-//! - `o200k_base` and `cl100k_base` are embedded (via `bpe-openai`): nothing is downloaded at
-//!   build or run time.
+//! - `o200k_base` and `cl100k_base` are embedded, compressed, and unpacked on first use (or by
+//!   [`TokenCounter::warm_up`]) into `bpe-openai`'s tokenizers: nothing is downloaded at build or
+//!   run time.
 //! - Request formats: OpenAI chat completions (messages, content parts, names, tool calls, tool
 //!   results, tools, response-format schemas, images), completions, embeddings; Anthropic
 //!   Messages and OpenAI's Responses API as flagged estimates.
@@ -38,6 +39,7 @@ pub mod memo;
 mod openai;
 mod responses;
 mod tally;
+mod vocab;
 
 use std::collections::BTreeMap;
 
@@ -75,10 +77,11 @@ impl Encoding {
         }
     }
 
-    pub(crate) fn tokenizer(self) -> &'static bpe_openai::Tokenizer {
+    /// The encoding's tokenizer; `None` only from a build whose vocabulary does not unpack.
+    pub(crate) fn tokenizer(self) -> Option<&'static bpe_openai::Tokenizer> {
         match self {
-            Encoding::O200kBase => bpe_openai::o200k_base(),
-            Encoding::Cl100kBase => bpe_openai::cl100k_base(),
+            Encoding::O200kBase => vocab::O200K_BASE.as_ref(),
+            Encoding::Cl100kBase => vocab::CL100K_BASE.as_ref(),
         }
     }
 }

@@ -130,11 +130,22 @@ impl Tally {
     /// `None` returned.
     fn counted(
         &mut self,
-        tok: &bpe_openai::Tokenizer,
+        tok: Option<&bpe_openai::Tokenizer>,
         vocabulary: &'static str,
         s: &str,
         cap: u64,
     ) -> Option<u64> {
+        let Some(tok) = tok else {
+            // A vocabulary that did not unpack (a broken build): one token per byte, an upper
+            // bound, flagged as not exact.
+            self.exact = false;
+            return Some(u64::try_from(s.len()).unwrap_or(u64::MAX))
+                .filter(|n| *n <= cap)
+                .or_else(|| {
+                    self.used = self.limit + 1;
+                    None
+                });
+        };
         let memo = self.memo.as_ref().filter(|_| s.len() >= memo::MIN_BYTES);
         let n = match memo.and_then(|m| m.get(vocabulary, s)) {
             Some(n) => Some(n).filter(|n| *n <= cap),

@@ -1,5 +1,5 @@
-//! What is wrong with a client's request: 4xx in OpenAI's format (Anthropic's where its API
-//! was called), each naming the field at fault.
+//! What is wrong with a client's request: 4xx errors, each naming the field at fault, rendered
+//! by the dialect of the API called.
 
 use super::ApiError;
 use super::class::{Class, Fault};
