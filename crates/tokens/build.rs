@@ -23,7 +23,6 @@ fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     let out = std::env::var("OUT_DIR").expect("OUT_DIR");
     let sums = std::fs::read_to_string("data/SHA256SUMS").expect("data/SHA256SUMS");
-    let mut sizes = String::new();
     for name in ["o200k_base", "cl100k_base"] {
         let file = format!("{name}.tiktoken.gz");
         let gz = std::fs::read(Path::new("data").join(&file)).expect(&file);
@@ -44,11 +43,5 @@ fn main() {
         let raw = rmp_serde::to_vec(&bpe).expect("serialised");
         let packed = zstd::bulk::compress(&raw, LEVEL).expect("compressed");
         std::fs::write(Path::new(&out).join(format!("{name}.bpe.zst")), packed).expect("written");
-        sizes.push_str(&format!(
-            "pub(crate) const {}_LEN: usize = {};\n",
-            name.to_uppercase(),
-            raw.len()
-        ));
     }
-    std::fs::write(Path::new(&out).join("sizes.rs"), sizes).expect("written");
 }
